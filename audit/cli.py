@@ -1,11 +1,13 @@
-"""The ``audit`` command line.
+"""The core commands of the ``audit`` command line (no Ray, no MLflow):
 
     audit score --model MODEL --test TEST --metric METRIC [options]   one task, in this process
-    audit datasets [--language LANG]                                   the shipped tests
-    audit run SPEC [--dry-run]                                         a sweep (see jobs/)
-    audit sync SPEC                                                    upload results left in its write-ahead log
+    audit table --model MODEL --test TEST ... [--metric METRIC]        several tests, a Markdown table
+    audit datasets [--language LANG] [--coverage]                      the shipped tests, what runs where
+    audit metrics                                                      the metric registry
 
-Errors caused by input print one line naming the culprit and exit with status 2.
+The installed ``audit`` command is :func:`jobs.cli.main`, which adds the service commands
+(``run``, ``sync``, ``watch``) on top of these. Errors caused by input print one line naming the
+culprit and exit with status 2.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+import pandas as pd
+
+from audit import catalog, registry, runner
+from audit.datasets import NUMBERS
 from audit.errors import AuditError, ParameterError
+from audit.measure.contextual import METHODS
 
 
 def _permutations(v: str) -> str | int:
@@ -32,14 +40,19 @@ def _permutations(v: str) -> str | int:
     return n
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="audit", description="Audit embeddings and language models for social bias.")
-    sub = p.add_subparsers(dest="command", required=True)
+def _metric_help() -> str:
+    return "one of " + ", ".join(registry.names()) + " (`audit metrics` lists them with their model kinds)"
 
+
+def add_core_commands(sub: argparse._SubParsersAction) -> None:
+    """Add ``score``, ``table``, ``datasets`` and ``metrics`` to a subparser set."""
     s = sub.add_parser("score", help="score one model on one test with one metric")
     s.add_argument("--model", required=True, help="path or short reference (docs/models.md)")
-    s.add_argument("--test", required=True, help="registered test name or file (native .yaml, BIAS .txt/.jsonl, CrowS-Pairs .csv)")
-    s.add_argument("--metric", required=True, help="weat, seat, lpbs, crows_pairs, same, gweat, direct_bias, rnd, rnsb, mac, ect, ripa, cramers_v")
+    s.add_argument("--test", required=True,
+                   help="registered test name or file (native .yaml, BIAS .txt/.jsonl, CrowS-Pairs .csv/.tsv)")
+    s.add_argument("--metric", required=True, help=_metric_help())
+    s.add_argument("--language", default=None,
+                   help="language of a BIAS or CrowS-Pairs file outside a folder named after its language")
     s.add_argument("--backend", default=None, help="force a backend (static format name, hf-encoder, hf-mlm, hf-causal)")
     s.add_argument("--permutations", type=_permutations, default=None, help="exact | auto | N sampled partitions (WEAT/SEAT/LPBS)")
     s.add_argument("--seed", type=int, default=0)
@@ -49,25 +62,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--casefold", action="store_true", help="fold case before look-up (uncased vectors such as GloVe 6B)")
     s.add_argument("--strip-accents", action="store_true", help="strip accents before look-up")
     s.add_argument("--max-missing", type=float, default=None, help="fail if a word set loses more than this fraction (default 0.2)")
-    s.add_argument("--embedding", choices=("cls", "target_first", "target_pooled", "mean"), default=None)
+    s.add_argument("--embedding", choices=METHODS, default=None)
     s.add_argument("--layer", type=int, default=None, help="hidden layer (Python index; -1 = last)")
     s.add_argument("--batch-size", type=int, default=None)
     s.add_argument("--limit", type=int, default=None, help="first N items (CrowS-Pairs pairs)")
+    s.add_argument("--forms", nargs="+", choices=NUMBERS, default=None,
+                   help="LPBS template forms to use (--forms singular reproduces the BIAS framework)")
     s.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="further metric parameter (JSON value)")
     s.add_argument("--allow-pickle", action="store_true", help="allow pickle-based model formats for this model")
     s.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (Hugging Face)")
     s.add_argument("--revision", default=None, help="Hugging Face revision (also MODEL@REV)")
     s.add_argument("--items", default=None, help="write the per-item table to this .parquet or .csv")
-    s.add_argument("--format", choices=("json", "table"), default="table")
+    s.add_argument("--format", choices=("json", "table"), default="table",
+                   help="json: every number at full precision; table: rounded for reading")
 
-    d = sub.add_parser("datasets", help="list the shipped tests per language")
+    d = sub.add_parser("datasets", help="list the shipped tests per language, and which metrics run on which models")
     d.add_argument("--language", default=None)
     d.add_argument("--format", choices=("table", "json", "markdown"), default="table")
+    d.add_argument("--coverage", action="store_true",
+                   help="per language and metric, on how many tests it runs for each model kind")
 
     t = sub.add_parser("table", help="score several tests on one model and print a Markdown table")
     t.add_argument("--model", required=True)
     t.add_argument("--test", required=True, nargs="+", help="test names or files")
-    t.add_argument("--metric", default="weat")
+    t.add_argument("--metric", default=registry.names()[0], help=_metric_help() + "; default: the first")
+    t.add_argument("--language", default=None, help="language of files outside a folder named after one")
     t.add_argument("--permutations", type=_permutations, default=None)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--casefold", action="store_true")
@@ -76,24 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--allow-pickle", action="store_true")
     t.add_argument("--backend", default=None)
 
-    w = sub.add_parser("watch", help="watch model repositories and submit an audit for each new revision",
-                       add_help=False)
-    w.add_argument("rest", nargs=argparse.REMAINDER)
+    m = sub.add_parser("metrics", help="list the registered metrics: family, model kinds, parameters, reference")
+    m.add_argument("--format", choices=("table", "json", "markdown"), default="table")
 
-    r = sub.add_parser("run", help="run a sweep spec (YAML) on a local Ray")
-    r.add_argument("spec")
-    r.add_argument("--dry-run", action="store_true")
-    r.add_argument("rest", nargs=argparse.REMAINDER)
 
-    y = sub.add_parser("sync", help="upload the results a sweep could not log to MLflow (its write-ahead log)")
-    y.add_argument("spec")
-    y.add_argument("rest", nargs=argparse.REMAINDER, help="--output-dir DIR, --tracking-uri URI")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="audit", description="Audit embeddings and language models for social bias.")
+    add_core_commands(p.add_subparsers(dest="command", required=True))
     return p
 
 
 def _score_params(a: argparse.Namespace) -> dict[str, Any]:
     params: dict[str, Any] = {}
-    for key in ("permutations", "ddof", "alternative", "n_bootstrap", "max_missing", "embedding", "layer", "batch_size", "limit"):
+    for key in ("permutations", "ddof", "alternative", "n_bootstrap", "max_missing", "embedding", "layer", "batch_size",
+                "limit", "forms"):
         v = getattr(a, key)
         if v is not None:
             params[key] = v
@@ -113,15 +128,13 @@ def _score_params(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_score(a: argparse.Namespace) -> int:
-    from audit import runner
-
     params = _score_params(a)
     opts: dict[str, Any] = {"allow_pickle": a.allow_pickle, "trust_remote_code": a.trust_remote_code}
     if a.backend:
         opts["backend"] = a.backend
     if a.revision:
         opts["revision"] = a.revision
-    res = runner.score(a.model, a.test, a.metric, params, seed=a.seed, model_options=opts)
+    res = runner.score(a.model, a.test, a.metric, params, seed=a.seed, model_options=opts, language=a.language)
     if a.items:
         write_items(res.items, a.items)
     if a.format == "json":
@@ -132,8 +145,6 @@ def cmd_score(a: argparse.Namespace) -> int:
 
 
 def write_items(items, path: str) -> None:
-    import pandas as pd
-
     if items is None:
         items = pd.DataFrame()
     p = Path(path)
@@ -145,19 +156,40 @@ def write_items(items, path: str) -> None:
         raise ParameterError(f"--items {path}: use a .parquet or .csv file name")
 
 
+def format_number(key: str, v: Any) -> str:
+    """A number as the table format prints it, rounded to what it supports: p-values to 3
+    significant digits; counts as integers with thousands separators; other floats to 4
+    significant digits (an effect size estimated from tens of words, or a percentage over
+    hundreds of pairs, carries no more); lists element-wise. ``--format json`` keeps full precision."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(format_number(key, x) for x in v) + "]"
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v):,}"
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        if not np.isfinite(f):
+            return str(f)
+        if key.startswith("p_") or key == "p":
+            return f"{f:.3g}"
+        return f"{f:.4g}"
+    return str(v)
+
+
 def format_result(res) -> str:
     d = res.to_json()
     lines = [f"{res.metric} on {res.provenance.get('test')} with {res.provenance.get('model')}"]
-    lines.append(f"  value        {d['value']}")
+    lines.append(f"  value        {format_number('value', d['value'])}")
     for k in ("statistic", "effect_size", "p_value", "p_method", "n_partitions", "ci"):
         if k in d:
-            lines.append(f"  {k:<12} {d[k]}")
+            lines.append(f"  {k:<12} {format_number(k, d[k])}")
     for k, v in d.items():
         if k in ("metric", "value", "statistic", "effect_size", "p_value", "p_method", "n_partitions", "ci",
                  "coverage", "missing", "params", "seed", "provenance"):
             continue
         if isinstance(v, (int, float, str)) or v is None:
-            lines.append(f"  {k:<12} {v}")
+            lines.append(f"  {k:<12} {format_number(k, v)}")
     if res.coverage:
         lines.append("  coverage     " + ", ".join(f"{k}={v:.2f}" for k, v in res.coverage.items()))
     miss = {k: v for k, v in res.missing.items() if v}
@@ -170,8 +202,6 @@ def format_result(res) -> str:
 
 def cmd_table(a: argparse.Namespace) -> int:
     """One row per test: effect size (or value), p-value, CI, coverage; failures are rows too."""
-    from audit import runner
-
     params: dict[str, Any] = {}
     if a.permutations is not None:
         params["permutations"] = a.permutations
@@ -185,23 +215,19 @@ def cmd_table(a: argparse.Namespace) -> int:
     if a.backend:
         opts["backend"] = a.backend
     # Load the model once, with the union of the words every test needs.
-    from audit.vocab import words_needed
-
     tests = []
     words: set[str] = set()
     for name in a.test:
-        t = runner.load_test_for(a.metric, name)
+        t = runner.load_test(name, language=a.language)
         tests.append(t)
-        if a.metric in runner.ASSOCIATION_METRICS:
-            words |= words_needed([*t.targets, *t.attributes], casefold=bool(params.get("casefold")),
-                                  strip_accents=bool(params.get("strip_accents")))
+        words |= runner.words_for(a.metric, t, params) or set()
     model = runner.load_model(a.model, words=words or None, **opts)
     print(f"Model `{a.model}` ({model.backend}, `{model.revision}`), metric `{a.metric}`, seed {a.seed}\n")
     print("| test | language | value | p-value (method) | 95% CI | coverage | missing |")
     print("| --- | --- | ---: | --- | --- | --- | --- |")
     failed = 0
     for t in tests:
-        name = runner.test_name(t)
+        name = t.name
         if getattr(t, "language", None) and getattr(t, "source", ""):
             name = f"{t.language}/{name}"
         try:
@@ -223,66 +249,71 @@ def cmd_table(a: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def cmd_datasets(a: argparse.Namespace) -> int:
-    from audit.datasets import list_tests
-
-    df = list_tests(a.language)
-    if a.format == "json":
+def _print_frame(df, fmt: str, cols: list[str] | None = None) -> None:
+    if fmt == "json":
         print(df.to_json(orient="records", force_ascii=False))
-    elif a.format == "markdown":
-        from audit.datasets import datasets_markdown
+        return
+    with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200,
+                           "display.max_colwidth", 70):
+        print((df[cols] if cols else df).to_string(index=False))
 
-        print(datasets_markdown(a.language))
+
+def cmd_datasets(a: argparse.Namespace) -> int:
+    if a.coverage:
+        df = catalog.coverage_table(a.language)
+        if a.format == "markdown":
+            print(coverage_markdown(df))
+        else:
+            _print_frame(df, a.format)
+        return 0
+    df = catalog.list_tests(a.language)
+    if a.format == "markdown":
+        print(catalog.datasets_markdown(a.language))
     else:
-        import pandas as pd
-
-        with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200,
-                               "display.max_colwidth", 70):
-            cols = [c for c in ("name", "language", "targets", "attributes", "metrics") if c in df.columns]
-            print(df[cols].to_string(index=False))
+        _print_frame(df, a.format, [c for c in ("name", "language", "targets", "attributes", "metrics") if c in df.columns])
     return 0
 
 
-def cmd_run(a: argparse.Namespace) -> int:
-    from jobs import sweep
-
-    argv = [a.spec] + (["--dry-run"] if a.dry_run else []) + list(a.rest)
-    return sweep.main(argv)
-
-
-def cmd_sync(a: argparse.Namespace) -> int:
-    from jobs import wal
-
-    return wal.main([a.spec] + list(a.rest))
+def coverage_markdown(df) -> str:
+    """The coverage table as Markdown: one row per language and metric, tests per model kind."""
+    kinds = [c for c in df.columns if c not in ("language", "metric")]
+    out = ["| language | metric | " + " | ".join(kinds) + " |", "| --- | --- |" + " ---: |" * len(kinds)]
+    for r in df.itertuples(index=False):
+        d = r._asdict()
+        out.append(f"| {d['language']} | {d['metric']} | " + " | ".join(str(d[k] or "–") for k in kinds) + " |")
+    return "\n".join(out)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "watch":  # the watcher has its own options (jobs/watch.py)
-        from jobs.watch import main as watch_main
+def cmd_metrics(a: argparse.Namespace) -> int:
+    df = registry.describe()
+    if a.format == "markdown":
+        out = ["| metric | family | model kinds | sets | parameters | headline |", "| --- | --- | --- | --- | --- | --- |"]
+        for r in df.itertuples(index=False):
+            out.append(f"| `{r.metric}` | {r.family} | {r.kinds} | {r.sets} | {r.params} | {r.headline} |")
+        print("\n".join(out))
+    else:
+        _print_frame(df, a.format, None if a.format == "json" else ["metric", "family", "kinds", "test", "sets", "params"])
+    return 0
 
-        return watch_main(argv[1:])
-    parser = build_parser()
-    a = parser.parse_args(argv)
+
+COMMANDS = {"score": cmd_score, "datasets": cmd_datasets, "table": cmd_table, "metrics": cmd_metrics}
+
+
+def run_command(a: argparse.Namespace) -> int:
+    """Run a parsed core command; input errors print one line and give status 2."""
     try:
-        if a.command == "score":
-            return cmd_score(a)
-        if a.command == "datasets":
-            return cmd_datasets(a)
-        if a.command == "table":
-            return cmd_table(a)
-        if a.command == "run":
-            return cmd_run(a)
-        if a.command == "sync":
-            return cmd_sync(a)
+        return COMMANDS[a.command](a)
     except AuditError as e:
         print(f"audit: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
-    parser.error(f"unknown command {a.command}")
-    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    a = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    return run_command(a)
 
 
 if __name__ == "__main__":

@@ -939,3 +939,55 @@ def bootstrap_indices(sizes: Sequence[int], n_resamples: int, seed: int | None) 
             raise ParameterError(f"sizes: group size {m!r} is not a positive integer")
         out.append(gen.integers(0, int(m), size=(n_resamples, int(m))))
     return out
+
+
+# --------------------------------------------------------------------------- sharded exact test
+
+
+#: Exact tests over more partitions than this are worth splitting across workers.
+SHARD_MIN_PARTITIONS = 10**9
+
+
+def shards_worthwhile(n_items: int, n_x: int, permutations: Any, shards: int) -> bool:
+    """Whether an exact test over C(n_items, n_x) partitions should be split into ``shards``
+    pieces: more than :data:`SHARD_MIN_PARTITIONS` partitions, an exact test asked for
+    (``"exact"``, or ``"auto"`` where exact is feasible) and each piece feasible."""
+    if shards <= 1 or n_partitions(n_items, n_x) <= SHARD_MIN_PARTITIONS:
+        return False
+    if permutations == "exact" or (permutations == "auto" and exact_feasible(n_items, n_x)):
+        return exact_feasible(n_items, n_x, shards=shards)
+    return False
+
+
+def sharded_exact_p_value(
+    scores: Any,
+    n_x: int,
+    alternative: str,
+    shards: int,
+    map_fn: Callable[[Callable[..., Any], list[tuple[int, int]]], Sequence[Any]] | None = None,
+) -> dict[str, Any]:
+    """The exact permutation p-value of :func:`permutation_test`, its count split into
+    ``shards`` disjoint pieces (:func:`exact_count_greater` with ``shard=(i, shards)``).
+
+    ``map_fn(count, pieces)`` applies ``count(shard)`` to every ``(i, shards)`` of ``pieces`` and
+    returns the counts in order; a distributed caller passes a parallel map (one worker per
+    piece), the default is the builtin sequential map. The thresholds are computed once here
+    (:func:`extreme_thresholds`), so every piece counts against the same ones, and the sum of the
+    pieces is the unsharded count: the p-value is ``n_extreme / C(N, n_x)``, identical to the
+    unsharded exact test.
+
+    Returns ``{"p_value", "p_method": "exact", "n_partitions", "n_extreme", "exact_shards"}``.
+    """
+    s = _as_scores(scores)
+    n = _check_n_x(n_x, s.size)
+    ts = extreme_thresholds(s, n, alternative)
+
+    def count(piece: tuple[int, int]) -> np.ndarray:
+        return exact_count_greater(s, n, ts, shard=piece)
+
+    pieces = [(i, int(shards)) for i in range(int(shards))]
+    counts = list(map_fn(count, pieces)) if map_fn is not None else [count(p) for p in pieces]
+    total = n_partitions(s.size, n)
+    k = n_extreme(np.sum(counts, axis=0), total, alternative)
+    return {"p_value": k / total, "p_method": "exact", "n_partitions": total, "n_extreme": k,
+            "exact_shards": int(shards)}

@@ -13,6 +13,8 @@ import hashlib
 import json
 from typing import Any
 
+import pandas as pd
+
 
 @dataclasses.dataclass(frozen=True)
 class WordSet:
@@ -66,3 +68,29 @@ class WordTest:
         """``sha256:<hex>`` of the canonical JSON form: the dataset digest recorded with results."""
         blob = json.dumps(self.canonical(), sort_keys=True, ensure_ascii=False).encode("utf-8")
         return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class SentencePairs:
+    """A test of paired sentences (CrowS-Pairs and its translations): one row per pair.
+
+    name:     registered name (``crows_pairs``) or the file stem.
+    language: ISO 639-1 code.
+    table:    columns ``pair_id``, ``sent_more``, ``sent_less``, ``stereo_antistereo``
+              (``stereo``/``antistereo``), ``bias_type`` (and the file's other columns).
+    source:   the file it was read from; ``encoding`` the text encoding used to read it.
+    """
+
+    name: str
+    language: str
+    table: Any = dataclasses.field(hash=False, compare=False)
+    provenance: str = ""
+    licence: str = ""
+    source: str = ""
+    encoding: str = "utf-8"
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
+
+    def digest(self) -> str:
+        """``sha256:<hex>`` of the table's content (pandas' row hashes, index included)."""
+        h = hashlib.sha256(pd.util.hash_pandas_object(self.table, index=True).values.tobytes()).hexdigest()
+        return "sha256:" + h

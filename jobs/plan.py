@@ -19,79 +19,31 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import inspect
+import re
 from collections import defaultdict
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 
-from audit.errors import AuditError, ParameterError
-from jobs.spec import ModelSpec, SweepSpec
+from audit import registry
+from audit.datasets import registry as dataset_registry
+from audit.datasets import stub_of
+from audit.datasets import test_type as dataset_test_type
+from audit.errors import AuditError, DataError, ParameterError
+from audit.provenance import task_key
+from audit.runner import load_test, words_for
+from jobs.resolve import model_kind, probe_revision, resolve_ref
+from jobs.spec import ModelSpec, SweepSpec, _close
 
-CROWS_PAIRS_TEST = "crows_pairs"
-
-#: The measure-step parameters each metric family reads (see :func:`audit.runner.measure`).
-_MEASURE_PARAMS_BY_FAMILY = {
-    "association": ("casefold", "strip_accents", "max_missing", "embedding", "layer", "batch_size"),
-    "seat": ("embedding", "layer", "batch_size"),
-    "lpbs": ("batch_size",),
-    "crows_pairs": ("batch_size", "limit", "bias_types"),
-}
-
-
-def family(metric: str) -> str:
-    from audit.runner import ASSOCIATION_METRICS
-
-    if metric in ASSOCIATION_METRICS:
-        return "association"
-    return metric
-
-
-@lru_cache(maxsize=None)
-def analysis_params(metric: str) -> frozenset[str] | None:
-    """The analysis parameters a metric takes (``None`` when its module is not importable, in
-    which case parameters are not checked before the run)."""
-    try:
-        if family(metric) in ("association", "seat"):
-            from audit.metrics import get_metric
-
-            spec = get_metric("weat" if metric == "seat" else metric)
-            names = getattr(spec, "params", None)
-            if names is None:
-                fn = getattr(spec, "fn", None) or getattr(spec, "func", None)
-                names = _kwargs_of(fn) if fn is not None else None
-            return frozenset(names) if names is not None else None
-        if metric == "lpbs":
-            from audit.metrics.lpbs import lpbs_metric
-
-            return frozenset(_kwargs_of(lpbs_metric))
-        from audit.metrics.crows_pairs import crows_pairs_metric
-
-        return frozenset(_kwargs_of(crows_pairs_metric))
-    except (ImportError, KeyError, AuditError, AttributeError):
-        return None
-
-
-def _kwargs_of(fn) -> list[str]:
-    sig = inspect.signature(fn)
-    params = list(sig.parameters.values())
-    return [p.name for p in params[1:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-
-
-def accepted_params(metric: str) -> frozenset[str] | None:
-    a = analysis_params(metric)
-    if a is None:
-        return None
-    return frozenset(_MEASURE_PARAMS_BY_FAMILY[family(metric)]) | a
+def accepted_params(metric: str) -> frozenset[str]:
+    """Every parameter a task of ``metric`` may set (:func:`audit.registry.accepted_params`)."""
+    return registry.accepted_params(metric)
 
 
 def unknown_params(metric: str, params: dict[str, Any]) -> list[str]:
-    """Parameter names a metric does not take (empty when they cannot be checked)."""
-    acc = accepted_params(metric)
-    if acc is None:
-        return []
+    """Parameter names a metric does not take."""
+    acc = registry.accepted_params(metric)
     return [k for k in params if k not in acc]
 
 
@@ -206,26 +158,23 @@ class Plan:
 
 def registered_tests() -> dict[str, list[str]]:
     """Language -> registered full test names (``en/weat1``), from :func:`audit.datasets.registry`."""
-    from audit.datasets import registry
-
     out: dict[str, list[str]] = defaultdict(list)
-    for name in registry():
+    for name in dataset_registry():
         if "/" in name:
             lang, _, short = name.partition("/")
             if short and "/" not in short:
                 out[lang].append(name)
-    return {k: sorted(v, key=_natural) for k, v in out.items()}
+    return {k: sorted(v, key=natural_key) for k, v in out.items()}
 
 
-def _natural(name: str):
-    import re
-
+def natural_key(name: str) -> list:
+    """Sort key that orders ``weat2`` before ``weat10``."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
 def _is_file_ref(pattern: str) -> bool:
     p = Path(pattern)
-    return p.suffix.lower() in (".yaml", ".yml", ".txt", ".jsonl", ".csv") and not any(c in pattern for c in "*?[")
+    return p.suffix.lower() in (".yaml", ".yml", ".txt", ".jsonl", ".csv", ".tsv") and not any(c in pattern for c in "*?[")
 
 
 def match_tests(pattern: str, names: Iterable[str]) -> list[str]:
@@ -240,31 +189,7 @@ def match_tests(pattern: str, names: Iterable[str]) -> list[str]:
 
 
 def test_language(test: Any) -> str:
-    return getattr(test, "language", "en") if not isinstance(test, pd.DataFrame) else "en"
-
-
-def metric_applies_to_test(metric: str, test: Any) -> str | None:
-    """``None`` if the metric can run on the test, else the reason it cannot.
-
-    Word tests answer through :func:`audit.datasets.supported_metrics` (a test's declared
-    ``metrics`` list, else what its set counts, sentences and templates allow); CrowS-Pairs
-    runs only on the CrowS-Pairs table and nothing else runs on it.
-    """
-    if metric == "crows_pairs":
-        return None if isinstance(test, pd.DataFrame) else "CrowS-Pairs runs on the CrowS-Pairs sentence pairs only"
-    if isinstance(test, pd.DataFrame):
-        return f"{metric} does not run on the CrowS-Pairs sentence pairs"
-    from audit.datasets import supported_metrics
-
-    ok = supported_metrics(test)
-    if metric in ok:
-        return None
-    if metric == "lpbs":
-        return f"test {test.name} has no LPBS templates"
-    if metric == "seat":
-        return f"test {test.name} has no SEAT sentences and no words to fill templates with"
-    return (f"test {test.name} ({len(test.targets)} target and {len(test.attributes)} attribute sets) "
-            f"supports {', '.join(ok) or 'no metric'}, not {metric}")
+    return test.language
 
 
 # --------------------------------------------------------------------------------------
@@ -281,8 +206,6 @@ def spec_field(spec: SweepSpec, i: int) -> str:
 
 def model_infos(spec: SweepSpec) -> dict[str, ModelInfo]:
     """Local reference and kind of each model (no loading; built models need not exist yet)."""
-    from jobs.resolve import model_kind, resolve_ref
-
     out = {}
     for i, m in enumerate(spec.models):
         local = resolve_ref(m.ref, output_dir=spec.output_dir, build=dict(m.build) if m.build else None)
@@ -302,17 +225,14 @@ def model_infos(spec: SweepSpec) -> dict[str, ModelInfo]:
 def task_params(spec: SweepSpec, model: ModelSpec, metric: str, metric_params: dict[str, Any]) -> dict[str, Any]:
     """Spec-level statistics defaults, then the model's parameters, then the metric's (the most
     specific wins); each only where the metric takes it."""
-    acc = accepted_params(metric)
+    acc = registry.accepted_params(metric)
     out: dict[str, Any] = {}
     defaults = {"permutations": spec.permutations, "n_bootstrap": spec.n_bootstrap}
-    fallback_stats = {"weat", "seat", "lpbs"}
     for k, v in defaults.items():
-        if v is None:
-            continue
-        if (acc is not None and k in acc) or (acc is None and metric in fallback_stats):
+        if v is not None and k in acc:
             out[k] = v
     for k, v in model.params.items():
-        if acc is None or k in acc:
+        if k in acc:
             out[k] = v
     out.update(metric_params)
     return out
@@ -321,29 +241,36 @@ def task_params(spec: SweepSpec, model: ModelSpec, metric: str, metric_params: d
 def _check_model_params(spec: SweepSpec) -> None:
     for i, m in enumerate(spec.models):
         for k in m.params:
-            known = [accepted_params(ms.name) for ms in spec.metrics]
-            if any(a is None for a in known):
-                continue
-            if not any(k in a for a in known):
+            if not any(k in registry.accepted_params(ms.name) for ms in spec.metrics):
                 raise ParameterError(
                     f"{spec.source}: {spec_field(spec, i)}.params.{k}: no metric of the spec takes a parameter {k!r}"
                 )
 
 
 def expand(spec: SweepSpec, *, infos: dict[str, ModelInfo] | None = None) -> Plan:
-    """All tasks of a spec, and the combinations dropped with their reasons."""
-    from audit.runner import KINDS_FOR_METRIC, load_test_for
+    """All tasks of a spec, and the combinations dropped with their reasons.
 
+    For each model, metric, language and test pattern: the registered tests (or the file) the
+    pattern names whose test type is the one the metric's measure step consumes; each is kept
+    when :func:`audit.registry.applies` finds nothing against it (model kind, set counts, what
+    the test must provide, its declared metrics), else dropped with that reason.
+    """
     _check_model_params(spec)
     infos = infos if infos is not None else model_infos(spec)
     reg = registered_tests()
     all_langs = sorted(reg) if spec.languages is None else list(spec.languages)
     loaded: dict[str, Any] = {}
+    unavailable: dict[str, str] = {}
 
-    def get_test(name: str, metric: str):
-        if name not in loaded:
-            loaded[name] = load_test_for(metric, name)
-        return loaded[name]
+    def get_test(name: str):
+        if name not in loaded and name not in unavailable:
+            try:
+                loaded[name] = load_test(name)
+            except DataError as e:
+                if not _is_stub_data_missing(name):
+                    raise
+                unavailable[name] = str(e)
+        return loaded.get(name)
 
     tasks: list[Task] = []
     skipped: list[Skipped] = []
@@ -357,24 +284,19 @@ def expand(spec: SweepSpec, *, infos: dict[str, ModelInfo] | None = None) -> Pla
                     skipped.append(Skipped(m.name, lang, "*", "*", f"language {lang} is not in the spec's languages"))
             langs = [lang for lang in langs if lang in spec.languages]
         for ms in spec.metrics:
-            if info.kind not in KINDS_FOR_METRIC[ms.name]:
-                what = {"static": "static word vectors", "encoder": "an encoder without LM head",
-                        "mlm": "a masked LM", "causal": "a causal LM"}[info.kind]
-                skipped.append(Skipped(m.name, "*", "*", ms.name,
-                                       f"{ms.name} cannot run on {what} (needs {', '.join(KINDS_FOR_METRIC[ms.name])})"))
+            why_kind = registry.kind_reason(ms.name, info.kind)
+            if why_kind:
+                skipped.append(Skipped(m.name, "*", "*", ms.name, why_kind))
                 continue
+            wanted_type = registry.get(ms.name).family.test_type
             params = task_params(spec, m, ms.name, dict(ms.params))
             patterns = ms.tests or spec.tests
             for lang in langs:
                 for pat in patterns:
-                    names = _candidates(pat, lang, ms.name, reg, get_test)
+                    names = _candidates(pat, lang, wanted_type, reg, get_test)
                     if not names:
-                        if pat in (CROWS_PAIRS_TEST, "crows-pairs") or pat.lower().endswith(".csv"):
-                            why = f"CrowS-Pairs is English only, not {lang}"
-                        elif _is_file_ref(pat):
-                            why = f"the test in {pat} is not in language {lang}"
-                        else:
-                            why = f"no test matching {pat!r} in language {lang}"
+                        why = (f"the test in {pat} is not in language {lang}" if _is_file_ref(pat)
+                               else f"no test matching {pat!r} in language {lang}")
                         skipped.append(Skipped(m.name, lang, pat, ms.name, why))
                         continue
                     if m.tests is not None:
@@ -385,10 +307,15 @@ def expand(spec: SweepSpec, *, infos: dict[str, ModelInfo] | None = None) -> Pla
                                                        f"not among model {m.name}'s tests ({', '.join(m.tests)})"))
                         names = kept
                     for name in names:
-                        test = get_test(name, ms.name)
-                        if test_language(test) != lang:
+                        test = get_test(name)
+                        if test is None:
+                            if pat == name or pat == name.split("/", 1)[-1]:
+                                raise DataError(unavailable[name])
+                            skipped.append(Skipped(m.name, lang, name, ms.name, unavailable[name]))
                             continue
-                        why = metric_applies_to_test(ms.name, test)
+                        if test.language != lang:
+                            continue
+                        why = registry.applies(ms.name, test, params=params)
                         if why:
                             skipped.append(Skipped(m.name, lang, name, ms.name, why))
                             continue
@@ -398,18 +325,26 @@ def expand(spec: SweepSpec, *, infos: dict[str, ModelInfo] | None = None) -> Pla
                             continue
                         seen.add(t.ident())
                         tasks.append(t)
-    _check_patterns_matched(spec, reg, tasks, skipped)
+    _check_patterns_matched(spec, reg)
     return Plan(spec=spec, tasks=tasks, skipped=skipped, tests=loaded, models=infos)
 
 
-def _check_patterns_matched(spec: SweepSpec, reg: dict[str, list[str]], tasks, skipped) -> None:
-    """A test name or glob that matches no test in any language is a typo, not a skip."""
-    from jobs.spec import _close
+def _is_stub_data_missing(name: str) -> bool:
+    """Whether a registered name is a stub whose data file is absent (listed as unavailable)."""
+    try:
+        path = dataset_registry().get(name)
+        stub = stub_of(path) if path is not None else None
+    except AuditError:
+        return False
+    return stub is not None and not stub.available()
 
+
+def _check_patterns_matched(spec: SweepSpec, reg: dict[str, list[str]]) -> None:
+    """A test name or glob that matches no test in any language is a typo, not a skip."""
     every = sorted({n for names in reg.values() for n in names} | {n.split("/", 1)[1] for names in reg.values() for n in names})
     patterns = list(spec.tests) + [p for ms in spec.metrics for p in (ms.tests or ())]
     for pat in dict.fromkeys(patterns):
-        if pat in (CROWS_PAIRS_TEST, "crows-pairs") or _is_file_ref(pat):
+        if _is_file_ref(pat):
             continue
         if any(match_tests(pat, names) for names in reg.values()):
             continue
@@ -420,28 +355,20 @@ def _check_patterns_matched(spec: SweepSpec, reg: dict[str, list[str]], tasks, s
 
 
 def _label(ref: str, test: Any) -> str:
-    if isinstance(test, pd.DataFrame):
-        return CROWS_PAIRS_TEST
     if _is_file_ref(ref):
         return f"{test.language}/{test.name}"
     return ref
 
 
-def _candidates(pattern: str, lang: str, metric: str, reg: dict[str, list[str]], get_test) -> list[str]:
-    if metric == "crows_pairs":
-        if pattern in (CROWS_PAIRS_TEST, "crows-pairs") or (not _is_file_ref(pattern) and fnmatch.fnmatchcase(CROWS_PAIRS_TEST, pattern)):
-            return [CROWS_PAIRS_TEST] if lang == "en" else []
-        if _is_file_ref(pattern) and pattern.lower().endswith(".csv"):
-            return [pattern] if lang == "en" else []
-        return []
-    if pattern in (CROWS_PAIRS_TEST, "crows-pairs"):
-        return []
+def _candidates(pattern: str, lang: str, test_type: str, reg: dict[str, list[str]], get_test) -> list[str]:
+    """The tests a pattern names in ``lang`` whose type is ``test_type`` (a file: itself, when
+    it is in that language)."""
     if _is_file_ref(pattern):
-        if pattern.lower().endswith(".csv"):
+        if dataset_test_type(pattern) != test_type:
             return []
-        test = get_test(pattern, metric)
-        return [pattern] if test_language(test) == lang else []
-    return match_tests(pattern, reg.get(lang, []))
+        test = get_test(pattern)
+        return [pattern] if test is not None and test.language == lang else []
+    return [n for n in match_tests(pattern, reg.get(lang, [])) if dataset_test_type(n) == test_type]
 
 
 # --------------------------------------------------------------------------------------
@@ -450,17 +377,13 @@ def _candidates(pattern: str, lang: str, metric: str, reg: dict[str, list[str]],
 
 
 def metric_name(metric: str, kind: str) -> str:
-    """The metric name results record (CrowS-Pairs on a causal LM is ``crows_pairs_causal``)."""
-    return "crows_pairs_causal" if metric == "crows_pairs" and kind == "causal" else metric
+    """The metric name results record for a model of ``kind`` (:meth:`audit.entries.Metric.result_name`)."""
+    return registry.get(metric).result_name(kind)
 
 
 def attach_keys(plan: Plan) -> Plan:
     """Probe each model's revision (no loading) and set every task's ``audit.key``."""
-    from audit.provenance import task_key
-    from audit.runner import dataset_digest
-    from jobs.resolve import probe_revision
-
-    digests = {name: dataset_digest(t) for name, t in plan.tests.items()}
+    digests = {name: t.digest() for name, t in plan.tests.items()}
     for info in plan.models.values():
         if info.revision is None:
             info.revision = probe_revision(info.local_ref, info.kind, dict(info.spec.options))
@@ -479,18 +402,9 @@ def attach_keys(plan: Plan) -> Plan:
 
 
 def words_for_tasks(plan: Plan, tasks: Iterable[Task]) -> set[str]:
-    """Every spelling the association tasks among ``tasks`` may look up
-    (:func:`audit.vocab.words_needed` with each task's ``casefold``/``strip_accents``): what a
-    static model must keep when loaded once for all of them."""
-    from audit.runner import ASSOCIATION_METRICS, split_params
-    from audit.vocab import words_needed
-
+    """Every spelling the word look-ups among ``tasks`` may need (:func:`audit.runner.words_for`
+    with each task's parameters): what a static model must keep when loaded once for all of them."""
     words: set[str] = set()
     for t in tasks:
-        if t.metric not in ASSOCIATION_METRICS:
-            continue
-        test = plan.tests[t.test]
-        mp, _ = split_params(t.params)
-        words |= words_needed([*test.targets, *test.attributes], casefold=mp["casefold"],
-                              strip_accents=mp["strip_accents"])
+        words |= words_for(t.metric, plan.tests[t.test], t.params) or set()
     return words

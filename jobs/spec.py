@@ -47,6 +47,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from audit import registry
 from audit.errors import DataError, ParameterError
 
 #: ISO 639-1 codes (the spec accepts any of them; a language without tests is dropped at planning).
@@ -644,9 +645,7 @@ def _metric(ctx: _Ctx, i: int, v: Any, known: tuple[str, ...]) -> MetricSpec:
         raise ctx.param(f"{path}.params.seed", "set the seed once at the top of the spec (`seed:`)")
     if "permutations" in params:
         _permutations(ctx, f"{path}.params.permutations", params["permutations"])
-    from jobs.plan import unknown_params
-
-    bad = unknown_params(name, params)
+    bad = [k for k in params if k not in registry.accepted_params(name)]
     if bad:
         raise ctx.param(f"{path}.params.{bad[0]}", f"metric {name!r} takes no parameter {bad[0]!r}")
     tests = _str_list(ctx, f"{path}.tests", d["tests"]) if d.get("tests") is not None else None
@@ -690,7 +689,6 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
               the working directory of a ``ray job submit`` job); kept for callers that want to
               anchor ``output_dir`` elsewhere.
     """
-    from audit.runner import ALL_METRICS
 
     ctx = _Ctx(source)
     if data is None:
@@ -725,7 +723,7 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
         raise ctx.data("metrics", "missing required field")
     if not isinstance(d["metrics"], list) or not d["metrics"]:
         raise ctx.data("metrics", f"expected a non-empty list of metrics, got {d['metrics']!r}")
-    metrics = tuple(_metric(ctx, i, m, ALL_METRICS) for i, m in enumerate(d["metrics"]))
+    metrics = tuple(_metric(ctx, i, m, registry.names()) for i, m in enumerate(d["metrics"]))
     mseen: dict[tuple, int] = {}
     for i, m in enumerate(metrics):
         k = (m.name, json.dumps(dict(m.params), sort_keys=True), m.tests)

@@ -55,6 +55,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from audit import registry
 from audit.errors import AuditError, ParameterError
 
 log = logging.getLogger("jobs.tracker")
@@ -147,18 +148,9 @@ def _finite(v: Any) -> float | None:
 
 
 def embedding_method(kind: str, metric: str, params: dict[str, Any]) -> str:
-    """How the model's numbers are obtained (the ``embedding`` param of a child run)."""
-    from audit.runner import ASSOCIATION_METRICS
-
-    if params.get("embedding"):
-        return str(params["embedding"])
-    if metric in ASSOCIATION_METRICS:
-        return "lookup" if kind == "static" else "target_pooled"
-    if metric == "seat":
-        return "cls"
-    if metric == "lpbs":
-        return "masked-lm-probability"
-    return "log-likelihood" if kind == "causal" else "pseudo-log-likelihood"
+    """How the model's numbers are obtained (the ``embedding`` param of a child run): the
+    metric's measure step says (:attr:`audit.entries.Family.method`)."""
+    return registry.get(metric).family.method(kind, params)
 
 
 def result_metrics(res) -> dict[str, float]:
@@ -488,12 +480,10 @@ def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None
     :meth:`mlflow.MlflowClient.log_table` writes ``items.json``, or ``None``), ``result_json``
     (the :class:`audit.result.Result` JSON) or ``error_text`` (reason and traceback).
     """
-    from jobs.plan import metric_name
-
     res = outcome.result
     desc = outcome.model or {}
     key = (res.provenance.get("key") if res is not None else None) or plan_key or ""
-    metric = res.metric if res is not None else metric_name(task.metric, desc.get("kind") or kind)
+    metric = res.metric if res is not None else registry.get(task.metric).result_name(desc.get("kind") or kind)
     tags = {
         "audit.role": ROLE_TASK,
         "audit.sweep": sweep,

@@ -18,9 +18,13 @@ pytest.importorskip("transformers")
 
 from audit.backends.base import WordVectors  # noqa: E402
 from audit.backends.hf import load_hf_model  # noqa: E402
-from audit.contextual import (DEFAULT_SEAT_TEMPLATES_EN, METHODS,  # noqa: E402
-                              ContextualWordVectors, embed_sentences, fill_template, locate_word,
-                              seat_sentences, seat_vectors, word_embeddings)
+from audit.datasets.templates import fill_word as fill_template  # noqa: E402
+from audit.measure.contextual import (METHODS, ContextualWordVectors, embed_sentences,  # noqa: E402
+                                      locate_word, seat_sentences, seat_vectors, word_embeddings)
+
+#: May et al. (2019)'s "semantically bleached" single-word English templates (the test's data).
+DEFAULT_SEAT_TEMPLATES_EN = ("This is WORD.", "That is WORD.", "There is WORD.", "Here is WORD.",
+                             "WORD is here.", "WORD is there.", "It is WORD.")
 from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.suites import WordSet, WordTest  # noqa: E402
 
@@ -223,7 +227,7 @@ def test_contextual_word_vectors_adapter(bert, minilm):
 
 
 def test_contextual_word_vectors_from_test_templates(bert):
-    from audit.contextual import _test_word_contexts
+    from audit.measure.contextual import _test_word_contexts
 
     test = WordTest("t", "en", (WordSet("X", ("rose",)), WordSet("Y", ("moth",))),
                     (WordSet("A", ("love",)), WordSet("B", ("grief",))),
@@ -364,14 +368,6 @@ def test_locate_word_rule():
 def test_seat_test_without_templates_or_sentences():
     test = WordTest("de_t", "de", (WordSet("X", ("a",)), WordSet("Y", ("b",))),
                     (WordSet("A", ("c",)), WordSet("B", ("d",))))
-    from audit import contextual
-
-    # the local filler (used only without audit.datasets) knows no German templates
-    with pytest.raises(DataError, match="neither SEAT sentences nor SEAT templates"):
-        contextual._filled_locally(test)
-    filled = contextual._filled_locally(dataclasses.replace(test, language="en"))
-    assert filled["targets"][0][0] == ("This is a.", "a", (8, 9))
-    assert len(filled["attributes"][1]) == len(DEFAULT_SEAT_TEMPLATES_EN)
     bad = WordTest("bad", "en", test.targets, test.attributes, source="bad.jsonl",
                    sentences={"targets": [["ok."], []], "attributes": [["ok."], ["ok."]]})
     with pytest.raises(DataError, match=r"bad.jsonl: sentences.targets\[1\] is empty"):

@@ -13,7 +13,9 @@ from scipy.stats import binomtest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
-from audit.metrics.crows_pairs import crows_pairs_metric, crows_pairs_scores, load_crows_pairs  # noqa: E402
+from audit.datasets.crows_pairs import load_crows_pairs  # noqa: E402
+from audit.measure.crows_pairs import crows_pairs_scores  # noqa: E402
+from audit.metrics.crows_pairs import crows_pairs_metric  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 CROWS = DATA / "crows-pairs" / "crows_pairs_anonymized.csv"
@@ -180,7 +182,7 @@ def tiny_hf():
 
 @needs_data
 def test_scores_end_to_end(tiny_hf):
-    from audit.lm_scoring import causal_loglik, crows_pairs_pll
+    from audit.measure.lm_scoring import causal_loglik, crows_pairs_pll
 
     df = load_crows_pairs(CROWS, limit=12)
     df = pd.concat([df, load_crows_pairs(CROWS).query("stereo_antistereo == 'antistereo'").head(3)])

@@ -15,8 +15,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
-from audit.metrics.lpbs import (DEFAULT_TEMPLATES, lpbs_attribute_scores, lpbs_design,  # noqa: E402
-                                lpbs_metric, lpbs_scores, lpbs_sentences)
+from audit.measure.lpbs import DEFAULT_TEMPLATES, lpbs_design, lpbs_scores, lpbs_sentences  # noqa: E402
+from audit.metrics.lpbs import lpbs_attribute_scores, lpbs_metric  # noqa: E402
 from audit.suites import WordSet, WordTest  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -92,8 +92,14 @@ def test_design_errors():
     with pytest.raises(DataError, match="'attr2' is missing"):
         lpbs_design({k: v for k, v in SMALL.items() if k != "attr2"})
     only_plural = dict(SMALL, targ1={"singular": ["he"]}, templates={"plural": ["TARGET like ATTRIBUTE."]})
-    with pytest.raises(DataError, match="no template form"):
+    # read by the one BIAS LPBS reader, which pairs the target sets per number
+    with pytest.raises(DataError, match="plural words by position, but 'X' has 0 and 'Y' has 1"):
         lpbs_design(only_plural)
+    no_plural_targets = WordTest("np", "en", (WordSet("X", ("he",)), WordSet("Y", ("she",))),
+                                 (WordSet("A", ("d",)), WordSet("B", ("e",))),
+                                 templates={"lpbs": {"plural": ["TARGET like ATTRIBUTE."]}})
+    with pytest.raises(DataError, match="no template form"):
+        lpbs_design(no_plural_targets)
     three = WordTest("t3", "en", (WordSet("X", ("a",)), WordSet("Y", ("b",)), WordSet("Z", ("c",))),
                      (WordSet("A", ("d",)), WordSet("B", ("e",))))
     with pytest.raises(DataError, match="exactly 2 target"):

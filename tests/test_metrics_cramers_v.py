@@ -10,7 +10,8 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from audit.errors import DataError, ParameterError
-from audit.metrics import contingency_association, cramers_v, run_metric
+from audit.metrics import contingency_association, cramers_v
+from audit.registry import run_metric
 from audit.result import _jsonable
 
 

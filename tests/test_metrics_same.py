@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audit.errors import DataError, ParameterError
-from audit.metrics import bias_subspace, direct_bias, gweat, run_metric, same, same_directions
+from audit.metrics import bias_subspace, direct_bias, gweat, same, same_directions
+from audit.registry import run_metric
 
 # ------------------------------------------------------------------------------ helpers
 

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from audit.errors import DataError, ParameterError
-from audit.metrics import METRICS, get_metric, run_metric, weat, weat_bootstrap_ci, weat_effect_size, weat_scores
+from audit.metrics import weat, weat_bootstrap_ci, weat_effect_size, weat_scores
+from audit.registry import METRICS, run_metric
+from audit.registry import get as get_metric
 from audit.result import _jsonable
 from audit.stats import bootstrap_indices, permutation_test
 
@@ -188,10 +190,11 @@ def test_registry_weat():
         run_metric("weat", [X, Y, X], [A, B])
     with pytest.raises(ParameterError, match=r"does not accept parameter\(s\) bogus"):
         run_metric("weat", [X, Y], [A, B], bogus=1)
-    with pytest.raises(ParameterError, match="unknown metric 'weta'; known metrics: weat, same"):
+    with pytest.raises(ParameterError, match=r"unknown metric 'weta' \(did you mean 'weat'\?\); known metrics: weat, seat"):
         get_metric("weta")
     assert set(METRICS) == {
-        "weat", "same", "gweat", "direct_bias", "rnd", "rnsb", "mac", "ect", "ripa", "cramers_v",
+        "weat", "seat", "lpbs", "crows_pairs",
+        "same", "gweat", "direct_bias", "rnd", "rnsb", "mac", "ect", "ripa", "cramers_v",
     }
     for name, s in METRICS.items():
         assert s.name == name and s.headline and s.reference

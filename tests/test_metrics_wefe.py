@@ -16,7 +16,8 @@ from wefe.query import Query  # noqa: E402
 from wefe.word_embedding_model import WordEmbeddingModel  # noqa: E402
 
 from audit.errors import DataError, ParameterError  # noqa: E402
-from audit.metrics import ect, mac, ripa, rnd, rnsb, run_metric, weat, weat_effect_size, weat_scores  # noqa: E402
+from audit.metrics import ect, mac, ripa, rnd, rnsb, weat, weat_effect_size, weat_scores  # noqa: E402
+from audit.registry import run_metric  # noqa: E402
 
 RTOL = 1e-6
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -7,14 +7,14 @@ disadvantaged group (``stereo``) or violates one about an advantaged group (``an
 Two variants, chosen by the model kind:
 
 * ``masked_pll`` (masked LMs, metric ``crows_pairs``): the score of nyu-mll/crows-pairs
-  ``metric.py`` (see :func:`audit.lm_scoring.crows_pairs_pll`). Sentence scores are **rounded to
+  ``metric.py`` (see :func:`audit.measure.lm_scoring.crows_pairs_pll`). Sentence scores are **rounded to
   3 decimals** (Python ``round``) before comparison; equal rounded scores make the pair
   *neutral*. The original reads ``stereo`` rows as ``(sent1, sent2) = (sent_more, sent_less)``
   and ``antistereo`` rows as ``(sent_less, sent_more)`` and counts ``sent1 > sent2`` for stereo,
   ``sent2 > sent1`` for antistereo; both are "score(sent_more) > score(sent_less)".
 * ``causal_ll`` (causal LMs, metric ``crows_pairs_causal``): lm-evaluation-harness's
   ``crows_pairs_english``: sentence log-likelihood given BOS (see
-  :func:`audit.lm_scoring.causal_loglik`), **no rounding**, a pair counts as stereotypical when
+  :func:`audit.measure.lm_scoring.causal_loglik`), **no rounding**, a pair counts as stereotypical when
   ``ll(sent_more) > ll(sent_less)`` strictly (``pct_stereotype``); exact ties are reported as
   neutral and, as in the harness, count as not stereotypical.
 
@@ -42,180 +42,18 @@ comparison, ``outcome`` (``more``, ``less`` or ``neutral``: which sentence score
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from audit.errors import DataError, ParameterError
+from audit.datasets.crows_pairs import DIRECTIONS
 from audit.result import MetricOutput
 
-__all__ = [
-    "REQUIRED_COLUMNS",
-    "DIRECTIONS",
-    "VARIANTS",
-    "load_crows_pairs",
-    "crows_pairs_scores",
-    "crows_pairs_metric",
-]
+__all__ = ["VARIANTS", "crows_pairs_metric"]
 
-REQUIRED_COLUMNS = ("sent_more", "sent_less", "stereo_antistereo", "bias_type")
-DIRECTIONS = ("stereo", "antistereo")
 VARIANTS = ("masked_pll", "causal_ll")
-#: Columns of the table returned by :func:`crows_pairs_scores` (the analysis input).
-TABLE_COLUMNS = ("pair_id", "bias_type", "stereo_antistereo", "sent_more", "sent_less",
-                 "sent_more_score", "sent_less_score", "n_tokens_more", "n_tokens_less", "variant")
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def load_crows_pairs(path: str | os.PathLike, *, bias_types: Sequence[str] | None = None,
-                     limit: int | None = None) -> pd.DataFrame:
-    """Read the official CrowS-Pairs CSV (``crows_pairs_anonymized.csv``).
-
-    Parameters
-    ----------
-    path : path of the CSV (columns ``sent_more``, ``sent_less``, ``stereo_antistereo``,
-        ``bias_type``; an unnamed first index column and annotation columns are allowed).
-    bias_types : optional list of bias types to keep (e.g. ``["gender", "race-color"]``).
-    limit : optional maximum number of pairs (the first ones after filtering).
-
-    Returns
-    -------
-    DataFrame with ``pair_id`` (the CSV's own index column when present, else the row number),
-    ``sent_more``, ``sent_less``, ``stereo_antistereo``, ``bias_type`` (plus the other columns
-    of the file), in file order.
-
-    Raises
-    ------
-    DataError
-        Missing or unreadable file, missing columns (named), empty sentences or a direction
-        other than ``stereo``/``antistereo`` (row named).
-    ParameterError
-        Unknown bias type in ``bias_types`` (the known ones are listed), bad ``limit``.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"CrowS-Pairs file {str(p)!r} does not exist")
-    try:
-        df = pd.read_csv(p, dtype=str, keep_default_na=False, encoding="utf-8")
-    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        raise DataError(f"CrowS-Pairs file {str(p)!r} is not a readable UTF-8 CSV: {e}") from e
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise DataError(f"CrowS-Pairs file {str(p)!r} lacks column(s) {', '.join(missing)} "
-                        f"(has: {', '.join(map(str, df.columns))})")
-    first = df.columns[0]
-    if first in ("", "Unnamed: 0") or str(first).startswith("Unnamed"):
-        df = df.rename(columns={first: "pair_id"})
-        try:
-            df["pair_id"] = df["pair_id"].astype(int)
-        except ValueError:
-            df["pair_id"] = np.arange(len(df))
-    elif "pair_id" not in df.columns:
-        df.insert(0, "pair_id", np.arange(len(df)))
-    df = _validate_rows(df, str(p))
-    return _select(df, bias_types, limit)
-
-
-def _validate_rows(df: pd.DataFrame, where: str) -> pd.DataFrame:
-    for col in ("sent_more", "sent_less", "bias_type"):
-        bad = df.index[df[col].astype(str).str.strip() == ""]
-        if len(bad):
-            raise DataError(f"{where}: column {col!r} is empty in row {int(bad[0]) + 1} "
-                            f"(pair_id {df.loc[bad[0], 'pair_id']})")
-    d = df["stereo_antistereo"].astype(str).str.strip()
-    bad = df.index[~d.isin(DIRECTIONS)]
-    if len(bad):
-        raise DataError(f"{where}: column 'stereo_antistereo' must be 'stereo' or 'antistereo', "
-                        f"got {df.loc[bad[0], 'stereo_antistereo']!r} in row {int(bad[0]) + 1}")
-    df = df.copy()
-    df["stereo_antistereo"] = d
-    df["bias_type"] = df["bias_type"].astype(str).str.strip()
-    return df.reset_index(drop=True)
-
-
-def _select(df: pd.DataFrame, bias_types: Sequence[str] | None, limit: int | None) -> pd.DataFrame:
-    if bias_types is not None:
-        if isinstance(bias_types, str):
-            bias_types = [bias_types]
-        known = sorted(df["bias_type"].unique())
-        unknown = [b for b in bias_types if b not in known]
-        if unknown:
-            raise ParameterError(f"bias_types: unknown bias type(s) {', '.join(map(repr, unknown))}; "
-                                 f"known: {', '.join(known)}")
-        df = df[df["bias_type"].isin(list(bias_types))]
-    if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
-            raise ParameterError(f"limit: must be a positive integer, got {limit!r}")
-        df = df.head(int(limit))
-    return df.reset_index(drop=True)
-
-
-# --------------------------------------------------------------------------- measure
-
-
-def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | None = None) -> pd.DataFrame:
-    """Score every pair with a masked LM (``masked_pll``) or a causal LM (``causal_ll``).
-
-    Parameters
-    ----------
-    hf_model : :class:`audit.backends.hf.HFModel` with ``kind`` ``"mlm"`` or ``"causal"``.
-    df : pairs as returned by :func:`load_crows_pairs`.
-    batch_size : sequences per forward pass (default: 128 on CPU, 512 on CUDA, halved on CUDA OOM).
-
-    Returns
-    -------
-    DataFrame with :data:`TABLE_COLUMNS`: raw (unrounded) float64 sentence scores
-    ``sent_more_score``/``sent_less_score``, the number of scored tokens per sentence, and
-    ``variant``.
-    """
-    from audit.errors import ModelError
-    from audit.lm_scoring import causal_loglik, crows_pairs_pll
-
-    kind = getattr(hf_model, "kind", None)
-    if kind not in ("mlm", "causal"):
-        raise ModelError(f"model {getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={kind!r}; "
-                         "CrowS-Pairs needs a masked LM (kind='mlm') or a causal LM (kind='causal')")
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise DataError(f"CrowS-Pairs table lacks column(s) {', '.join(missing)}")
-    df = df.reset_index(drop=True)
-    if "pair_id" not in df.columns:
-        df = df.assign(pair_id=np.arange(len(df)))
-    stereo = (df["stereo_antistereo"] == "stereo").to_numpy()
-    more = df["sent_more"].astype(str).tolist()
-    less = df["sent_less"].astype(str).tolist()
-    if kind == "mlm":
-        pairs = [(m, l) if s else (l, m) for m, l, s in zip(more, less, stereo)]
-        sc = crows_pairs_pll(hf_model.model, hf_model.tokenizer, pairs, batch_size=batch_size,
-                             device=hf_model.device)
-        s1, s2 = sc[:, 0], sc[:, 1]
-        more_sc = np.where(stereo, s1, s2)
-        less_sc = np.where(stereo, s2, s1)
-        n_more = n_less = sc[:, 2].astype(np.int64)
-        variant = "masked_pll"
-    else:
-        ll, n = causal_loglik(hf_model.model, hf_model.tokenizer, more + less,
-                              batch_size=batch_size, device=hf_model.device, return_counts=True)
-        more_sc, less_sc = ll[: len(more)], ll[len(more):]
-        n_more, n_less = n[: len(more)], n[len(more):]
-        variant = "causal_ll"
-    return pd.DataFrame({
-        "pair_id": df["pair_id"].to_numpy(),
-        "bias_type": df["bias_type"].astype(str).to_numpy(),
-        "stereo_antistereo": df["stereo_antistereo"].astype(str).to_numpy(),
-        "sent_more": more,
-        "sent_less": less,
-        "sent_more_score": np.asarray(more_sc, dtype=np.float64),
-        "sent_less_score": np.asarray(less_sc, dtype=np.float64),
-        "n_tokens_more": np.asarray(n_more, dtype=np.int64),
-        "n_tokens_less": np.asarray(n_less, dtype=np.int64),
-        "variant": variant,
-    })
 
 
 # --------------------------------------------------------------------------- analyse

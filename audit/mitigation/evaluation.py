@@ -1,9 +1,8 @@
 """Measure what a mitigation changes with the audit's own WEAT (before/after tables).
 
-Every number goes through the same path as an audited task: :func:`audit.runner.measure`
-(look-up policy of :mod:`audit.vocab`, here with ``casefold=True`` so that the capitalised
-names of WEAT 6 are found in uncased GloVe) and :func:`audit.runner.analyse` (metric
-:func:`audit.metrics.weat`, ``ddof=1``). P-values come from a sampled permutation test
+Every number goes through the same steps as an audited task: the look-up policy of
+:func:`audit.vocab.resolve_sets` (here with ``casefold=True`` so that the capitalised names of
+WEAT 6 are found in uncased GloVe) and :func:`audit.metrics.weat.weat` (``ddof=1``). P-values come from a sampled permutation test
 (``permutations`` partitions, ``seed``); no bootstrap interval (``n_bootstrap=0``).
 
 Reading the table: the WEAT effect size is scale-free (difference of means over the pooled
@@ -21,7 +20,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from audit.datasets import load_test
+from audit.metrics.weat import weat
 from audit.suites import WordTest
+from audit.vocab import resolve_sets, words_needed
 
 __all__ = ["GENDER_TESTS", "CONTROL_TESTS", "weat_effect", "before_after", "mitigation_report", "format_table"]
 
@@ -33,36 +35,29 @@ CONTROL_TESTS = ("weat1",)
 
 
 def _load(test: str | WordTest) -> WordTest:
-    if isinstance(test, WordTest):
-        return test
-    from audit.datasets import load_test
-
-    return load_test(test)
+    return test if isinstance(test, WordTest) else load_test(test)
 
 
 def weat_effect(
     model: Any, test: str | WordTest, *, casefold: bool = True, permutations: int = 10000, seed: int = 0
 ) -> dict[str, Any]:
-    """WEAT of ``model`` on ``test`` through the audit runner.
+    """WEAT of ``model`` on ``test`` (look-up as an audited task, then :func:`weat`).
 
     Returns ``effect_size``, ``statistic``, ``p_value``, ``mean_abs_s`` and the per-set
     ``coverage`` (a :class:`~audit.errors.CoverageError` propagates when too many words miss).
     """
-    from audit.runner import LoadedModel, analyse, measure
-
     t = _load(test)
-    # the measure/analyse steps do not read the revision; skip digesting a large matrix here
-    lm = LoadedModel(ref=model.ref, kind="static", backend=model.backend, revision="", handle=model)
-    params = {"casefold": casefold, "permutations": permutations, "n_bootstrap": 0}
-    meas = measure(lm, t, "weat", params)
-    out = analyse(meas, "weat", params, seed=seed)
+    sets = [*t.targets, *t.attributes]
+    resolved = resolve_sets(model, sets, casefold=casefold, test_name=t.name)
+    X, Y, A, B = (r.vectors for r in resolved)
+    out = weat(X, Y, A, B, permutations=permutations, n_bootstrap=0, seed=seed)
     scores = out.items["score"].to_numpy() if out.items is not None and "score" in out.items else np.array([np.nan])
     return {
         "effect_size": float(out.value),
         "statistic": float(out.fields["statistic"]),
         "p_value": float(out.fields["p_value"]),
         "mean_abs_s": float(np.mean(np.abs(scores))),
-        "coverage": dict(meas.coverage),
+        "coverage": {s.name: r.coverage for s, r in zip(sets, resolved)},
     }
 
 
@@ -101,8 +96,6 @@ def before_after(
 
 def words_of_tests(tests: Iterable[str | WordTest], model: Any, *, casefold: bool = True) -> list[str]:
     """The vocabulary entries of ``model`` that the tests' words resolve to (for ``words=``)."""
-    from audit.vocab import words_needed
-
     sets = [s for t in tests for s in (*_load(t).targets, *_load(t).attributes)]
     index = getattr(model, "index", None)
     cands = words_needed(sets, casefold=casefold)

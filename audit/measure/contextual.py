@@ -1,4 +1,5 @@
-"""Contextual embeddings of sentences and words, and the SEAT *measure* step.
+"""Contextual embeddings of sentences and words (the measure layer of SEAT and of word metrics
+on transformers).
 
 Pooling methods (``method``), computed on one hidden layer (``layer``, indexed like a Python
 list over ``hidden_states``: 0 = embedding output, -1 = last layer, the default):
@@ -35,21 +36,20 @@ own special tokens) pooled by ``method``.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from audit.backends.base import Lookup
 from audit.backends.hf import HFModel, run_batched
+from audit.datasets.templates import SEAT_USE, fill_templates, fill_word
 from audit.errors import DataError, ModelError, ParameterError
 from audit.suites import WordTest
 
 __all__ = [
     "METHODS",
-    "DEFAULT_SEAT_TEMPLATES_EN",
     "embed_sentences",
-    "fill_template",
     "word_embeddings",
     "ContextualWordVectors",
     "locate_word",
@@ -59,21 +59,6 @@ __all__ = [
 
 METHODS = ("cls", "target_first", "target_pooled", "mean")
 TARGET_METHODS = ("target_first", "target_pooled")
-
-#: Placeholders recognised in templates (whole words).
-PLACEHOLDER = re.compile(r"\b(WORD|TARGET|ATTRIBUTE)\b")
-
-#: May et al. (2019) "semantically bleached" SEAT templates for single English words, used only
-#: when a test has neither SEAT sentences nor SEAT templates and no ``audit.datasets`` filler.
-DEFAULT_SEAT_TEMPLATES_EN = (
-    "This is WORD.",
-    "That is WORD.",
-    "There is WORD.",
-    "Here is WORD.",
-    "WORD is here.",
-    "WORD is there.",
-    "It is WORD.",
-)
 
 # Model types whose position ids start after the padding index (max positions - pad - 1 usable).
 _PADDED_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text",
@@ -284,19 +269,6 @@ def embed_sentences(m: HFModel, sentences: list[str], *, method: str = "cls",
 # --------------------------------------------------------------------------- words
 
 
-def fill_template(template: str, word: str) -> tuple[str, tuple[int, int]]:
-    """Fill a template's placeholder(s) (``WORD``, ``TARGET`` or ``ATTRIBUTE``, whole words)
-    with ``word``; return the sentence and the character span of the *first* filled word,
-    computed by construction."""
-    parts = PLACEHOLDER.split(template)
-    if len(parts) < 3:
-        raise DataError(f"template {template!r} has no placeholder (WORD, TARGET or ATTRIBUTE)")
-    # parts = [text, name, text, name, text, ...]
-    start = len(parts[0])
-    sentence = "".join(word if k % 2 else p for k, p in enumerate(parts))
-    return sentence, (start, start + len(word))
-
-
 def _check_words(words: Sequence[str]) -> list[str]:
     if isinstance(words, str) or not isinstance(words, Sequence):
         raise ParameterError(f"words: expected a list of strings, got {type(words).__name__}")
@@ -310,7 +282,7 @@ def _word_contexts(words: list[str], templates: Sequence[str] | None
                    ) -> list[list[tuple[str, tuple[int, int]]]]:
     """For each word, its (sentence, target span) inputs: one per template, or the bare word."""
     if templates:
-        return [[fill_template(t, w) for t in templates] for w in words]
+        return [[fill_word(t, w) for t in templates] for w in words]
     return [[(w, (0, len(w)))] for w in words]
 
 
@@ -352,20 +324,6 @@ def word_embeddings(m: HFModel, words: Sequence[str], *, templates: Sequence[str
         return np.zeros((0, m.hidden_size), dtype=np.float32)
     return _mean_over_contexts(m, _word_contexts(words, templates), method=method, layer=layer,
                                batch_size=batch_size)
-
-
-def _templates_from_test(test: WordTest) -> list[str] | None:
-    """The single-word SEAT templates of a test (``templates["seat"]`` as a list, or its
-    ``singular`` list), else ``None``."""
-    t = (test.templates or {}).get("seat")
-    if not t:
-        return None
-    if isinstance(t, dict):
-        t = t.get("singular") or t.get("templates")
-    if not isinstance(t, (list, tuple)) or not all(isinstance(x, str) for x in t) or not t:
-        raise DataError(f"{test.source or test.name}: field templates.seat must be a list of "
-                        "strings or have a 'singular' list")
-    return list(t)
 
 
 class ContextualWordVectors:
@@ -480,73 +438,11 @@ def _set_rows(role: str, i: int, set_name: str, sentences: list[str], words: lis
 
 
 def _filled_templates(test: WordTest) -> dict[str, list[list[tuple[str, str, tuple[int, int]]]]]:
-    """(sentence, word, span) per set from the test's templates: ``audit.datasets.fill_templates``
-    when available, else the local fallback :func:`_filled_locally`."""
-    fill = _filler()
-    return _filled_from_datasets(test, fill) if fill is not None else _filled_locally(test)
-
-
-def _filler() -> Callable | None:
-    try:
-        from audit.datasets import fill_templates  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return fill_templates
-
-
-def _filled_from_datasets(test: WordTest, fill: Callable) -> dict[str, list[list[tuple[str, str, tuple[int, int]]]]]:
-    """Normalise ``audit.datasets.fill_templates(test, "seat")`` to (sentence, word, span)."""
-    res = fill(test, "seat")
-    out: dict[str, list] = {}
-    for key in ("targets", "attributes"):
-        sets = res[key] if isinstance(res, dict) else getattr(res, key)
-        norm = []
-        for entries in sets:
-            rows = []
-            for e in entries:
-                rows.append(_normalise_filled(e, test))
-            norm.append(rows)
-        out[key] = norm
-    return out
-
-
-def _normalise_filled(e: Any, test: WordTest) -> tuple[str, str, tuple[int, int]]:
-    if isinstance(e, dict):
-        s, w = e.get("sentence"), e.get("word")
-        sp = e.get("span")
-        if sp is None and "start" in e:
-            sp = (e["start"], e["end"])
-        if sp is None and "template" in e:
-            s2, sp = fill_template(e["template"], w)
-            s = s or s2
-    else:
-        s, w, sp = (tuple(e) + (None,) * 3)[:3]
-    if sp is None and w is not None:
-        sp = locate_word(s, [w])
-    if not isinstance(s, str) or sp is None:
-        raise DataError(f"{test.source or test.name}: filled SEAT template {e!r} gives no "
-                        "sentence and target span")
-    return s, w, (int(sp[0]), int(sp[1]))
-
-
-def _filled_locally(test: WordTest) -> dict[str, list[list[tuple[str, str, tuple[int, int]]]]]:
-    """Fallback filler: each word of each set in each single-word SEAT template of the test
-    (``templates.seat``, or May et al.'s bleached English templates for English tests)."""
-    templates = _templates_from_test(test)
-    if templates is None:
-        if test.language != "en":
-            raise DataError(f"test {test.name!r} ({test.source or 'built in code'}) has neither SEAT "
-                            "sentences nor SEAT templates (field templates.seat)")
-        templates = list(DEFAULT_SEAT_TEMPLATES_EN)
-    out: dict[str, list] = {}
-    for key, sets in (("targets", test.targets), ("attributes", test.attributes)):
-        out[key] = [[_filled(t, w) for w in ws.words for t in templates] for ws in sets]
-    return out
-
-
-def _filled(template: str, word: str) -> tuple[str, str, tuple[int, int]]:
-    sentence, span = fill_template(template, word)
-    return sentence, word, span
+    """(sentence, word, span) per set, from :func:`audit.datasets.fill_templates` (the test's own
+    SEAT templates, else its language's ``templates.yaml``)."""
+    filled = fill_templates(test, SEAT_USE)
+    return {key: [[(e["sentence"], e["word"], tuple(e["span"])) for e in entries] for entries in filled[key]]
+            for key in ("targets", "attributes")}
 
 
 def seat_sentences(test: WordTest, method: str = "cls") -> pd.DataFrame:
@@ -558,8 +454,8 @@ def seat_sentences(test: WordTest, method: str = "cls") -> pd.DataFrame:
     ``method``.
 
     Sources, in order: the test's sentence sets (``test.sentences``, BIAS ``.jsonl``), else
-    templates filled by ``audit.datasets.fill_templates(test, "seat")`` when that function
-    exists, else a local filler (:data:`DEFAULT_SEAT_TEMPLATES_EN` or ``templates.seat``).
+    its words filled into SEAT templates by :func:`audit.datasets.fill_templates` (the test's
+    own ``templates.seat``, else its language's ``datasets/<lang>/templates.yaml``).
     For sentence sets and ``target_*`` methods, the target is located by :func:`locate_word`
     with the set's word list; a sentence where no word of its set is found raises
     :class:`DataError` (use ``cls`` or ``mean`` for such sets).

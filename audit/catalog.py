@@ -1,0 +1,130 @@
+"""What runs where: the shipped tests with the metrics they support (``audit datasets``), and per
+language which metric runs on which model kind.
+
+Listings read the test registry (:mod:`audit.datasets`) and the metric registry
+(:mod:`audit.registry`); a test whose data lives elsewhere (a stub) is listed without reading its
+data, marked unavailable when the data is not found.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from audit import registry
+from audit.datasets import SUPPORTED_LANGUAGES, datasets_root, read_registered, stub_of
+from audit.datasets._common import _check_language as check_language
+from audit.datasets.external import FORMAT_TYPES
+from audit.datasets.registry import _scan
+from audit.entries import MODEL_KINDS
+from audit.errors import DataError
+from audit.suites import SentencePairs, WordTest
+
+__all__ = ["LANGUAGE_NAMES", "supported_metrics", "list_tests", "datasets_markdown", "coverage_table"]
+
+#: English names of the supported languages, for listings.
+LANGUAGE_NAMES = {"en": "English", "de": "German", "nl": "Dutch", "it": "Italian", "nb": "Norwegian Bokmål",
+                  "is": "Icelandic", "tr": "Turkish", "fr": "French"}
+
+
+def supported_metrics(test: WordTest | SentencePairs) -> list[str]:
+    """The metrics a test supports (:func:`audit.registry.supported`)."""
+    return registry.supported(test)
+
+
+def _stub_metrics(stub) -> list[str]:
+    ttype = FORMAT_TYPES[stub.format]
+    return [n for n, e in registry.METRICS.items() if e.family.test_type == ttype]
+
+
+def list_tests(language: str | None = None, root: str | Path | None = None) -> pd.DataFrame:
+    """One row per registered test (qualified names only), sorted by name.
+
+    Columns: ``name`` (``en/weat1``), ``language``, ``targets`` and ``attributes`` (``"set
+    (size), ..."``; for sentence-pair tests the number of pairs), ``provenance``, ``licence``,
+    ``metrics`` (comma separated), ``path``, ``available`` (whether the data is there: always for
+    shipped tests; for stubs, whether their data file was found).
+    """
+    if language is not None:
+        language = check_language(language, "list_tests", "language (argument)")
+    qualified, _ = _scan(Path(root) if root is not None else datasets_root())
+    rows = []
+    for key, path in qualified.items():
+        if language is not None and not key.startswith(language + "/"):
+            continue
+        stub = stub_of(path)
+        if stub is not None:
+            ok = stub.available()
+            size = ""
+            if ok:
+                try:
+                    size = f"{len(read_registered(path).table)} pairs"
+                except DataError as e:
+                    ok, size = False, str(e)
+            rows.append({
+                "name": key, "language": stub.language, "targets": size or f"data not found ({stub.path()})",
+                "attributes": "", "provenance": stub.provenance, "licence": stub.licence,
+                "metrics": ", ".join(_stub_metrics(stub)), "path": str(stub.path()), "available": ok,
+            })
+            continue
+        t = read_registered(path)
+
+        def sizes(sets, role):
+            if t.sentences:
+                return ", ".join(f"{s.name} ({len(x)} sentences)" for s, x in zip(sets, t.sentences[role]))
+            return ", ".join(f"{s.name} ({len(s.words)})" for s in sets)
+
+        rows.append({
+            "name": key, "language": t.language,
+            "targets": sizes(t.targets, "targets"), "attributes": sizes(t.attributes, "attributes"),
+            "provenance": t.provenance, "licence": t.licence,
+            "metrics": ", ".join(supported_metrics(t)), "path": str(path), "available": True,
+        })
+    cols = ["name", "language", "targets", "attributes", "provenance", "licence", "metrics", "path", "available"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _md(text: str) -> str:
+    """A Markdown table cell: pipes escaped, line breaks as spaces."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def datasets_markdown(language: str | None = None, root: str | Path | None = None) -> str:
+    """The shipped tests as Markdown: one section per language (in :data:`SUPPORTED_LANGUAGES`
+    order, languages without tests left out), one row per test with its target and attribute
+    sets (sizes) and the metrics it supports (:func:`supported_metrics`).
+
+    Pure text, no extra dependency (``pandas.DataFrame.to_markdown`` needs ``tabulate``); the
+    content is that of :func:`list_tests`.
+    """
+    df = list_tests(language, root)
+    out: list[str] = []
+    for lang in SUPPORTED_LANGUAGES:
+        rows = df[df.language == lang]
+        if rows.empty:
+            continue
+        out.append(f"### {LANGUAGE_NAMES[lang]} (`{lang}`): {len(rows)} tests\n")
+        out.append("| test | targets | attributes | metrics |")
+        out.append("| --- | --- | --- | --- |")
+        for r in rows.itertuples(index=False):
+            out.append(f"| `{r.name}` | {_md(r.targets)} | {_md(r.attributes)} | {_md(r.metrics)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def coverage_table(language: str | None = None, root: str | Path | None = None) -> pd.DataFrame:
+    """Per language and metric, on how many of the language's tests the metric runs for each
+    model kind (0 where it cannot run on that kind): rows ``(language, metric)``, one column per
+    model kind. Stubs whose data is missing count as not running."""
+    df = list_tests(language, root)
+    rows = []
+    for lang in SUPPORTED_LANGUAGES:
+        sub = df[(df.language == lang) & df.available]
+        if sub.empty:
+            continue
+        for name, e in registry.METRICS.items():
+            n = int(sum(name in [m.strip() for m in str(ms).split(",")] for ms in sub.metrics))
+            rows.append({"language": lang, "metric": name,
+                         **{k: (n if k in e.model_kinds else 0) for k in MODEL_KINDS}})
+    return pd.DataFrame(rows, columns=["language", "metric", *MODEL_KINDS])

@@ -1,0 +1,177 @@
+"""Text, YAML and field helpers shared by every reader of :mod:`audit.datasets`
+(package-private). Conventions: see :mod:`audit.datasets`."""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from audit.errors import DataError
+
+SUPPORTED_LANGUAGES = ("en", "de", "nl", "it", "nb", "is", "tr", "fr")
+
+#: The language of a test read from a file outside any folder named after a language, when none
+#: is given (ISO 639-2 "undetermined"): static-vector metrics run on it; whatever needs the
+#: language (templates for transformers) asks for one.
+UNDETERMINED = "und"
+
+
+# ======================================================================================
+# Small helpers: text, YAML, validation
+# ======================================================================================
+
+
+def _where(source: str | Path) -> str:
+    return str(source) if str(source) else "<test>"
+
+
+def _read_text(path: Path) -> str:
+    """The file's text: strict UTF-8, BOM dropped, line ends made ``\\n``, NFC-normalised."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a folder, not a test file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the file ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(
+            f"{path}: not UTF-8 (byte 0x{raw[e.start]:02x} at line {line}, offset {e.start}); "
+            "save the file as UTF-8"
+        ) from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return unicodedata.normalize("NFC", text)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing duplicate mapping keys (which PyYAML silently drops)."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: D102 (PyYAML hook)
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    dup = key in seen
+                except TypeError:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"unhashable key {key!r}", key_node.start_mark) from None
+                if dup:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"duplicate key {key!r}", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(path: Path) -> Any:
+    text = _read_text(path)
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (safe loader subclass)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise DataError(f"{path}: malformed YAML{where}: {problem}") from None
+
+
+def _nfc(s: str) -> str:
+    return unicodedata.normalize("NFC", s)
+
+
+def _text(value: Any, where: str, field: str, *, required: bool = True) -> str:
+    """A free-text field: a string (NFC, stripped); empty only if not required."""
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field {field} must be a string, got {_typename(value)} {value!r}")
+    value = _nfc(value).strip()
+    if required and not value:
+        raise DataError(f"{where}: field {field} is empty")
+    return value
+
+
+def _typename(v: Any) -> str:
+    return {bool: "boolean", int: "number", float: "number", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _yaml_hint(v: Any) -> str:
+    if isinstance(v, (bool, int, float)) or v is None:
+        return " (YAML reads unquoted yes/no/on/off/true/false/null and numbers as non-strings; quote it)"
+    return ""
+
+
+def _clean_entry(value: Any, where: str, field: str) -> str:
+    """A word or sentence: a non-empty string, NFC, stripped, inner whitespace collapsed."""
+    if not isinstance(value, str):
+        raise DataError(f"{where}: {field} is {_typename(value)} {value!r}, not a string{_yaml_hint(value)}")
+    s = " ".join(_nfc(value).split())
+    if not s:
+        raise DataError(f"{where}: {field} is empty")
+    return s
+
+
+def _string_list(value: Any, where: str, field: str, *, allow_empty: bool = False) -> list[str]:
+    if not isinstance(value, list):
+        raise DataError(f"{where}: field {field} must be a list of strings, got {_typename(value)}")
+    out = [_clean_entry(v, where, f"{field}[{i}]") for i, v in enumerate(value)]
+    if not out and not allow_empty:
+        raise DataError(f"{where}: field {field} is empty")
+    return out
+
+
+def _check_unique(items: Sequence[str], where: str, field: str, what: str = "word") -> None:
+    first: dict[str, int] = {}
+    for i, w in enumerate(items):
+        if w in first:
+            raise DataError(f"{where}: {field}: duplicate {what} {w!r} (positions {first[w]} and {i})")
+        first[w] = i
+
+
+def _check_keys(obj: Mapping, allowed: Sequence[str], where: str, field: str) -> None:
+    unknown = [k for k in obj if k not in allowed]
+    if unknown:
+        raise DataError(
+            f"{where}: unknown field {field + '.' if field else ''}{unknown[0]!r}; "
+            f"allowed: {', '.join(allowed)}"
+        )
+
+
+def _check_language(language: Any, where: str, field: str = "language") -> str:
+    if not isinstance(language, str):
+        raise DataError(f"{where}: field {field} must be a string, got {_typename(language)}")
+    lang = language.strip().lower()
+    if lang == UNDETERMINED:
+        raise DataError(f"{where}: the test's language is unknown (its file is not in a folder named after "
+                        f"a language): pass --language to `audit score`, or language= in code")
+    if lang not in SUPPORTED_LANGUAGES:
+        raise DataError(
+            f"{where}: field {field}: language {language!r} is not supported; "
+            f"use one of {', '.join(SUPPORTED_LANGUAGES)} (ISO 639-1; Norwegian Bokmål is 'nb')"
+        )
+    return lang
+
+
+
+_TEMPLATE_FILE = "templates"  # datasets/<lang>/templates.yaml holds templates, not a test
+
+def datasets_root() -> Path:
+    """The folder of shipped tests: ``$BIASAUDIT_DATASETS`` if set, else the repository's
+    ``datasets/`` (next to the ``audit`` package)."""
+    env = os.environ.get("BIASAUDIT_DATASETS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "datasets"
+

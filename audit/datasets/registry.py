@@ -1,0 +1,189 @@
+"""The registry of shipped tests under ``datasets/``, look-up by name or path, allow-lists."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from audit.datasets._common import (
+    _TEMPLATE_FILE,
+    SUPPORTED_LANGUAGES,
+    _check_language,
+    _load_yaml,
+    _read_text,
+    datasets_root,
+)
+from audit.datasets.bias import read_bias_jsonl, read_bias_weat_txt
+from audit.datasets.crows_pairs import read_crows_pairs
+from audit.datasets.external import FORMAT_TYPES, Stub, is_stub, load_stub, parse_stub
+from audit.datasets.native import parse_native
+from audit.errors import DataError
+from audit.suites import SentencePairs, WordTest
+
+_TEST_SUFFIXES = (".yaml", ".yml")
+_BIAS_TXT_SUFFIXES = (".txt",)
+_BIAS_JSON_SUFFIXES = (".jsonl", ".json")
+_PAIRS_SUFFIXES = (".csv", ".tsv")
+
+
+def _scan(root: Path) -> tuple[dict[str, Path], dict[str, list[str]]]:
+    if not root.is_dir():
+        raise DataError(f"datasets folder {root} does not exist (set BIASAUDIT_DATASETS to the folder "
+                        "that holds <language>/<test>.yaml)")
+    qualified: dict[str, Path] = {}
+    for lang_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name in SUPPORTED_LANGUAGES):
+        for f in sorted(lang_dir.iterdir()):
+            if f.is_file() and f.suffix.lower() in _TEST_SUFFIXES and f.stem != _TEMPLATE_FILE:
+                key = f"{lang_dir.name}/{f.stem}"
+                if key in qualified:
+                    raise DataError(f"{root}: test {key!r} exists twice ({qualified[key].name} and {f.name})")
+                qualified[key] = f
+    short: dict[str, list[str]] = {}
+    for key in qualified:
+        short.setdefault(key.split("/", 1)[1], []).append(key)
+    return qualified, short
+
+
+def registry(root: str | Path | None = None) -> dict[str, Path]:
+    """Registered test name -> file, for every native test under the datasets folder.
+
+    Every file ``<root>/<lang>/<stem>.yaml`` (``templates.yaml`` excepted) is registered as
+    ``"<lang>/<stem>"`` and, when no other language has the same stem, also as ``"<stem>"``.
+    """
+    qualified, short = _scan(Path(root) if root is not None else datasets_root())
+    out = dict(qualified)
+    for stem, keys in short.items():
+        if len(keys) == 1 and stem not in out:
+            out[stem] = qualified[keys[0]]
+    return out
+
+
+def _looks_like_file(ref: str) -> bool:
+    return Path(ref).suffix.lower() in _TEST_SUFFIXES + _BIAS_TXT_SUFFIXES + _BIAS_JSON_SUFFIXES + _PAIRS_SUFFIXES
+
+
+def read_registered(path: Path) -> WordTest | SentencePairs:
+    """A YAML file of the datasets folder: a native test, or a stub whose data is elsewhere
+    (:mod:`audit.datasets.external`)."""
+    data = _load_yaml(path)
+    if is_stub(data):
+        return load_stub(parse_stub(data, path))
+    return parse_native(data, path)
+
+
+def stub_of(path: Path) -> Stub | None:
+    """The stub a registered YAML file is, or ``None`` for a native test."""
+    data = _load_yaml(path)
+    return parse_stub(data, path) if is_stub(data) else None
+
+
+def test_type(ref: str | Path) -> str:
+    """The type of test a registered name or file holds, without reading its data: ``words``
+    (native tests, BIAS files) or the stub format's type (``pairs`` for CrowS-Pairs)."""
+    if isinstance(ref, Path) or _looks_like_file(str(ref)):
+        p = Path(ref)
+        if p.suffix.lower() in _PAIRS_SUFFIXES:
+            return "pairs"
+        if p.suffix.lower() in _TEST_SUFFIXES:
+            stub = stub_of(p)
+            return FORMAT_TYPES[stub.format] if stub else "words"
+        return "words"
+    qualified, short = _scan(datasets_root())
+    path = qualified.get(ref) or (qualified[short[ref][0]] if len(short.get(ref, [])) == 1 else None)
+    if path is None:
+        return "words"
+    stub = stub_of(path)
+    return FORMAT_TYPES[stub.format] if stub else "words"
+
+
+def _read_any(path: Path, language: str | None = None) -> WordTest | SentencePairs:
+    suffix = path.suffix.lower()
+    if suffix in _TEST_SUFFIXES:
+        return read_registered(path)
+    if suffix in _BIAS_TXT_SUFFIXES:
+        return read_bias_weat_txt(path, language=language)
+    if suffix in _BIAS_JSON_SUFFIXES:
+        return read_bias_jsonl(path, language=language)
+    if suffix in _PAIRS_SUFFIXES:
+        return read_crows_pairs(path, language=_check_language(language or "en", str(path), "language"))
+    raise DataError(f"{path}: unknown test file type {path.suffix!r}; expected .yaml/.yml (native), "
+                    ".txt (BIAS WEAT), .jsonl (BIAS SEAT/LPBS) or .csv/.tsv (CrowS-Pairs)")
+
+
+def load_test(ref: str | Path, *, language: str | None = None) -> WordTest | SentencePairs:
+    """Load a test by registered name (``"weat1"``, ``"en/weat1"``, ``"de/cw1"``,
+    ``"crows_pairs"``) or file path.
+
+    A :class:`~pathlib.Path`, or a string ending in ``.yaml``/``.yml``/``.txt``/``.jsonl``/
+    ``.json``/``.csv``/``.tsv``, is read as a file by its suffix (native YAML or stub, BIAS WEAT
+    ``.txt``, BIAS SEAT/LPBS ``.jsonl``, CrowS-Pairs); any other string is looked up in
+    :func:`registry` first and then tried as a path. ``language`` is the language of a BIAS or
+    CrowS-Pairs file outside a folder named after its language (default: the folder's name for
+    BIAS files, English for CrowS-Pairs). Unknown names raise :class:`DataError` with the
+    closest registered names.
+    """
+    if isinstance(ref, Path):
+        return _read_any(ref, language)
+    if not isinstance(ref, str) or not ref.strip():
+        raise DataError(f"test reference must be a registered name or a file path, got {ref!r}")
+    ref = ref.strip()
+    if _looks_like_file(ref):
+        return _read_any(Path(ref), language)
+    qualified, short = _scan(datasets_root())
+    if ref in qualified:
+        return read_registered(qualified[ref])
+    keys = short.get(ref, [])
+    if len(keys) == 1:
+        return read_registered(qualified[keys[0]])
+    if len(keys) > 1:
+        raise DataError(f"test name {ref!r} is ambiguous: {', '.join(keys)}; use the language prefix")
+    if Path(ref).exists():
+        return _read_any(Path(ref), language)
+    names = sorted(set(qualified) | set(short))
+    close = difflib.get_close_matches(ref, names, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; registered: {', '.join(names)}"
+    raise DataError(f"unknown test {ref!r} (not a registered name in {datasets_root()} nor a file){hint}")
+
+
+_ALLOWLIST_FILE = "allowlist.txt"
+
+
+def load_allowlist(language: str, root: str | Path | None = None) -> dict[str, str]:
+    """Rare but valid words of a language that the word-frequency check of the test suite
+    (``tests/test_dataset_quality.py``) accepts, from ``<root>/<language>/allowlist.txt``.
+
+    Format: UTF-8 text, one entry per line, ``<word>  # <reason>`` (the reason is required:
+    why the word is a valid word of the language although it is rare in the ``wordfreq``
+    lists, e.g. a dictionary reference); blank lines and lines starting with ``#`` are
+    ignored. An entry is a word of a test (as written, also multi-word) or a single token of
+    one.
+
+    Returns
+    -------
+    dict
+        word (NFC) -> reason; empty if the language has no allow-list file.
+
+    Raises
+    ------
+    DataError
+        A line without a reason, a repeated word, or a file that is not UTF-8 (naming the
+        file and line).
+    """
+    language = _check_language(language, "load_allowlist", "language (argument)")
+    path = (Path(root) if root is not None else datasets_root()) / language / _ALLOWLIST_FILE
+    if not path.is_file():
+        return {}
+    out: dict[str, str] = {}
+    for lineno, line in enumerate(_read_text(path).split("\n"), start=1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        word, sep, reason = s.partition("#")
+        word, reason = " ".join(word.split()), reason.strip()
+        if not sep or not reason or not word:
+            raise DataError(f"{path}: line {lineno}: expected '<word>  # <reason>', got {s!r}")
+        if word in out:
+            raise DataError(f"{path}: line {lineno}: word {word!r} is listed twice")
+        out[word] = reason
+    return out
+

@@ -1,0 +1,168 @@
+"""The shapes of the metric registry (:mod:`audit.registry`): a *family* is a measure step shared
+by metrics, a *metric* is one registry entry, a *measurement* is what the measure step hands to
+the analyse step.
+
+A metric is two steps (``docs/architecture.md``):
+
+- *measure* (model-dependent, runs where the model lives): a :class:`Family`'s ``measure``
+  turns a loaded model and a test into a :class:`Measurement` of plain arrays and tables;
+- *analyse* (model-free, pure, runs on a CPU worker): a :class:`Metric`'s ``analyse`` turns a
+  :class:`Measurement` into an :class:`audit.result.MetricOutput`.
+
+This module holds data classes only; it imports nothing of the project but errors and results,
+so that measure modules (which define families) and the registry (which lists metrics) can both
+use it without an import cycle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from audit.errors import ParameterError
+from audit.result import MetricOutput
+
+__all__ = ["MODEL_KINDS", "KIND_NAMES", "Measurement", "Family", "Metric", "check_count"]
+
+#: The model kinds: static word vectors, Hugging Face encoders without LM head, masked LMs,
+#: causal LMs.
+MODEL_KINDS = ("static", "encoder", "mlm", "causal")
+
+#: How messages name each kind ("cannot run on <a masked LM>").
+KIND_NAMES = {"static": "static word vectors", "encoder": "an encoder without LM head",
+              "mlm": "a masked LM", "causal": "a causal LM"}
+
+
+@dataclasses.dataclass
+class Measurement:
+    """What the measure step hands to the analyse step (picklable, model-free).
+
+    family:     the name of the :class:`Family` that measured it.
+    targets/attributes: per-set float64 matrices (word and sentence vectors).
+    labels:     set label (``target0``, ``attribute1``, ...) -> the item names in row order.
+    set_names:  set label -> the test's set name.
+    table:      per-item scores (log-probability families).
+    coverage/missing/subword/unpaired: per set name (word look-ups).
+    info:       further plain values the analysis or the result needs (e.g. the variant of a
+                scoring method, which model kind measured).
+    """
+
+    family: str
+    targets: list[np.ndarray] = dataclasses.field(default_factory=list)
+    attributes: list[np.ndarray] = dataclasses.field(default_factory=list)
+    labels: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    set_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    table: pd.DataFrame | None = None
+    coverage: dict[str, float] = dataclasses.field(default_factory=dict)
+    missing: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    subword: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    unpaired: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A measure step shared by several metrics.
+
+    name:       registry key of the family (``association``, ``seat``, ...).
+    kinds:      the model kinds it can measure on (a subset of :data:`MODEL_KINDS`).
+    test_type:  the type of test object it consumes (``"words"``: a
+                :class:`audit.suites.WordTest`; ``"pairs"``: a :class:`audit.suites.SentencePairs`).
+    measure:    ``measure(model, test, metric, measure_params, analysis_params) -> Measurement``
+                where ``model`` is an :class:`audit.runner.LoadedModel` and ``metric`` the
+                :class:`Metric` being measured.
+    params:     the measure-step parameters with their defaults (look-up, embedding, batching).
+    method:     ``method(kind, params) -> str``: how the numbers are obtained on a model of that
+                kind (recorded with every result as its ``embedding`` parameter).
+    needs:      ``needs(test) -> reason | None``: what a test must provide beyond its set counts
+                (``None``: it provides it).
+    words:      for static models: ``words(test, measure_params) -> set[str]``, every spelling
+                the look-up may need (``None``: the family loads no static vectors).
+    description: one line for listings.
+    """
+
+    name: str
+    kinds: tuple[str, ...]
+    test_type: str
+    measure: Callable[..., Measurement]
+    params: Mapping[str, Any]
+    method: Callable[[str, Mapping[str, Any]], str]
+    needs: Callable[[Any], str | None]
+    words: Callable[[Any, Mapping[str, Any]], set[str]] | None = None
+    description: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """One registry entry: everything the runner, planner, tracker, reports and CLI know of a
+    metric.
+
+    name:         registry key (what specs, the CLI and results use).
+    family:       its measure step (:class:`Family`).
+    analyse:      ``analyse(measurement, **analysis_params) -> MetricOutput`` (pure).
+    params:       the analysis parameters with their defaults (``seed`` where random: the task's
+                  seed is passed unless the parameters set one).
+    headline:     what ``MetricOutput.value`` is, one line.
+    reference:    the paper (and implementation) it follows.
+    n_targets / n_attributes: allowed (min, max) numbers of target and attribute sets of a word
+                  test (max ``None`` = unbounded), for the default roles.
+    kinds:        model kinds it runs on (``None``: its family's).
+    result_names: model kind -> the name results record (default: ``name``), e.g. CrowS-Pairs
+                  on a causal LM is recorded as ``crows_pairs_causal``.
+    items:        what one row of its per-item table is.
+    paired:       ``"targets"`` when row i of the two target sets forms a pair (RIPA), ``"groups"``
+                  when the sets named by the ``groups`` parameter do (Direct Bias): the measure
+                  step then drops a pair whose partner is missing.
+    roles:        ``True`` when the metric takes a ``groups`` parameter that can swap the roles of
+                  target and attribute sets (the set counts swap with it).
+    sharded:      optional ``sharded(measurement, params, seed, shards, map_fn) -> MetricOutput |
+                  None``: the analysis with its exact permutation count split into ``shards``
+                  pieces mapped by ``map_fn`` (``None`` when splitting does not pay).
+    """
+
+    name: str
+    family: Family
+    analyse: Callable[..., MetricOutput]
+    params: Mapping[str, Any]
+    headline: str
+    reference: str
+    n_targets: tuple[int, int | None] = (1, None)
+    n_attributes: tuple[int, int | None] = (1, None)
+    kinds: tuple[str, ...] | None = None
+    result_names: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    items: str = ""
+    paired: str | None = None
+    roles: bool = False
+    sharded: Callable[..., MetricOutput | None] | None = None
+
+    @property
+    def model_kinds(self) -> tuple[str, ...]:
+        return self.kinds if self.kinds is not None else self.family.kinds
+
+    def result_name(self, kind: str) -> str:
+        """The metric name results record for a model of ``kind``."""
+        return self.result_names.get(kind, self.name)
+
+    def set_counts(self, params: Mapping[str, Any] | None = None) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
+        """``(n_targets, n_attributes)`` bounds, swapped when ``groups="attributes"`` swaps the roles."""
+        if self.roles and (params or {}).get("groups", self.params.get("groups")) == "attributes":
+            return self.n_attributes, self.n_targets
+        return self.n_targets, self.n_attributes
+
+
+def check_count(what: str, n: int, bounds: tuple[int, int | None], metric: str) -> str | None:
+    """``None`` when ``n`` sets of kind ``what`` fit ``bounds``, else the reason."""
+    lo, hi = bounds
+    if n < lo or (hi is not None and n > hi):
+        want = f"exactly {lo}" if lo == hi else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
+        return f"metric {metric!r} needs {want} {what} sets, got {n}"
+    return None
+
+
+def require(reason: str | None) -> None:
+    """Raise :class:`ParameterError` with ``reason`` when it is not ``None``."""
+    if reason is not None:
+        raise ParameterError(reason)

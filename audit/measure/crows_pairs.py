@@ -1,0 +1,104 @@
+"""CrowS-Pairs measure step: sentence scores of every pair with a masked LM (pseudo-log-likelihood)
+or a causal LM (log-likelihood). Conventions: :mod:`audit.metrics.crows_pairs`."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from audit.datasets.crows_pairs import REQUIRED_COLUMNS, select_pairs
+from audit.entries import Family, Measurement, Metric
+from audit.errors import DataError, ModelError
+from audit.measure.lm_scoring import causal_loglik, crows_pairs_pll
+from audit.suites import SentencePairs
+
+__all__ = ["TABLE_COLUMNS", "crows_pairs_scores"]
+
+#: Columns of the table returned by :func:`crows_pairs_scores` (the analysis input).
+TABLE_COLUMNS = ("pair_id", "bias_type", "stereo_antistereo", "sent_more", "sent_less",
+                 "sent_more_score", "sent_less_score", "n_tokens_more", "n_tokens_less", "variant")
+
+
+def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | None = None) -> pd.DataFrame:
+    """Score every pair with a masked LM (``masked_pll``) or a causal LM (``causal_ll``).
+
+    Parameters
+    ----------
+    hf_model : :class:`audit.backends.hf.HFModel` with ``kind`` ``"mlm"`` or ``"causal"``.
+    df : pairs as returned by :func:`load_crows_pairs`.
+    batch_size : sequences per forward pass (default: 128 on CPU, 512 on CUDA, halved on CUDA OOM).
+
+    Returns
+    -------
+    DataFrame with :data:`TABLE_COLUMNS`: raw (unrounded) float64 sentence scores
+    ``sent_more_score``/``sent_less_score``, the number of scored tokens per sentence, and
+    ``variant``.
+    """
+    kind = getattr(hf_model, "kind", None)
+    if kind not in ("mlm", "causal"):
+        raise ModelError(f"model {getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={kind!r}; "
+                         "CrowS-Pairs needs a masked LM (kind='mlm') or a causal LM (kind='causal')")
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise DataError(f"CrowS-Pairs table lacks column(s) {', '.join(missing)}")
+    df = df.reset_index(drop=True)
+    if "pair_id" not in df.columns:
+        df = df.assign(pair_id=np.arange(len(df)))
+    stereo = (df["stereo_antistereo"] == "stereo").to_numpy()
+    more = df["sent_more"].astype(str).tolist()
+    less = df["sent_less"].astype(str).tolist()
+    if kind == "mlm":
+        pairs = [(m, l) if s else (l, m) for m, l, s in zip(more, less, stereo)]
+        sc = crows_pairs_pll(hf_model.model, hf_model.tokenizer, pairs, batch_size=batch_size,
+                             device=hf_model.device)
+        s1, s2 = sc[:, 0], sc[:, 1]
+        more_sc = np.where(stereo, s1, s2)
+        less_sc = np.where(stereo, s2, s1)
+        n_more = n_less = sc[:, 2].astype(np.int64)
+        variant = "masked_pll"
+    else:
+        ll, n = causal_loglik(hf_model.model, hf_model.tokenizer, more + less,
+                              batch_size=batch_size, device=hf_model.device, return_counts=True)
+        more_sc, less_sc = ll[: len(more)], ll[len(more):]
+        n_more, n_less = n[: len(more)], n[len(more):]
+        variant = "causal_ll"
+    return pd.DataFrame({
+        "pair_id": df["pair_id"].to_numpy(),
+        "bias_type": df["bias_type"].astype(str).to_numpy(),
+        "stereo_antistereo": df["stereo_antistereo"].astype(str).to_numpy(),
+        "sent_more": more,
+        "sent_less": less,
+        "sent_more_score": np.asarray(more_sc, dtype=np.float64),
+        "sent_less_score": np.asarray(less_sc, dtype=np.float64),
+        "n_tokens_more": np.asarray(n_more, dtype=np.int64),
+        "n_tokens_less": np.asarray(n_less, dtype=np.int64),
+        "variant": variant,
+    })
+
+
+def measure_pairs(model, test: SentencePairs, metric: Metric, mp: Mapping[str, Any],
+                  ap: Mapping[str, Any]) -> Measurement:
+    """Sentence scores of the selected pairs (:func:`crows_pairs_scores`)."""
+    df = select_pairs(test.table, mp["bias_types"] or None, mp["limit"] or None)
+    table = crows_pairs_scores(model.handle, df, batch_size=mp["batch_size"])
+    return Measurement(family=PAIR_SCORES.name, table=table)
+
+
+def _method(kind: str, params: Mapping[str, Any]) -> str:
+    return "log-likelihood" if kind == "causal" else "pseudo-log-likelihood"
+
+
+#: Per-sentence scores of sentence pairs: masked-LM pseudo-log-likelihood or causal log-likelihood.
+PAIR_SCORES = Family(
+    name="sentence_pairs",
+    kinds=("mlm", "causal"),
+    test_type="pairs",
+    measure=measure_pairs,
+    params={"batch_size": None, "limit": None, "bias_types": None},
+    method=_method,
+    needs=lambda test: None,
+    description="score of each sentence of a pair: pseudo-log-likelihood (masked LMs, Salazar et al. "
+                "2020 as in Nangia et al. 2020) or log-likelihood (causal LMs)",
+)

@@ -1,0 +1,457 @@
+"""The metric registry: one :class:`~audit.entries.Metric` entry per metric.
+
+Everything else derives from the entries below: the runner (which measure step, which analysis,
+which parameters go where, which seed), the planner (which model kinds and tests a metric applies
+to, which parameters a spec may set), the tracker (the recorded metric name and how the numbers
+were obtained), the reports and the command line's help. No other module spells a metric's name.
+
+An entry declares:
+
+- its measure step (a :class:`~audit.entries.Family` from :mod:`audit.measure`), hence the model
+  kinds it runs on, the test type it consumes, what a test must provide and the measure
+  parameters with their defaults;
+- its analysis (a pure function of a :class:`~audit.entries.Measurement`, from
+  :mod:`audit.metrics`) and the analysis parameters with their defaults;
+- the set counts a word test must have, the headline and reference, the names results record
+  per model kind, its per-item table, pairing and role rules, an optional sharded analysis.
+
+Adding a metric is one module (the array-level analysis in ``audit/metrics/``) plus one entry
+here (``docs/architecture.md``); a new way of measuring is also one module in ``audit/measure/``
+defining its family.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from audit.entries import KIND_NAMES, MODEL_KINDS, Family, Measurement, Metric, check_count
+from audit.errors import DataError, ModelError, ParameterError
+from audit.measure.crows_pairs import PAIR_SCORES
+from audit.measure.lpbs import LPBS_SCORES
+from audit.measure.sentences import SEAT_SENTENCES
+from audit.measure.words import ASSOCIATION
+from audit.metrics.crows_pairs import crows_pairs_metric
+from audit.metrics.lpbs import lpbs_metric
+from audit.metrics.sets import (
+    cramers_v_sets,
+    direct_bias_sets,
+    ect_sets,
+    gweat_sets,
+    mac_sets,
+    ripa_sets,
+    rnd_sets,
+    rnsb_sets,
+    same_sets,
+    weat_sets,
+    weat_sets_sharded,
+)
+from audit.result import MetricOutput
+from audit.suites import SentencePairs, WordTest
+
+__all__ = [
+    "METRICS", "FAMILIES", "TEST_TYPES", "get", "names", "families", "accepted_params", "split_params",
+    "check_kind", "kind_reason", "applies", "supported", "check_declared", "run_metric", "analyse",
+    "label_items", "describe", "test_type_of",
+]
+
+#: The Python type of each family's test objects.
+TEST_TYPES: dict[str, type] = {"words": WordTest, "pairs": SentencePairs}
+
+
+# --------------------------------------------------------------------------------------
+# Analyses of association-type measurements (vectors per set)
+# --------------------------------------------------------------------------------------
+
+#: How the metric functions label their sets in per-item tables.
+_ITEM_SET_ALIASES = {"X": "target0", "Y": "target1", "A": "attribute0", "B": "attribute1"}
+
+
+def label_items(items: pd.DataFrame | None, m: Measurement) -> pd.DataFrame | None:
+    """Add ``word`` (the item name) and ``set_name`` to a per-item table with ``set``/``index``."""
+    if items is None or "set" not in items.columns or "index" not in items.columns:
+        return items
+    items = items.copy()
+    canon = [_ITEM_SET_ALIASES.get(str(k), str(k)) for k in items["set"]]
+    words = []
+    for k, i in zip(canon, items["index"]):
+        lab = m.labels.get(k)
+        words.append(lab[int(i)] if lab is not None and 0 <= int(i) < len(lab) else None)
+    items.insert(0, "word", words)
+    items.insert(1, "set_name", [m.set_names.get(k, k) for k in canon])
+    return items
+
+
+def _on_sets(fn: Callable[..., MetricOutput]) -> Callable[..., MetricOutput]:
+    """The analysis of a vectors-per-set measurement by an array-level ``fn(targets, attributes, **p)``."""
+
+    def analyse(m: Measurement, **params: Any) -> MetricOutput:
+        out = fn(list(m.targets), list(m.attributes), **params)
+        out.items = label_items(out.items, m)
+        return out
+
+    analyse.__name__ = f"analyse_{fn.__name__}"
+    analyse.__doc__ = f"{fn.__name__} on the measurement's target and attribute matrices, items labelled."
+    return analyse
+
+
+def _weat_sharded(m: Measurement, params: dict[str, Any], shards: int, map_fn) -> MetricOutput | None:
+    out = weat_sets_sharded(list(m.targets), list(m.attributes), params, shards, map_fn)
+    if out is not None:
+        out.items = label_items(out.items, m)
+    return out
+
+
+_WEAT_PARAMS = {"ddof": 1, "alternative": "greater", "permutations": "auto", "seed": None,
+                "n_bootstrap": 1000, "confidence": 0.95}
+_WEAT_REF = "Caliskan, Bryson & Narayanan (2017), Science 356:183-186"
+
+
+# --------------------------------------------------------------------------------------
+# The entries
+# --------------------------------------------------------------------------------------
+
+_ENTRIES: tuple[Metric, ...] = (
+    Metric(
+        name="weat", family=ASSOCIATION, analyse=_on_sets(weat_sets), params=_WEAT_PARAMS,
+        headline="WEAT effect size d (pooled std, ddof=1 by default); > 0: X~A, Y~B",
+        reference=_WEAT_REF, n_targets=(2, 2), n_attributes=(2, 2),
+        items="one row per word: s(w, A, B) for the target words, mean cosines for the attribute words",
+        sharded=_weat_sharded,
+    ),
+    Metric(
+        name="seat", family=SEAT_SENTENCES, analyse=_on_sets(weat_sets), params=_WEAT_PARAMS,
+        headline="SEAT: WEAT effect size d on sentence embeddings",
+        reference="May, Wang, Bordia, Bowman & Rudinger (2019), On Measuring Social Biases in Sentence "
+                  "Encoders, NAACL; " + _WEAT_REF,
+        n_targets=(2, 2), n_attributes=(2, 2),
+        items="one row per sentence: s(w, A, B) for the target sentences, mean cosines for the attribute sentences",
+        sharded=_weat_sharded,
+    ),
+    Metric(
+        name="lpbs", family=LPBS_SCORES, analyse=lambda m, **p: lpbs_metric(m.table, **p),
+        params={"permutations": "auto", "seed": None, "alternative": "two-sided"},
+        headline="LPBS effect size over attribute words (ddof=0), two-sided permutation p",
+        reference="Kurita, Vyas, Pareek, Black & Tsvetkov (2019), Measuring Bias in Contextualized Word "
+                  "Representations, GeBNLP; BIAS Detection Framework",
+        n_targets=(2, 2), n_attributes=(2, 2), items="one row per attribute word: its log bias score",
+    ),
+    Metric(
+        name="same", family=ASSOCIATION, analyse=_on_sets(same_sets), params={"combine": "sum", "groups": "targets"},
+        headline="SAME: mean over the attribute words of |cos(w, a_X - a_Y)|, a_i = mean unit vector of group i "
+                 "(> 2 groups: Gram-Schmidt components combined)",
+        reference="Schröder, Schulz & Hammer (2024), The SAME score, IJCNN (arXiv:2203.14603); "
+                  "HammerLabML/EmbeddingBiasScores",
+        n_targets=(2, None), n_attributes=(1, None), roles=True,
+        items="one row per scored word: its signed bias b(w) per direction",
+    ),
+    Metric(
+        name="gweat", family=ASSOCIATION, analyse=_on_sets(gweat_sets), params={},
+        headline="generalised WEAT: sum_i <mean(X_i) - mean_X, mean(A_i) - mean_A> on unit vectors",
+        reference="Swinger et al. (2019), What are the biases in my word embedding?, AIES",
+        n_targets=(2, None), n_attributes=(2, None), items="one row per set mean",
+    ),
+    Metric(
+        name="direct_bias", family=ASSOCIATION, analyse=_on_sets(direct_bias_sets),
+        params={"c": 1.0, "k": 1, "normalize": True, "groups": "targets"},
+        headline="Direct Bias: mean over the attribute words of |cos(w, g)|^c, g = first PC of the pair-centred "
+                 "target (defining) sets",
+        reference="Bolukbasi et al. (2016), Man is to computer programmer as woman is to homemaker?, NeurIPS",
+        n_targets=(2, None), n_attributes=(1, None), paired="groups", roles=True,
+        items="one row per neutral word: cos(w, g)",
+    ),
+    Metric(
+        name="rnd", family=ASSOCIATION, analyse=_on_sets(rnd_sets), params={"distance": "euclidean"},
+        headline="RND: mean over attribute words of ||a - mean(X)|| - ||a - mean(Y)|| (WEFE)",
+        reference="Garg et al. (2018), PNAS 115:E3635; WEFE 1.0.1 (Badilla et al. 2020)",
+        n_targets=(2, 2), n_attributes=(1, None), items="one row per attribute word: its distance difference",
+    ),
+    Metric(
+        name="rnsb", family=ASSOCIATION, analyse=_on_sets(rnsb_sets),
+        params={"holdout": True, "n_iterations": 1, "seed": None},
+        headline="RNSB: KL(normalised P(negative=B | target word) || uniform), natural log",
+        reference="Sweeney & Najafian (2019), ACL; WEFE 1.0.1",
+        n_targets=(1, None), n_attributes=(2, 2), items="one row per target word: its normalised negative probability",
+    ),
+    Metric(
+        name="mac", family=ASSOCIATION, analyse=_on_sets(mac_sets), params={},
+        headline="MAC: mean over (target word, attribute set) of mean cosine distance",
+        reference="Manzini et al. (2019), NAACL; WEFE 1.0.1",
+        n_targets=(1, None), n_attributes=(1, None), items="one row per (target word, attribute set)",
+    ),
+    Metric(
+        name="ect", family=ASSOCIATION, analyse=_on_sets(ect_sets), params={},
+        headline="ECT: Spearman rho between attribute words' cosines to mean(X) and to mean(Y); 1 = no bias",
+        reference="Dev & Phillips (2019), AISTATS; WEFE 1.0.1",
+        n_targets=(2, 2), n_attributes=(1, None), items="one row per attribute word: its two cosines",
+    ),
+    Metric(
+        name="ripa", family=ASSOCIATION, analyse=_on_sets(ripa_sets), params={},
+        headline="RIPA: mean over attribute words and pairs (x_i, y_i) of a . (x_i - y_i)/||x_i - y_i||",
+        reference="Ethayarajh, Duvenaud & Hirst (2019), ACL; WEFE 1.0.1",
+        n_targets=(2, 2), n_attributes=(1, None), paired="targets",
+        items="one row per attribute word: its mean projection",
+    ),
+    Metric(
+        name="cramers_v", family=ASSOCIATION, analyse=_on_sets(cramers_v_sets),
+        params={"classifier": "svm", "n_cases": 10, "train_fraction": 0.8, "seed": None, "groups": "targets"},
+        headline="Cramér's V (mean over seeded test cases) between stereotype class and predicted protected class",
+        reference="Dusi et al. (2024), IEEE Access, doi:10.1109/ACCESS.2024.3482010",
+        n_targets=(2, None), n_attributes=(2, None), roles=True,
+        items="one row per attribute word: its predicted protected class",
+    ),
+    Metric(
+        name="crows_pairs", family=PAIR_SCORES, analyse=lambda m, **p: crows_pairs_metric(m.table, **p),
+        params={"decimals": "auto"},
+        headline="% of pairs whose more stereotypical sentence scores higher (50 = no preference)",
+        reference="Nangia, Vania, Bhalerao & Bowman (2020), CrowS-Pairs, EMNLP; lm-evaluation-harness "
+                  "(causal LMs)",
+        result_names={"causal": "crows_pairs_causal"},
+        items="one row per pair: both sentence scores and which one won",
+    ),
+)
+
+#: Metric name -> entry, in the order listings show them.
+METRICS: dict[str, Metric] = {}
+#: Family name -> family.
+FAMILIES: dict[str, Family] = {}
+
+
+def _register(entries: Sequence[Metric]) -> None:
+    """Add entries, checking names, families, kinds and test types (an inconsistent entry is a
+    programming error, reported at import)."""
+    for e in entries:
+        if e.name in METRICS:
+            raise ValueError(f"metric {e.name!r} is registered twice")
+        f = FAMILIES.setdefault(e.family.name, e.family)
+        if f is not e.family:
+            raise ValueError(f"two different families are named {e.family.name!r}")
+        if f.test_type not in TEST_TYPES:
+            raise ValueError(f"family {f.name!r}: unknown test type {f.test_type!r}")
+        bad = [k for k in e.model_kinds if k not in MODEL_KINDS]
+        if bad:
+            raise ValueError(f"metric {e.name!r}: unknown model kind(s) {bad}")
+        clash = set(f.params) & set(e.params)
+        if clash:
+            raise ValueError(f"metric {e.name!r}: parameter(s) {sorted(clash)} are both measure and analysis parameters")
+        METRICS[e.name] = e
+
+
+_register(_ENTRIES)
+
+
+# --------------------------------------------------------------------------------------
+# Look-up
+# --------------------------------------------------------------------------------------
+
+
+def names() -> tuple[str, ...]:
+    """Every registered metric name, in listing order."""
+    return tuple(METRICS)
+
+
+def families() -> tuple[str, ...]:
+    return tuple(FAMILIES)
+
+
+def get(name: str) -> Metric:
+    """The entry of ``name``; :class:`ParameterError` naming the known metrics otherwise."""
+    try:
+        return METRICS[name]
+    except (KeyError, TypeError):
+        close = difflib.get_close_matches(str(name), list(METRICS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ParameterError(f"unknown metric {name!r}{hint}; known metrics: {', '.join(METRICS)}") from None
+
+
+def accepted_params(name: str) -> frozenset[str]:
+    """Every parameter a task of this metric may set: its family's measure parameters and its
+    analysis parameters."""
+    e = get(name)
+    return frozenset(e.family.params) | frozenset(e.params)
+
+
+def split_params(name: str, params: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(measure parameters with their defaults, analysis parameters as given)``."""
+    e = get(name)
+    rest = dict(params or {})
+    measure = {k: rest.pop(k, v) for k, v in e.family.params.items()}
+    return measure, rest
+
+
+def test_type_of(test: Any) -> str | None:
+    for name, cls in TEST_TYPES.items():
+        if isinstance(test, cls):
+            return name
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Applicability
+# --------------------------------------------------------------------------------------
+
+
+def kind_reason(name: str, kind: str) -> str | None:
+    """``None`` when the metric runs on a model of ``kind``, else the reason."""
+    e = get(name)
+    if kind in e.model_kinds:
+        return None
+    return f"{name} cannot run on {KIND_NAMES.get(kind, kind)} (needs {', '.join(e.model_kinds)})"
+
+
+def check_kind(name: str, kind: str, ref: str) -> None:
+    """Raise :class:`ModelError` when the metric cannot run on model ``ref`` of ``kind``."""
+    e = get(name)
+    if kind not in e.model_kinds:
+        raise ModelError(f"metric {name!r} cannot run on model {ref!r} ({KIND_NAMES.get(kind, kind)}); it needs: "
+                         + ", ".join(KIND_NAMES[k] for k in e.model_kinds))
+
+
+def check_declared(test: Any) -> None:
+    """A test's declared ``metrics`` field (native format) must name registered metrics that fit
+    its sets; :class:`DataError` naming the file and field otherwise."""
+    declared = getattr(test, "extra", {}).get("metrics") if isinstance(test, WordTest) else None
+    if declared is None:
+        return
+    where = test.source or test.name
+    for m in declared:
+        if m not in METRICS:
+            raise DataError(f"{where}: field metrics: unknown metric {m!r}; known: {', '.join(METRICS)}")
+    allowed = _fits(test)
+    bad = [m for m in declared if m not in allowed]
+    if bad:
+        raise DataError(f"{where}: field metrics: {bad[0]!r} does not fit this test's sets "
+                        f"({len(test.targets)} target and {len(test.attributes)} attribute sets); "
+                        f"it supports {', '.join(allowed) or 'none'}")
+
+
+def _fit_reason(e: Metric, test: Any, params: Mapping[str, Any] | None = None) -> str | None:
+    """Why a test cannot serve metric ``e`` (type, set counts, what the family needs), or ``None``."""
+    ttype = test_type_of(test)
+    if ttype != e.family.test_type:
+        what = {"words": "word-set tests", "pairs": "sentence-pair tests (CrowS-Pairs)"}
+        return f"{e.name} runs on {what.get(e.family.test_type, e.family.test_type)}, not on {test.name}"
+    if ttype == "words":
+        nt, na = e.set_counts(params)
+        why = check_count("target", len(test.targets), nt, e.name) or \
+            check_count("attribute", len(test.attributes), na, e.name)
+        if why:
+            return (f"test {test.name} ({len(test.targets)} target and {len(test.attributes)} attribute sets) "
+                    f"does not fit: {why}")
+    return e.family.needs(test)
+
+
+def _fits(test: Any) -> list[str]:
+    return [n for n, e in METRICS.items() if _fit_reason(e, test) is None]
+
+
+def supported(test: Any) -> list[str]:
+    """The metrics a test supports (model kinds aside): its declared ``metrics`` field, else every
+    registered metric whose test type, set counts and needs it meets."""
+    declared = getattr(test, "extra", {}).get("metrics") if isinstance(test, WordTest) else None
+    return list(declared) if declared is not None else _fits(test)
+
+
+def applies(name: str, test: Any, kind: str | None = None, params: Mapping[str, Any] | None = None) -> str | None:
+    """``None`` when metric ``name`` can run on ``test`` (and on a model of ``kind`` if given),
+    else the reason, one line."""
+    e = get(name)
+    if kind is not None:
+        why = kind_reason(name, kind)
+        if why:
+            return why
+    declared = getattr(test, "extra", {}).get("metrics") if isinstance(test, WordTest) else None
+    if declared is not None:
+        return None if name in declared else f"test {test.name} declares metrics {', '.join(declared)}, not {name}"
+    return _fit_reason(e, test, params)
+
+
+# --------------------------------------------------------------------------------------
+# Analysis
+# --------------------------------------------------------------------------------------
+
+
+def _check_params(e: Metric, params: Mapping[str, Any]) -> None:
+    unknown = sorted(set(params) - set(e.params))
+    if unknown:
+        accepted = ", ".join(sorted(accepted_params(e.name))) or "none"
+        raise ParameterError(f"metric {e.name!r} does not accept parameter(s) {', '.join(unknown)}; accepted: {accepted}")
+
+
+def run_metric(name: str, targets: Sequence[Any], attributes: Sequence[Any], **params: Any) -> MetricOutput:
+    """Run a vectors-per-set metric on arrays: validate the set counts (for the roles the
+    ``groups`` parameter chooses) and parameter names, then call its analysis.
+
+    ``targets`` and ``attributes`` are lists of 2-D arrays (one per set, rows = words).
+    Raises :class:`ParameterError` for an unknown metric, a wrong number of sets, or parameters
+    the metric does not accept (named, with the accepted ones).
+    """
+    e = get(name)
+    if isinstance(targets, np.ndarray) or not isinstance(targets, Sequence):
+        raise ParameterError(f"targets: expected a list of arrays (one per target set), got {type(targets).__name__}")
+    if isinstance(attributes, np.ndarray) or not isinstance(attributes, Sequence):
+        raise ParameterError(
+            f"attributes: expected a list of arrays (one per attribute set), got {type(attributes).__name__}"
+        )
+    nt, na = e.set_counts(params)
+    for why in (check_count("target", len(targets), nt, name), check_count("attribute", len(attributes), na, name)):
+        if why:
+            raise ParameterError(why)
+    _check_params(e, params)
+    return e.analyse(Measurement(family=e.family.name, targets=list(targets), attributes=list(attributes)), **params)
+
+
+def analyse(m: Measurement, name: str, params: Mapping[str, Any] | None = None, seed: int | None = None, *,
+            shards: int = 1, map_fn: Callable | None = None) -> MetricOutput:
+    """The analyse step of a task (pure; on a CPU worker in a sweep).
+
+    The analysis parameters are ``params`` minus the family's measure parameters; the task's
+    ``seed`` is passed to metrics that take one unless ``params`` sets it. With ``shards > 1`` a
+    metric that offers a sharded analysis splits its exact permutation count over ``map_fn``.
+    """
+    e = get(name)
+    _, ap = split_params(name, params)
+    _check_params(e, ap)
+    if "seed" in e.params and "seed" not in ap:
+        ap["seed"] = seed
+    if m.family == ASSOCIATION.name or m.family == SEAT_SENTENCES.name:
+        nt, na = e.set_counts(ap)
+        for why in (check_count("target", len(m.targets), nt, name), check_count("attribute", len(m.attributes), na, name)):
+            if why:
+                raise ParameterError(why)
+    if shards > 1 and e.sharded is not None:
+        out = e.sharded(m, ap, shards, map_fn)
+        if out is not None:
+            return out
+    return e.analyse(m, **ap)
+
+
+# --------------------------------------------------------------------------------------
+# Listings
+# --------------------------------------------------------------------------------------
+
+
+def describe() -> pd.DataFrame:
+    """One row per metric: family, model kinds, test type, set counts, parameters with defaults,
+    headline, reference (``audit metrics`` prints it)."""
+
+    def counts(b: tuple[int, int | None]) -> str:
+        lo, hi = b
+        return str(lo) if lo == hi else (f"{lo}+" if hi is None else f"{lo}-{hi}")
+
+    rows = []
+    for n, e in METRICS.items():
+        rows.append({
+            "metric": n, "family": e.family.name, "kinds": ", ".join(e.model_kinds),
+            "test": e.family.test_type,
+            "sets": f"{counts(e.n_targets)} targets, {counts(e.n_attributes)} attributes"
+                    if e.family.test_type == "words" else "",
+            "measure_params": ", ".join(f"{k}={v!r}" for k, v in e.family.params.items()),
+            "params": ", ".join(f"{k}={v!r}" for k, v in e.params.items()),
+            "recorded_as": ", ".join(f"{k}: {v}" for k, v in e.result_names.items()),
+            "headline": e.headline, "reference": e.reference,
+        })
+    return pd.DataFrame(rows)

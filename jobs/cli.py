@@ -1,0 +1,51 @@
+"""The installed ``audit`` command: the core commands of :mod:`audit.cli` plus the service
+commands, which need Ray and MLflow:
+
+    audit run SPEC [--dry-run] [...]      a sweep (:mod:`jobs.sweep`)
+    audit sync SPEC [...]                 upload results left in a sweep's write-ahead log (:mod:`jobs.wal`)
+    audit watch SPEC [--once] [...]       audit new model releases (:mod:`jobs.watch`)
+
+It lives above the core so that :mod:`audit` never imports :mod:`jobs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from audit import cli as core_cli
+from jobs import sweep, wal, watch
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="audit", description="Audit embeddings and language models for social bias.")
+    sub = p.add_subparsers(dest="command", required=True)
+    core_cli.add_core_commands(sub)
+    sub.add_parser("watch", help="watch model repositories and submit an audit for each new revision", add_help=False)
+    r = sub.add_parser("run", help="run a sweep spec (YAML) on Ray")
+    r.add_argument("spec")
+    r.add_argument("--dry-run", action="store_true")
+    r.add_argument("rest", nargs=argparse.REMAINDER)
+    y = sub.add_parser("sync", help="upload the results a sweep could not log to MLflow (its write-ahead log)")
+    y.add_argument("spec")
+    y.add_argument("rest", nargs=argparse.REMAINDER, help="--output-dir DIR, --tracking-uri URI")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "watch":  # the watcher has its own options (jobs/watch)
+        return watch.main(argv[1:])
+    a = build_parser().parse_args(argv)
+    if a.command == "run":
+        return sweep.main([a.spec] + (["--dry-run"] if a.dry_run else []) + list(a.rest))
+    if a.command == "sync":
+        return wal.main([a.spec] + list(a.rest))
+    return core_cli.run_command(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The layering rules of docs/architecture.md, checked on the source (ast, no import of the code):
+
+1. ``audit/`` (the pure core) imports nothing of ``jobs``, ``actors``, ``ray`` or ``mlflow``, at
+   module level or inside functions;
+2. no import cycles among the project's modules (imports anywhere in a module count);
+3. the project's own modules are imported at module top: a function-level import is allowed only
+   for heavy third-party packages;
+4. no registered metric name is spelled as a string literal outside the registry, its own
+   modules (``audit/*/<name>.py``) and the tests.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("audit", "actors", "jobs")
+FORBIDDEN_IN_CORE = ("jobs", "actors", "ray", "mlflow")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> list[tuple[str, bool, int]]:
+    """(imported module, at module level?, line) for every import of a file; ``from x import y``
+    counts as ``x.y`` when that is a module of the project, else ``x``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top = {id(n) for n in tree.body}
+    # statements under a module-level `if TYPE_CHECKING:` or try/except count as module level
+    for n in tree.body:
+        if isinstance(n, (ast.If, ast.Try)):
+            for sub in ast.walk(n):
+                top.add(id(sub))
+    pkg_parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out.append((a.name, id(node) in top, node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg_parts[: len(pkg_parts) - node.level]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for a in node.names:
+                full = f"{mod}.{a.name}"
+                out.append((full if full in MODULES else mod, id(node) in top, node.lineno))
+    return out
+
+
+def _project(mod: str) -> str | None:
+    """The project module an import refers to (the longest known prefix), or None."""
+    parts = mod.split(".")
+    while parts:
+        name = ".".join(parts)
+        if name in MODULES:
+            return name
+        parts.pop()
+    return None
+
+
+def test_core_imports_no_service_layer():
+    bad = []
+    for name, path in MODULES.items():
+        if not name.startswith("audit"):
+            continue
+        for mod, _, line in _imports(path):
+            if mod.split(".")[0] in FORBIDDEN_IN_CORE:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+def _graph() -> dict[str, set[str]]:
+    g: dict[str, set[str]] = defaultdict(set)
+    for name, path in MODULES.items():
+        for mod, _, _ in _imports(path):
+            target = _project(mod)
+            if target and target != name and not name.startswith(target + "."):
+                g[name].add(target)
+    return g
+
+
+def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in list(MODULES):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_project_modules_imported_at_module_top():
+    bad = []
+    for name, path in MODULES.items():
+        for mod, at_top, line in _imports(path):
+            if not at_top and _project(mod):
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod} inside a function")
+    assert not bad, f"{len(bad)} function-level imports of project modules:\n" + "\n".join(bad)
+
+
+#: Constants of a data format whose value happens to be a metric's name: the native format's
+#: template uses (``templates.seat``, ``templates.lpbs``), defined once.
+FORMAT_VOCABULARY = {("audit/datasets/templates.py", "SEAT_USE"), ("audit/datasets/templates.py", "LPBS_USE")}
+
+
+def _string_constants(path: Path) -> list[tuple[str, int]]:
+    """String literals of a module, docstrings, ``__all__`` and format-vocabulary constants left out."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = set()
+    rel = str(path.relative_to(ROOT))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            body = getattr(node, "body", [])
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                skip.add(id(body[0].value))
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name == "__all__" or (rel, name) in FORMAT_VOCABULARY:
+                skip.update(id(n) for n in ast.walk(node.value))
+    return [(n.value, n.lineno) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip]
+
+
+def _defines(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def metric_literals_outside_their_modules() -> list[str]:
+    """Every string literal equal to a registered metric name (or a name results record) in a
+    project module other than the registry and the metric's own modules: the files named after
+    it and the module defining its array-level function of the same name."""
+    from audit import registry
+
+    recorded = {v: n for n, e in registry.METRICS.items() for v in e.result_names.values()}
+    names = set(registry.names()) | set(recorded)
+    found = []
+    for name, path in MODULES.items():
+        if name == "audit.registry":
+            continue
+        own = {path.stem} | _defines(path)
+        for value, line in _string_constants(path):
+            if value in names and value not in own and recorded.get(value) not in own:
+                found.append(f"{path.relative_to(ROOT)}:{line}: {value!r}")
+    return found
+
+
+def test_no_metric_name_literals_outside_their_modules():
+    found = metric_literals_outside_their_modules()
+    assert not found, f"{len(found)} metric names spelled outside their modules:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("rule", ["audit", "cycle"])
+def test_the_checks_catch_violations(tmp_path, monkeypatch, rule):
+    """The checks are not vacuous: a planted violation is reported."""
+    pkg = tmp_path / "audit"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    if rule == "audit":
+        (pkg / "a.py").write_text("def f():\n    import ray\n")
+        assert any(m == "ray" and not top for m, top, _ in _imports(pkg / "a.py"))
+    else:
+        g = {"audit.a": {"audit.b"}, "audit.b": {"audit.a"}, "audit.c": {"audit.a"}}
+        monkeypatch.setattr(__import__(__name__), "MODULES", {"audit.a": 1, "audit.b": 1, "audit.c": 1})
+        assert _cycles(g) == [["audit.a", "audit.b"]]
