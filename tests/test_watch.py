@@ -160,12 +160,16 @@ def test_shipped_watch_examples_parse(monkeypatch, tmp_path):
 
 
 def test_submission_id_and_spec_digest_are_deterministic(tmp_path, monkeypatch):
-    sid = submission_id("hub", "org/m", "a" * 40, "d" * 64)
-    assert sid == submission_id("hub", "org/m", "a" * 40, "d" * 64) and sid.startswith("audit-") and len(sid) == 22
-    assert sid == "audit-" + __import__("hashlib").sha256(json.dumps(["hub", "org/m", "a" * 40, "d" * 64]).encode()).hexdigest()[:16]
-    assert len({sid, submission_id("hub", "org/m", "b" * 40, "d" * 64), submission_id("hub", "org/m", "a" * 40, "e" * 64),
-                submission_id("local", "org/m", "a" * 40, "d" * 64)}) == 4
-    assert submission_id("hub", "org/m", "a" * 40, "d" * 64, attempt=2) == sid + "-2"
+    sc = '["w", "biasaudit-watch-w", "sqlite:////srv/mlflow.db"]'
+    sid = submission_id("hub", "org/m", "a" * 40, "d" * 64, scope=sc)
+    assert sid == submission_id("hub", "org/m", "a" * 40, "d" * 64, scope=sc) and sid.startswith("audit-") and len(sid) == 22
+    assert sid == "audit-" + __import__("hashlib").sha256(
+        json.dumps(["hub", "org/m", "a" * 40, "d" * 64, sc]).encode()).hexdigest()[:16]
+    assert len({sid, submission_id("hub", "org/m", "b" * 40, "d" * 64, scope=sc),
+                submission_id("hub", "org/m", "a" * 40, "e" * 64, scope=sc),
+                submission_id("local", "org/m", "a" * 40, "d" * 64, scope=sc),
+                submission_id("hub", "org/m", "a" * 40, "d" * 64, scope=sc.replace("srv", "other"))}) == 5
+    assert submission_id("hub", "org/m", "a" * 40, "d" * 64, attempt=2, scope=sc) == sid + "-2"
     raw = {"name": "x", "metrics": ["weat"], "models": [{"ref": "m"}], "output_dir": "/a", "tracking": {"uri": "sqlite:///a"},
            "ray": {"num_cpus": 1}, "description": "d"}
     same = dict(raw, name="y", output_dir="/b", tracking={}, ray={"num_cpus": 8}, description="other")
