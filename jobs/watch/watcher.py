@@ -212,6 +212,16 @@ class Watcher:
             self._active = 0 if self.dry_run or active is None else active(self._metadata_scope())
         return self._active
 
+    def _exists(self, sid: str) -> bool:
+        """Whether a job with this id exists (then submitting it again is answered "already
+        submitted", which needs no room on the cluster)."""
+        if self.dry_run:
+            return False
+        try:
+            return job_state(self.submitter, sid) is not None
+        except SubmitError:
+            return False
+
     def _metadata_scope(self) -> dict[str, str]:
         return {"biasaudit.watch": self.spec.name, "biasaudit.store": store_identity(self.spec.resolved_tracking_uri)}
 
@@ -243,7 +253,7 @@ class Watcher:
                     self._record(Decision("error", f"cannot count this watch's running jobs (ray.max_jobs): {e}",
                                           submission_id=sid, attempt=attempt, **base))
                     return
-                if active >= ray.max_jobs:
+                if active >= ray.max_jobs and not self._exists(sid):
                     self._record(Decision("deferred", f"{why}; waits for a later poll: {active} of this watch's "
                                           f"sweeps pending or running, ray.max_jobs is {ray.max_jobs}",
                                           submission_id=sid, attempt=attempt, **base))
