@@ -12,7 +12,8 @@ Fields (see ``docs/service.md`` for the full reference and examples)::
     description: ...                  # optional free text
     seed: 0                           # seed of every random step (permutations, bootstraps)
     output_dir: out/smoke             # reports, MLflow store, built models (relative: to the CWD)
-    tracking: {uri: null, experiment: null}   # default sqlite:///<output_dir>/mlflow.db, biasaudit-<name>
+    tracking: {uri: null, experiment: null}   # default $MLFLOW_TRACKING_URI, else sqlite:///<output_dir>/mlflow.db;
+                                      # biasaudit-<name> (--tracking-uri overrides; see jobs.uris)
     languages: [en, de]               # ISO 639-1 codes; default: every language of the models
     tests: [weat1, "de/cw*", crows_pairs]     # registered names or glob patterns; default ["*"]
     permutations: 10000               # default `permutations` of the metrics that take one
@@ -32,7 +33,12 @@ Fields (see ``docs/service.md`` for the full reference and examples)::
 
 Strings may use environment variables as ``${VAR}`` or ``${VAR:-default}`` (e.g. a data folder
 that differs between a laptop and the cluster); an unset variable without default is an error
-naming the field.
+naming the field, and so is a variable that holds a secret (``HF_TOKEN``, ``*_PASSWORD`` ...)
+anywhere but ``tracking.uri``.
+
+The checks themselves (YAML loading, variables, typed fields, suggestions) are the shared ones of
+:mod:`jobs.validators`, also used by the watch spec (:mod:`jobs.watch.spec`). ``read_yaml``,
+``expand_env`` and ``default_tracking_uri`` are importable from here as before.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from audit.metrics import get_metric
 from audit.metrics.crows_pairs import crows_pairs_metric
 from audit.metrics.lpbs import lpbs_metric
 from audit.runner import ALL_METRICS, ASSOCIATION_METRICS
-from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem
+from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
 from jobs.validators import (NAME_RE, Ctx, boolean, check_fields, expand_env, integer, mapping, number,
                              plain_values, read_yaml, str_list, string, suggest)
 
@@ -349,18 +355,6 @@ def _permutations(ctx: Ctx, path: str, v: Any) -> int | str:
             raise ctx.param(path, f"expected exact, auto or a positive integer, got {v!r}")
         return v
     return integer(ctx, path, v, minimum=1)
-
-
-def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
-    if v is None:
-        return {}
-    d = mapping(ctx, path, v)
-    for k, x in d.items():
-        try:
-            json.dumps(x, allow_nan=False)
-        except (TypeError, ValueError):
-            raise ctx.data(f"{path}.{k}", f"value {x!r} is not a plain number, string, list or mapping") from None
-    return d
 
 
 def default_model_name(ref: str) -> str:

@@ -130,3 +130,18 @@ def test_python_m_jobs_watch_and_audit_watch_share_main():
 
     assert W.main is main and (REPO / "jobs" / "watch" / "__main__.py").is_file()
     assert not (REPO / "jobs" / "watch.py").exists()
+
+
+def test_one_copy_of_each_shared_rule():
+    """The spec and watch modules define none of the shared validators, tracking-URI helpers or
+    the natural sort key themselves (they drifted when they did)."""
+    import jobs.uris
+
+    shared = set(V.__all__) | set(jobs.uris.__all__) | {"natural_key", "_natural", "_expand_vars", "_close",
+                                                        "_num", "_number", "_str", "_int", "_mapping", "_params"}
+    for path in _MODULES:
+        if path.name in ("validators.py", "uris.py", "naming.py"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        assert not defined & shared, f"{path.relative_to(REPO)} defines {sorted(defined & shared)}"
