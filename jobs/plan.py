@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
@@ -27,6 +26,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from audit import registry
+from audit.naming import natural_key
 from audit.datasets import registry as dataset_registry
 from audit.datasets import stub_of
 from audit.datasets import test_type as dataset_test_type
@@ -34,7 +34,8 @@ from audit.errors import AuditError, DataError, ParameterError
 from audit.provenance import task_key
 from audit.runner import load_test, words_for
 from jobs.resolve import model_kind, probe_revision, resolve_ref
-from jobs.spec import ModelSpec, SweepSpec, _close
+from jobs.spec import ModelSpec, SweepSpec
+from jobs.validators import suggest
 
 def accepted_params(metric: str) -> frozenset[str]:
     """Every parameter a task of ``metric`` may set (:func:`audit.registry.accepted_params`)."""
@@ -165,11 +166,6 @@ def registered_tests() -> dict[str, list[str]]:
             if short and "/" not in short:
                 out[lang].append(name)
     return {k: sorted(v, key=natural_key) for k, v in out.items()}
-
-
-def natural_key(name: str) -> list:
-    """Sort key that orders ``weat2`` before ``weat10``."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
 def _is_file_ref(pattern: str) -> bool:
@@ -350,7 +346,7 @@ def _check_patterns_matched(spec: SweepSpec, reg: dict[str, list[str]]) -> None:
             continue
         raise ParameterError(
             f"{spec.source or 'spec'}: tests: {pat!r} matches no shipped test in any language"
-            f"{_close(pat, every)} (see `audit datasets`)"
+            f"{suggest(pat, every)} (see `audit datasets`)"
         )
 
 

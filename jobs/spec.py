@@ -12,7 +12,8 @@ Fields (see ``docs/service.md`` for the full reference and examples)::
     description: ...                  # optional free text
     seed: 0                           # seed of every random step (permutations, bootstraps)
     output_dir: out/smoke             # reports, MLflow store, built models (relative: to the CWD)
-    tracking: {uri: null, experiment: null}   # default sqlite:///<output_dir>/mlflow.db, biasaudit-<name>
+    tracking: {uri: null, experiment: null}   # default $MLFLOW_TRACKING_URI, else sqlite:///<output_dir>/mlflow.db;
+                                      # biasaudit-<name> (--tracking-uri overrides; see jobs.uris)
     languages: [en, de]               # ISO 639-1 codes; default: every language of the models
     tests: [weat1, "de/cw*", crows_pairs]     # registered names or glob patterns; default ["*"]
     permutations: 10000               # default `permutations` of the metrics that take one
@@ -32,7 +33,12 @@ Fields (see ``docs/service.md`` for the full reference and examples)::
 
 Strings may use environment variables as ``${VAR}`` or ``${VAR:-default}`` (e.g. a data folder
 that differs between a laptop and the cluster); an unset variable without default is an error
-naming the field.
+naming the field, and so is a variable that holds a secret (``HF_TOKEN``, ``*_PASSWORD`` ...)
+anywhere but ``tracking.uri``.
+
+The checks themselves (YAML loading, variables, typed fields, suggestions) are the shared ones of
+:mod:`jobs.validators`, also used by the watch spec (:mod:`jobs.watch.spec`). ``read_yaml``,
+``expand_env`` and ``default_tracking_uri`` are importable from here as before.
 """
 
 from __future__ import annotations
@@ -45,10 +51,13 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from audit import registry
-from audit.errors import DataError, ParameterError
+from audit.errors import AuditError, ParameterError
+from audit.mitigation import get_mitigation, load_definitions
+from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
+from jobs.validators import (NAME_RE, Ctx, boolean, check_fields, expand_env, integer, mapping, number,
+                             plain_values, read_yaml, str_list, string, suggest)
+
 
 #: ISO 639-1 codes (the spec accepts any of them; a language without tests is dropped at planning).
 ISO_639_1 = frozenset(
@@ -84,8 +93,6 @@ BACKENDS = STATIC_BACKENDS + HF_BACKENDS
 
 #: Kinds of tiny models the spec can build on demand (``models[i].build.kind``).
 BUILD_KINDS = ("fasttext", "bert", "roberta", "gpt2")
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 _TOP_FIELDS = {
     "name", "description", "seed", "output_dir", "tracking", "languages", "tests", "permutations",
@@ -220,11 +227,6 @@ class RaySpec:
     exact_shards: int = 1
 
 
-def default_tracking_uri(output_dir: Path) -> str:
-    """The SQLite MLflow store of an output directory (the file store is refused by MLflow 3)."""
-    return "sqlite:///" + str((Path(output_dir) / "mlflow.db").resolve())
-
-
 @dataclasses.dataclass(frozen=True)
 class SweepSpec:
     """A validated sweep specification (see the module docstring for the fields)."""
@@ -247,8 +249,10 @@ class SweepSpec:
 
     @property
     def resolved_tracking_uri(self) -> str:
-        """The MLflow tracking URI: the spec's, else ``sqlite:///<output_dir>/mlflow.db``."""
-        return self.tracking_uri or default_tracking_uri(self.output_dir)
+        """The MLflow tracking URI (:func:`jobs.uris.resolve_tracking_uri`): ``--tracking-uri``
+        (which replaced ``tracking_uri`` at load), else the spec's ``tracking.uri``, else
+        ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<output_dir>/mlflow.db``."""
+        return resolve_tracking_uri(self.tracking_uri, self.output_dir)
 
     @property
     def resolved_experiment(self) -> str:
@@ -270,200 +274,26 @@ class SweepSpec:
 
 
 # --------------------------------------------------------------------------------------
-# YAML with line numbers and duplicate-key detection
+# Validation (the typed checkers are the shared ones of jobs.validators)
 # --------------------------------------------------------------------------------------
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate mapping keys (PyYAML silently keeps the last)."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
-    loader.flatten_mapping(node)
-    out = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in out:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        out[key] = loader.construct_object(value_node, deep=deep)
-    return out
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; malformed YAML, duplicate keys and non-UTF-8 bytes raise
-    :class:`DataError` naming the file, line and column."""
-    p = Path(path)
-    try:
-        text = p.read_bytes().decode("utf-8-sig")
-    except FileNotFoundError:
-        raise DataError(f"{p}: spec file not found") from None
-    except IsADirectoryError:
-        raise DataError(f"{p}: is a directory, not a spec file") from None
-    except UnicodeDecodeError as e:
-        raise DataError(f"{p}: not UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start}); save the file as UTF-8") from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        what = e.problem or e.context or str(e)
-        raise DataError(f"{p}: malformed YAML at {where}: {what}") from None
-    except yaml.YAMLError as e:
-        raise DataError(f"{p}: malformed YAML: {e}") from None
-
-
-# --------------------------------------------------------------------------------------
-# Environment variables
-# --------------------------------------------------------------------------------------
-
-_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-#: Variable names that hold credentials: never interpolated into a spec (its values are logged),
-#: except into ``tracking.uri`` (a database password), which is only ever printed redacted.
-_SECRET_RE = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?|API_?KEY|PRIVATE_?KEY)(_|$)", re.IGNORECASE)
-
-
-def expand_env(data: Any, source: str = "", path: str = "") -> Any:
-    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed spec."""
-    import os
-
-    if isinstance(data, dict):
-        return {k: expand_env(v, source, f"{path}.{k}" if path else str(k)) for k, v in data.items()}
-    if isinstance(data, list):
-        return [expand_env(v, source, f"{path}[{i}]") for i, v in enumerate(data)]
-    if isinstance(data, str) and "${" in data:
-        def sub(m: re.Match) -> str:
-            if _SECRET_RE.search(m.group(1)) and path != "tracking.uri":  # the URI is only ever shown redacted
-                raise _Ctx(source).data(path, f"${{{m.group(1)}}} looks like a secret; specs and their values are "
-                                              "stored with every sweep, so secrets cannot be interpolated (hub "
-                                              "tokens are read from HF_TOKEN by the libraries that need them)")
-            val = os.environ.get(m.group(1))
-            if val is None or (val == "" and m.group(2) is not None):
-                if m.group(2) is None:
-                    raise _Ctx(source).data(path, f"environment variable {m.group(1)} is not set (write ${{{m.group(1)}:-default}} for a default)")
-                return m.group(2)
-            return val
-
-        return _ENV_RE.sub(sub, data)
-    return data
-
-
-# --------------------------------------------------------------------------------------
-# Validation
-# --------------------------------------------------------------------------------------
-
-
-class _Ctx:
-    """Formats error messages as ``<file>: <field path>: <problem>``."""
-
-    def __init__(self, source: str, default: str = "<spec>"):
-        self.source = source or default
-
-    def data(self, path: str, msg: str) -> DataError:
-        return DataError(f"{self.source}: {path}: {msg}" if path else f"{self.source}: {msg}")
-
-    def param(self, path: str, msg: str) -> ParameterError:
-        return ParameterError(f"{self.source}: {path}: {msg}" if path else f"{self.source}: {msg}")
-
-
-def _close(word: str, choices) -> str:
-    import difflib
-
-    near = difflib.get_close_matches(str(word), sorted(str(c) for c in choices), n=1)
-    return f" (did you mean {near[0]!r}?)" if near else ""
-
-
-def _check_fields(ctx: _Ctx, path: str, d: Mapping, allowed: set[str]) -> None:
-    for k in d:
-        if k not in allowed:
-            raise ctx.data(
-                f"{path}.{k}" if path else str(k),
-                f"unknown field{_close(k, allowed)}; allowed fields: {', '.join(sorted(allowed))}",
-            )
-
-
-def _mapping(ctx: _Ctx, path: str, v: Any) -> dict:
-    if not isinstance(v, Mapping):
-        raise ctx.data(path, f"expected a mapping, got {type(v).__name__} {v!r}")
-    for k in v:
-        if not isinstance(k, str):
-            raise ctx.data(path, f"keys must be strings, got {k!r}")
-    return dict(v)
-
-
-def _str(ctx: _Ctx, path: str, v: Any, *, allow_none: bool = False) -> str | None:
-    if v is None and allow_none:
-        return None
-    if not isinstance(v, str) or not v.strip():
-        raise ctx.data(path, f"expected a non-empty string, got {v!r}")
-    return v.strip()
-
-
-def _bool(ctx: _Ctx, path: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ctx.data(path, f"expected true or false, got {v!r}")
-    return v
-
-
-def _int(ctx: _Ctx, path: str, v: Any, *, minimum: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ctx.data(path, f"expected an integer, got {v!r}")
-    if minimum is not None and v < minimum:
-        raise ctx.param(path, f"must be >= {minimum}, got {v}")
-    return v
-
-
-def _number(ctx: _Ctx, path: str, v: Any, *, minimum: float = 0.0, strict: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ctx.data(path, f"expected a number, got {v!r}")
-    if v < minimum or (strict and v == minimum) or v != v:
-        raise ctx.param(path, f"must be {'>' if strict else '>='} {minimum}, got {v}")
-    return float(v)
-
-
-def _str_list(ctx: _Ctx, path: str, v: Any) -> tuple[str, ...]:
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not v:
-        raise ctx.data(path, f"expected a non-empty list of strings, got {v!r}")
-    out = []
-    for i, x in enumerate(v):
-        out.append(_str(ctx, f"{path}[{i}]", x))
-    return tuple(out)
-
-
-def _languages(ctx: _Ctx, path: str, v: Any) -> tuple[str, ...]:
-    langs = _str_list(ctx, path, v)
+def _languages(ctx: Ctx, path: str, v: Any) -> tuple[str, ...]:
+    langs = str_list(ctx, path, v)
     for i, lang in enumerate(langs):
         if lang not in ISO_639_1:
-            raise ctx.param(f"{path}[{i}]", f"unknown language {lang!r}{_close(lang, ISO_639_1)}; use an ISO 639-1 code such as en, de, fr")
+            raise ctx.param(f"{path}[{i}]", f"unknown language {lang!r}{suggest(lang, ISO_639_1)}; use an ISO 639-1 code such as en, de, fr")
     if len(set(langs)) != len(langs):
         raise ctx.param(path, f"duplicate language in {list(langs)}")
     return langs
 
 
-def _permutations(ctx: _Ctx, path: str, v: Any) -> int | str:
+def _permutations(ctx: Ctx, path: str, v: Any) -> int | str:
     if isinstance(v, str):
         if v not in ("exact", "auto"):
             raise ctx.param(path, f"expected exact, auto or a positive integer, got {v!r}")
         return v
-    return _int(ctx, path, v, minimum=1)
-
-
-def _params(ctx: _Ctx, path: str, v: Any) -> dict[str, Any]:
-    if v is None:
-        return {}
-    d = _mapping(ctx, path, v)
-    for k, x in d.items():
-        try:
-            json.dumps(x, allow_nan=False)
-        except (TypeError, ValueError):
-            raise ctx.data(f"{path}.{k}", f"value {x!r} is not a plain number, string, list or mapping") from None
-    return d
+    return integer(ctx, path, v, minimum=1)
 
 
 def default_model_name(ref: str) -> str:
@@ -483,60 +313,60 @@ def default_model_name(ref: str) -> str:
     return name
 
 
-def _model(ctx: _Ctx, i: int, v: Any) -> ModelSpec:
+def _model(ctx: Ctx, i: int, v: Any) -> ModelSpec:
     path = f"models[{i}]"
     if isinstance(v, str):
         v = {"ref": v}
-    d = _mapping(ctx, path, v)
-    _check_fields(ctx, path, d, _MODEL_FIELDS)
+    d = mapping(ctx, path, v)
+    check_fields(ctx, path, d, _MODEL_FIELDS)
     build = None
     if d.get("build") is not None:
-        build = _mapping(ctx, f"{path}.build", d["build"])
-        _check_fields(ctx, f"{path}.build", build, _BUILD_FIELDS)
-        kind = _str(ctx, f"{path}.build.kind", build.get("kind"))
+        build = mapping(ctx, f"{path}.build", d["build"])
+        check_fields(ctx, f"{path}.build", build, _BUILD_FIELDS)
+        kind = string(ctx, f"{path}.build.kind", build.get("kind"))
         if kind not in BUILD_KINDS:
-            raise ctx.param(f"{path}.build.kind", f"unknown kind {kind!r}{_close(kind, BUILD_KINDS)}; known: {', '.join(BUILD_KINDS)}")
+            raise ctx.param(f"{path}.build.kind", f"unknown kind {kind!r}{suggest(kind, BUILD_KINDS)}; known: {', '.join(BUILD_KINDS)}")
         for k in ("dim", "epoch"):
             if k in build:
-                _int(ctx, f"{path}.build.{k}", build[k], minimum=1)
+                integer(ctx, f"{path}.build.{k}", build[k], minimum=1)
         if "seed" in build:
-            _int(ctx, f"{path}.build.seed", build["seed"], minimum=0)
+            integer(ctx, f"{path}.build.seed", build["seed"], minimum=0)
         if "language" in build:
             if kind != "fasttext":
                 raise ctx.param(f"{path}.build.language", "a training language applies to fastText builds only")
             _languages(ctx, f"{path}.build.language", [build["language"]])
     if "ref" not in d and build is None:
         raise ctx.data(path, "missing required field 'ref'")
-    ref = _str(ctx, f"{path}.ref", d["ref"]) if "ref" in d else None
-    name = _str(ctx, f"{path}.name", d["name"]) if "name" in d else None
+    ref = string(ctx, f"{path}.ref", d["ref"]) if "ref" in d else None
+    name = string(ctx, f"{path}.name", d["name"]) if "name" in d else None
     if ref is None:  # a built model: its ref is the built file, named after the model
         if name is None:
             raise ctx.data(path, "a model with 'build' and no 'ref' needs a 'name'")
         ref = f"built:{name}"
     name = name or default_model_name(ref)
-    if not _NAME_RE.match(name):
+    if not NAME_RE.match(name):
         raise ctx.param(f"{path}.name", f"{name!r}: use letters, digits, '-', '_' and '.' only")
     options: dict[str, Any] = {}
     if d.get("backend") is not None:
-        b = _str(ctx, f"{path}.backend", d["backend"])
+        b = string(ctx, f"{path}.backend", d["backend"])
         if b not in BACKENDS:
-            raise ctx.param(f"{path}.backend", f"unknown backend {b!r}{_close(b, BACKENDS)}; known backends: {', '.join(BACKENDS)}")
+            raise ctx.param(f"{path}.backend", f"unknown backend {b!r}{suggest(b, BACKENDS)}; known backends: {', '.join(BACKENDS)}")
         options["backend"] = b
     for k in ("revision", "device"):
         if d.get(k) is not None:
-            options[k] = _str(ctx, f"{path}.{k}", str(d[k]) if isinstance(d[k], (int, float)) and not isinstance(d[k], bool) else d[k])
+            options[k] = string(ctx, f"{path}.{k}", str(d[k]) if isinstance(d[k], (int, float)) and not isinstance(d[k], bool) else d[k])
     if d.get("dtype") is not None:
-        dt = _str(ctx, f"{path}.dtype", d["dtype"])
+        dt = string(ctx, f"{path}.dtype", d["dtype"])
         if dt not in _DTYPES:
             raise ctx.param(f"{path}.dtype", f"unknown dtype {dt!r}; known: {', '.join(_DTYPES)}")
         options["dtype"] = dt
     for k in ("allow_pickle", "trust_remote_code", "subword"):
         if k in d:
-            options[k] = _bool(ctx, f"{path}.{k}", d[k])
+            options[k] = boolean(ctx, f"{path}.{k}", d[k])
     if options.get("revision") and options.get("backend") in STATIC_BACKENDS:
         raise ctx.param(f"{path}.revision", "a revision applies to Hugging Face checkpoints only (static models are identified by their content digest)")
     langs = _languages(ctx, f"{path}.languages", d["languages"]) if d.get("languages") is not None else None
-    tests = _str_list(ctx, f"{path}.tests", d["tests"]) if d.get("tests") is not None else None
+    tests = str_list(ctx, f"{path}.tests", d["tests"]) if d.get("tests") is not None else None
     steps: tuple[MitigationStep, ...] = ()
     if d.get("mitigation") is not None:
         steps = _mitigation(ctx, f"{path}.mitigation", d["mitigation"], name)
@@ -546,20 +376,17 @@ def _model(ctx: _Ctx, i: int, v: Any) -> ModelSpec:
                             "debiasing applies to static embeddings only")
     return ModelSpec(
         ref=ref, name=name, languages=langs, options=options,
-        params=_params(ctx, f"{path}.params", d.get("params")), build=build, tests=tests, mitigation=steps,
+        params=plain_values(ctx, f"{path}.params", d.get("params")), build=build, tests=tests, mitigation=steps,
     )
 
 
-def _mitigation(ctx: _Ctx, path: str, v: Any, model_name: str) -> tuple[MitigationStep, ...]:
+def _mitigation(ctx: Ctx, path: str, v: Any, model_name: str) -> tuple[MitigationStep, ...]:
     """``models[i].mitigation``: one step (a mapping or a method name) or a list of steps.
 
     Each step is checked here, before anything runs: the method and its parameters through
     :func:`audit.mitigation.get_mitigation` and ``set_params`` (their own validation), the
     definitions through :func:`audit.mitigation.load_definitions`.
     """
-    from audit.errors import AuditError
-    from audit.mitigation import get_mitigation, load_definitions
-
     items = v if isinstance(v, list) else [v]
     if not items:
         raise ctx.data(path, "expected a mitigation step or a non-empty list of steps")
@@ -568,12 +395,12 @@ def _mitigation(ctx: _Ctx, path: str, v: Any, model_name: str) -> tuple[Mitigati
         p = f"{path}[{j}]" if isinstance(v, list) else path
         if isinstance(item, str):
             item = {"method": item}
-        d = _mapping(ctx, p, item)
-        _check_fields(ctx, p, d, _MITIGATION_FIELDS)
+        d = mapping(ctx, p, item)
+        check_fields(ctx, p, d, _MITIGATION_FIELDS)
         if "method" not in d:
             raise ctx.data(p, "missing required field 'method'")
-        method_name = _str(ctx, f"{p}.method", d["method"])
-        params = _params(ctx, f"{p}.params", d.get("params"))
+        method_name = string(ctx, f"{p}.method", d["method"])
+        params = plain_values(ctx, f"{p}.params", d.get("params"))
         try:
             method = get_mitigation(method_name)
         except AuditError as e:
@@ -582,15 +409,15 @@ def _mitigation(ctx: _Ctx, path: str, v: Any, model_name: str) -> tuple[Mitigati
             method.set_params(**params)
         except AuditError as e:
             raise ctx.param(f"{p}.params", str(e)) from None
-        defs = _str(ctx, f"{p}.definitions", d["definitions"]) if d.get("definitions") is not None else "en/gender"
+        defs = string(ctx, f"{p}.definitions", d["definitions"]) if d.get("definitions") is not None else "en/gender"
         try:
             load_definitions(defs)
         except AuditError as e:
             raise ctx.param(f"{p}.definitions", str(e)) from None
-        scope = _str(ctx, f"{p}.scope", d["scope"]) if d.get("scope") is not None else "all"
+        scope = string(ctx, f"{p}.scope", d["scope"]) if d.get("scope") is not None else "all"
         if scope not in MITIGATION_SCOPES:
             raise ctx.param(f"{p}.scope", f"unknown scope {scope!r}; known: {', '.join(MITIGATION_SCOPES)}")
-        name = _str(ctx, f"{p}.name", d["name"]) if d.get("name") is not None else f"{model_name}+{method.name}"
+        name = string(ctx, f"{p}.name", d["name"]) if d.get("name") is not None else f"{model_name}+{method.name}"
         if not _DERIVED_NAME_RE.match(name):
             raise ctx.param(f"{p}.name", f"{name!r}: use letters, digits, '-', '_', '.' and '+' only")
         steps.append(MitigationStep(method=method.name, name=name, definitions=defs, params=params, scope=scope))
@@ -629,18 +456,18 @@ def _expand_mitigation(models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
     return tuple(out)
 
 
-def _metric(ctx: _Ctx, i: int, v: Any, known: tuple[str, ...]) -> MetricSpec:
+def _metric(ctx: Ctx, i: int, v: Any, known: tuple[str, ...]) -> MetricSpec:
     path = f"metrics[{i}]"
     if isinstance(v, str):
         v = {"name": v}
-    d = _mapping(ctx, path, v)
-    _check_fields(ctx, path, d, _METRIC_FIELDS)
+    d = mapping(ctx, path, v)
+    check_fields(ctx, path, d, _METRIC_FIELDS)
     if "name" not in d:
         raise ctx.data(path, "missing required field 'name'")
-    name = _str(ctx, f"{path}.name", d["name"])
+    name = string(ctx, f"{path}.name", d["name"])
     if name not in known:
-        raise ctx.param(f"{path}.name", f"unknown metric {name!r}{_close(name, known)}; known metrics: {', '.join(known)}")
-    params = _params(ctx, f"{path}.params", d.get("params"))
+        raise ctx.param(f"{path}.name", f"unknown metric {name!r}{suggest(name, known)}; known metrics: {', '.join(known)}")
+    params = plain_values(ctx, f"{path}.params", d.get("params"))
     if "seed" in params:
         raise ctx.param(f"{path}.params.seed", "set the seed once at the top of the spec (`seed:`)")
     if "permutations" in params:
@@ -648,36 +475,36 @@ def _metric(ctx: _Ctx, i: int, v: Any, known: tuple[str, ...]) -> MetricSpec:
     bad = [k for k in params if k not in registry.accepted_params(name)]
     if bad:
         raise ctx.param(f"{path}.params.{bad[0]}", f"metric {name!r} takes no parameter {bad[0]!r}")
-    tests = _str_list(ctx, f"{path}.tests", d["tests"]) if d.get("tests") is not None else None
+    tests = str_list(ctx, f"{path}.tests", d["tests"]) if d.get("tests") is not None else None
     return MetricSpec(name=name, params=params, tests=tests)
 
 
-def _ray(ctx: _Ctx, v: Any) -> RaySpec:
+def _ray(ctx: Ctx, v: Any) -> RaySpec:
     if v is None:
         return RaySpec()
-    d = _mapping(ctx, "ray", v)
-    _check_fields(ctx, "ray", d, _RAY_FIELDS)
+    d = mapping(ctx, "ray", v)
+    check_fields(ctx, "ray", d, _RAY_FIELDS)
     kw: dict[str, Any] = {}
     if d.get("address") is not None:
-        kw["address"] = _str(ctx, "ray.address", d["address"])
+        kw["address"] = string(ctx, "ray.address", d["address"])
     if d.get("num_cpus") is not None:
-        kw["num_cpus"] = _number(ctx, "ray.num_cpus", d["num_cpus"], strict=True)
+        kw["num_cpus"] = number(ctx, "ray.num_cpus", d["num_cpus"], strict=True)
     if d.get("object_store_memory") is not None:
-        kw["object_store_memory"] = _int(ctx, "ray.object_store_memory", d["object_store_memory"], minimum=78_643_200)
+        kw["object_store_memory"] = integer(ctx, "ray.object_store_memory", d["object_store_memory"], minimum=78_643_200)
     if d.get("actor_num_cpus") is not None:
-        kw["actor_num_cpus"] = _number(ctx, "ray.actor_num_cpus", d["actor_num_cpus"])
+        kw["actor_num_cpus"] = number(ctx, "ray.actor_num_cpus", d["actor_num_cpus"])
     if d.get("stats_num_cpus") is not None:
-        kw["stats_num_cpus"] = _number(ctx, "ray.stats_num_cpus", d["stats_num_cpus"])
+        kw["stats_num_cpus"] = number(ctx, "ray.stats_num_cpus", d["stats_num_cpus"])
     if d.get("actor_num_gpus") is not None:
         g = d["actor_num_gpus"]
         if g != "auto":
-            g = _number(ctx, "ray.actor_num_gpus", g)
+            g = number(ctx, "ray.actor_num_gpus", g)
             if g > 1 and g != int(g):
                 raise ctx.param("ray.actor_num_gpus", f"a model uses a fraction of one GPU or whole GPUs, got {g}")
         kw["actor_num_gpus"] = g
     for k, lo in (("max_restarts", -1), ("max_task_retries", -1), ("batch_size", 1), ("exact_shards", 1)):
         if d.get(k) is not None:
-            kw[k] = _int(ctx, f"ray.{k}", d[k], minimum=lo)
+            kw[k] = integer(ctx, f"ray.{k}", d[k], minimum=lo)
     return RaySpec(**kw)
 
 
@@ -689,16 +516,15 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
               the working directory of a ``ray job submit`` job); kept for callers that want to
               anchor ``output_dir`` elsewhere.
     """
-
-    ctx = _Ctx(source)
+    ctx = Ctx(source)
     if data is None:
         raise ctx.data("", "the spec is empty")
-    d = _mapping(ctx, "", expand_env(data, source))
-    _check_fields(ctx, "", d, _TOP_FIELDS)
+    d = mapping(ctx, "", expand_env(data, source))
+    check_fields(ctx, "", d, _TOP_FIELDS)
     if "name" not in d:
         raise ctx.data("name", "missing required field")
-    name = _str(ctx, "name", d["name"])
-    if not _NAME_RE.match(name):
+    name = string(ctx, "name", d["name"])
+    if not NAME_RE.match(name):
         raise ctx.param("name", f"{name!r}: use letters, digits, '-', '_' and '.' only")
     if "models" not in d:
         raise ctx.data("models", "missing required field")
@@ -730,22 +556,22 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
         if k in mseen:
             raise ctx.param(f"metrics[{i}]", f"same metric and parameters as metrics[{mseen[k]}]")
         mseen[k] = i
-    tests = _str_list(ctx, "tests", d["tests"]) if d.get("tests") is not None else ("*",)
+    tests = str_list(ctx, "tests", d["tests"]) if d.get("tests") is not None else ("*",)
     languages = _languages(ctx, "languages", d["languages"]) if d.get("languages") is not None else None
-    seed = _int(ctx, "seed", d["seed"], minimum=0) if d.get("seed") is not None else 0
+    seed = integer(ctx, "seed", d["seed"], minimum=0) if d.get("seed") is not None else 0
     perms = _permutations(ctx, "permutations", d["permutations"]) if d.get("permutations") is not None else None
-    nboot = _int(ctx, "n_bootstrap", d["n_bootstrap"], minimum=0) if d.get("n_bootstrap") is not None else None
-    out = Path(_str(ctx, "output_dir", d["output_dir"])) if d.get("output_dir") is not None else Path("out") / name
+    nboot = integer(ctx, "n_bootstrap", d["n_bootstrap"], minimum=0) if d.get("n_bootstrap") is not None else None
+    out = Path(string(ctx, "output_dir", d["output_dir"])) if d.get("output_dir") is not None else Path("out") / name
     if base_dir is not None and not out.is_absolute():
         out = base_dir / out
     uri = experiment = None
     if d.get("tracking") is not None:
-        t = _mapping(ctx, "tracking", d["tracking"])
-        _check_fields(ctx, "tracking", t, _TRACKING_FIELDS)
-        uri = _str(ctx, "tracking.uri", t.get("uri"), allow_none=True)
-        experiment = _str(ctx, "tracking.experiment", t.get("experiment"), allow_none=True)
-        if uri and not re.match(r"^(sqlite|postgresql|mysql|mssql|https?|databricks)(\+\w+)?:", uri):
-            raise ctx.param("tracking.uri", f"{uri!r}: use sqlite:///path/to/mlflow.db, a database URI or an http(s):// MLflow server (the file store is not supported by MLflow 3)")
+        t = mapping(ctx, "tracking", d["tracking"])
+        check_fields(ctx, "tracking", t, _TRACKING_FIELDS)
+        uri = string(ctx, "tracking.uri", t.get("uri"), allow_none=True)
+        experiment = string(ctx, "tracking.experiment", t.get("experiment"), allow_none=True)
+        if uri and tracking_uri_problem(uri):
+            raise ctx.param("tracking.uri", tracking_uri_problem(uri))
     description = d.get("description") or ""
     if not isinstance(description, str):
         raise ctx.data("description", f"expected text, got {description!r}")
@@ -757,12 +583,16 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
 
 
 def load_spec(path: str | Path, *, output_dir: str | Path | None = None, tracking_uri: str | None = None) -> SweepSpec:
-    """Read and validate a spec file; ``output_dir``/``tracking_uri`` override the spec's."""
+    """Read and validate a spec file; ``output_dir``/``tracking_uri`` (the command line's
+    ``--output-dir``/``--tracking-uri``) override the spec's."""
     p = Path(path)
     spec = parse_spec(read_yaml(p), source=str(p))
     changes: dict[str, Any] = {}
     if output_dir is not None:
         changes["output_dir"] = Path(output_dir)
     if tracking_uri is not None:
+        problem = tracking_uri_problem(tracking_uri)
+        if problem:
+            raise ParameterError(f"--tracking-uri: {problem}")
         changes["tracking_uri"] = tracking_uri
     return dataclasses.replace(spec, **changes) if changes else spec

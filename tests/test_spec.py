@@ -164,7 +164,8 @@ def test_environment_variables(monkeypatch):
         parse(tests=["${BA_UNSET_FOR_TEST}"])
 
 
-def test_defaults_and_overrides(tmp_path):
+def test_defaults_and_overrides(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     s = parse()
     assert s.seed == 0 and s.output_dir == Path("out/t")
     assert s.resolved_experiment == "biasaudit-t"
@@ -175,6 +176,64 @@ def test_defaults_and_overrides(tmp_path):
     # what runs defines the sweep, not where it writes
     assert s2.sweep_id() == load_spec(p).sweep_id()
     assert parse(seed=1).sweep_id() != parse(seed=2).sweep_id()
+
+
+def test_nan_and_infinity_are_data_errors_like_in_the_watch_spec():
+    """A number field holding NaN or infinity is malformed (DataError) in every spec; the sweep
+    spec called NaN a ParameterError and let infinity through."""
+    with pytest.raises(DataError, match=r"s\.yaml: ray\.num_cpus: expected a finite number, got nan"):
+        parse(ray={"num_cpus": float("nan")})
+    with pytest.raises(DataError, match=r"ray\.actor_num_cpus: expected a finite number, got inf"):
+        parse(ray={"actor_num_cpus": float("inf")})
+    with pytest.raises(DataError, match=r"metrics\[0\]\.params\.alpha: value nan is not a plain number"):
+        parse(metrics=[{"name": "weat", "params": {"alpha": float("nan")}}])
+    with pytest.raises(ParameterError, match=r"ray\.stats_num_cpus: must be >= 0, got -1"):
+        parse(ray={"stats_num_cpus": -1})
+
+
+def test_tracking_uri_precedence_flag_spec_environment_default(tmp_path, monkeypatch):
+    """--tracking-uri > tracking.uri > $MLFLOW_TRACKING_URI > sqlite:///<output_dir>/mlflow.db."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out = tmp_path / "o"
+    bare = write(tmp_path, f"name: t\nmodels: [glove-6b-50d]\nmetrics: [weat]\noutput_dir: {out}\n", "bare.yaml")
+    pinned = write(tmp_path, bare.read_text() + "tracking: {uri: 'http://spec.example:5000'}\n", "pinned.yaml")
+    default = "sqlite:///" + str((out / "mlflow.db").resolve())
+    assert load_spec(bare).resolved_tracking_uri == default
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env.example:5000")
+    assert load_spec(bare).resolved_tracking_uri == "http://env.example:5000"
+    assert load_spec(pinned).resolved_tracking_uri == "http://spec.example:5000"
+    assert load_spec(pinned, tracking_uri="http://flag.example:5000").resolved_tracking_uri == "http://flag.example:5000"
+    assert load_spec(bare, tracking_uri="http://flag.example:5000").resolved_tracking_uri == "http://flag.example:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    assert load_spec(bare).resolved_tracking_uri == default
+    with pytest.raises(ParameterError, match=r"--tracking-uri: 'file:///tmp/mlruns': use sqlite:///"):
+        load_spec(bare, tracking_uri="file:///tmp/mlruns")
+
+
+def test_audit_run_writes_to_mlflow_tracking_uri_from_the_environment(tmp_path, monkeypatch, capsys):
+    from audit.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:s3cret@mlflow.example:5000")
+    assert main(["run", str(SPECS / "smoke.yaml"), "--dry-run", "--output-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "tracking: http://***@mlflow.example:5000 (experiment biasaudit-smoke)" in out and "s3cret" not in out
+
+
+def test_the_spec_checks_metric_parameters_without_the_planner():
+    """jobs.spec does not import jobs.plan (plan imports spec); spec and planner read the metric
+    names and parameters from the one registry."""
+    import ast
+
+    from audit import registry
+
+    tree = ast.parse((REPO / "jobs" / "spec.py").read_text(encoding="utf-8"))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
+        {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "jobs.plan" not in imported and "jobs" not in imported and "audit" in {m.split(".")[0] for m in imported}
+    for m in registry.names():
+        assert plan_mod.accepted_params(m) == registry.accepted_params(m), m
+        with pytest.raises(ParameterError, match=f"metric {m!r} takes no parameter 'no_such_param'"):
+            parse(models=[{"ref": "glove-6b-50d"}], metrics=[{"name": m, "params": {"no_such_param": 1}}])
 
 
 # --------------------------------------------------------------------------------------

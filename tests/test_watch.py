@@ -79,6 +79,7 @@ def decisions(tmp_path: Path) -> list[dict]:
 @pytest.fixture(autouse=True)
 def _cwd(monkeypatch):
     monkeypatch.chdir(REPO)  # templates are relative to the current directory, like sweep specs
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the default store: <output_dir>/mlflow.db
 
 
 # --------------------------------------------------------------------------------------
@@ -97,6 +98,10 @@ BAD_SPECS = [
     ({"backoff": {"jiter": 0.1}}, DataError, "backoff.jiter: unknown field (did you mean 'jitter'?)"),
     ({"backoff": {"jitter": 1.5}}, ParameterError, "backoff.jitter: must be < 1"),
     ({"interval": 0}, ParameterError, "interval: must be > 0, got 0"),
+    ({"interval": float("inf")}, DataError, "interval: expected a finite number, got inf"),
+    ({"backoff": {"max": float("nan")}}, DataError, "backoff.max: expected a finite number, got nan"),
+    ({"ray": {"max_jobs": 0}}, ParameterError, "ray.max_jobs: must be >= 1, got 0"),
+    ({"ray": {"entrypoint_num_cpus": -1}}, ParameterError, "ray.entrypoint_num_cpus: must be >= 0, got -1"),
     ({"max_attempts": 0}, ParameterError, "max_attempts: must be >= 1, got 0"),
     ({"tracking": {"uri": "file:///tmp/x"}}, ParameterError, "tracking.uri: 'file:///tmp/x': use sqlite:///"),
     ({"ray": {"runtime_env": {"env_vars": {"BIASAUDIT_SWEEP_SPEC": "x"}}}}, ParameterError,
@@ -151,7 +156,12 @@ def test_shipped_watch_examples_parse(monkeypatch, tmp_path):
     s = parse_spec(g.raw, source="generated")
     assert [(m.ref, m.options) for m in s.models] == [("google-bert/bert-base-uncased", {"backend": "hf-mlm", "revision": "f" * 40})]
     assert [m.name for m in s.metrics] == ["seat", "lpbs", "crows_pairs"] and s.languages == ("en",)
-    assert s.ray.actor_num_gpus == 1 and s.experiment == "biasaudit-hub-releases"
+    assert s.experiment == "biasaudit-hub-releases"
+    # settings that cannot deadlock a small cluster: the sweep's driver reserves no CPU (two drivers
+    # holding both CPUs of a 2-CPU head starved their model actors), at most max_jobs sweeps at once
+    # (each model actor takes actor_num_cpus), a GPU per model only where the cluster has GPUs
+    assert hub.ray.entrypoint_num_cpus == 0 and hub.ray.max_jobs == 1
+    assert s.ray.actor_num_gpus == "auto" and s.ray.actor_num_cpus * hub.ray.max_jobs <= 2
 
 
 # --------------------------------------------------------------------------------------
@@ -160,12 +170,16 @@ def test_shipped_watch_examples_parse(monkeypatch, tmp_path):
 
 
 def test_submission_id_and_spec_digest_are_deterministic(tmp_path, monkeypatch):
-    sid = submission_id("hub", "org/m", "a" * 40, "d" * 64)
-    assert sid == submission_id("hub", "org/m", "a" * 40, "d" * 64) and sid.startswith("audit-") and len(sid) == 22
-    assert sid == "audit-" + __import__("hashlib").sha256(json.dumps(["hub", "org/m", "a" * 40, "d" * 64]).encode()).hexdigest()[:16]
-    assert len({sid, submission_id("hub", "org/m", "b" * 40, "d" * 64), submission_id("hub", "org/m", "a" * 40, "e" * 64),
-                submission_id("local", "org/m", "a" * 40, "d" * 64)}) == 4
-    assert submission_id("hub", "org/m", "a" * 40, "d" * 64, attempt=2) == sid + "-2"
+    sc = '["w", "biasaudit-watch-w", "sqlite:////srv/mlflow.db"]'
+    sid = submission_id("hub", "org/m", "a" * 40, "d" * 64, scope=sc)
+    assert sid == submission_id("hub", "org/m", "a" * 40, "d" * 64, scope=sc) and sid.startswith("audit-") and len(sid) == 22
+    assert sid == "audit-" + __import__("hashlib").sha256(
+        json.dumps(["hub", "org/m", "a" * 40, "d" * 64, sc]).encode()).hexdigest()[:16]
+    assert len({sid, submission_id("hub", "org/m", "b" * 40, "d" * 64, scope=sc),
+                submission_id("hub", "org/m", "a" * 40, "e" * 64, scope=sc),
+                submission_id("local", "org/m", "a" * 40, "d" * 64, scope=sc),
+                submission_id("hub", "org/m", "a" * 40, "d" * 64, scope=sc.replace("srv", "other"))}) == 5
+    assert submission_id("hub", "org/m", "a" * 40, "d" * 64, attempt=2, scope=sc) == sid + "-2"
     raw = {"name": "x", "metrics": ["weat"], "models": [{"ref": "m"}], "output_dir": "/a", "tracking": {"uri": "sqlite:///a"},
            "ray": {"num_cpus": 1}, "description": "d"}
     same = dict(raw, name="y", output_dir="/b", tracking={}, ray={"num_cpus": 8}, description="other")
@@ -183,6 +197,82 @@ def test_submission_id_and_spec_digest_are_deterministic(tmp_path, monkeypatch):
     monkeypatch.setenv("BIASAUDIT_DATA", "/two")
     g2 = generate_sweep(spec, entry, rel)
     assert g1.digest == g2.digest and g1.name == g2.name and "${BIASAUDIT_DATA:-../shared/data}/x.yaml" in g1.text
+
+
+def test_watches_on_separate_stores_each_audit_and_one_store_submits_once(tmp_path):
+    """The submission id covers the watch and its tracking store: a second watch with its own
+    store audits into it (it used to get "already submitted" for ever), two watcher processes of
+    one watch on one store still submit once."""
+    root = tmp_path / "models"
+    write_vectors(root / "m" / "v1", 0, mtime=time.time() - 3600)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = load_watch_spec(write_watch(tmp_path / "a", [{"local": str(root), "file": "vectors.vec"}]))
+    b = load_watch_spec(write_watch(tmp_path / "b", [{"local": str(root), "file": "vectors.vec"}]))
+    assert a.resolved_tracking_uri != b.resolved_tracking_uri and a.name == b.name
+    cluster = Recorder()  # one Ray cluster for both
+    ra = Watcher(a, submitter=cluster, out=None).poll()
+    rb = Watcher(b, submitter=cluster, out=None).poll()
+    assert len(ra.submitted) == 1 and len(rb.submitted) == 1, [d.line() for d in rb.decisions]
+    sa, sb = ra.submitted[0], rb.submitted[0]
+    assert sa.submission_id != sb.submission_id and len(cluster.jobs) == 2
+    for spec, d in ((a, sa), (b, sb)):
+        g = yaml.safe_load(cluster.jobs[d.submission_id]["env"]["env_vars"]["BIASAUDIT_SWEEP_SPEC"])
+        assert g["tracking"]["uri"] == spec.resolved_tracking_uri  # each audit goes to its own store
+        assert cluster.jobs[d.submission_id]["meta"]["biasaudit.store"] == spec.resolved_tracking_uri
+    # a second process of watch a (same store): Ray refuses the id, nothing new
+    again = Watcher(load_watch_spec(tmp_path / "a" / "w.yaml"), submitter=cluster, out=None).poll()
+    assert again.submitted == [] and len(cluster.jobs) == 2
+    assert [d.reason for d in again.decisions if d.action == "skipped"] == [
+        f"already submitted as {sa.submission_id} (Ray job status PENDING)"]
+    # credentials in the URI do not make another store
+    c = dataclasses.replace(a, tracking_uri="postgresql://u:p1@db/mlflow")
+    d = dataclasses.replace(a, tracking_uri="postgresql://v:p2@db/mlflow?sslmode=require")
+    assert c.scope == d.scope and "p1" not in c.scope and c.scope != a.scope
+
+
+def test_the_watch_store_follows_mlflow_tracking_uri(tmp_path, monkeypatch):
+    """--tracking-uri > tracking.uri > $MLFLOW_TRACKING_URI > sqlite:///<output_dir>/mlflow.db,
+    and every generated sweep writes where the watcher reads."""
+    root = tmp_path / "models"
+    write_vectors(root / "m" / "v1", 0, mtime=time.time() - 3600)
+    p = write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}])
+    assert load_watch_spec(p).resolved_tracking_uri == f"sqlite:///{tmp_path / 'watch' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env.example:5000")
+    spec = load_watch_spec(p)
+    assert spec.resolved_tracking_uri == "http://env.example:5000"
+    rel = LocalSource().releases(str(root / "m"), spec.entries[0])[0]
+    assert generate_sweep(spec, spec.entries[0], rel).raw["tracking"]["uri"] == "http://env.example:5000"
+    pinned = write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}], name="pinned",
+                         tracking={"uri": "http://spec.example:5000"})
+    assert load_watch_spec(pinned).resolved_tracking_uri == "http://spec.example:5000"
+    assert load_watch_spec(pinned, tracking_uri="http://flag.example:5000").resolved_tracking_uri == "http://flag.example:5000"
+    with pytest.raises(ParameterError, match="--tracking-uri: 'file:///x': use sqlite:///"):
+        load_watch_spec(p, tracking_uri="file:///x")
+
+
+def test_a_template_variable_holding_a_secret_is_refused_before_submitting(tmp_path, monkeypatch):
+    """The template is expanded as the job will see it, with the sweep spec's rule: a variable
+    that holds a secret is never interpolated (the job would refuse the spec; the secret would
+    be stored with the sweep)."""
+    monkeypatch.setenv("BIASAUDIT_API_KEY", "s3cret")
+    root = tmp_path / "models"
+    write_vectors(root / "m" / "v1", 0, mtime=time.time() - 3600)
+    tpl = tmp_path / "template.yaml"
+    tpl.write_text("name: t\nmetrics: [weat]\ntests: ['${BIASAUDIT_API_KEY}']\nmodels: [x]\n", encoding="utf-8")
+    p = write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}],
+                    audit={"spec": str(tpl), "model": {"languages": ["en"]}},
+                    ray={"runtime_env": {"env_vars": {"HF_TOKEN": "hf_x"}}})
+    spec = load_watch_spec(p)
+    rel = LocalSource().releases(str(root / "m"), spec.entries[0])[0]
+    with pytest.raises(DataError, match=r"tests\[0\]: \$\{BIASAUDIT_API_KEY\} looks like a secret"):
+        generate_sweep(spec, spec.entries[0], rel)
+    rec = Recorder()
+    r = Watcher(spec, submitter=rec, out=None).poll()
+    assert rec.jobs == {} and r.exit_code == 1
+    [err] = r.errors
+    assert err.reason.startswith(f"invalid generated sweep: {tpl} (generated for ") and "looks like a secret" in err.reason
+    assert "s3cret" not in (tmp_path / "watch" / "decisions.jsonl").read_text()
 
 
 def test_backoff_delays_are_exponential_capped_and_seeded():
@@ -388,6 +478,86 @@ def test_the_store_decides_audited_failed_and_running(tmp_path):
     f = by["failed"]
     assert f.action == "submitted" and f.attempt == 2 and f.submission_id.endswith("-2")
     assert f.reason == "re-run after a FAILED sweep (1 failed task(s))" and list(rec.jobs) == [f.submission_id]
+
+
+def test_a_stuck_sweep_is_reported_as_stuck_not_in_progress(tmp_path):
+    """The sweep's contract: tasks that waited too long for resources tag the parent run
+    ``audit.state=stuck`` with ``audit.stuck_reason`` and exit with status 4. A running job with
+    that tag, an ended one, and a job that exited 4 without the tag are all ``stuck``."""
+    pytest.importorskip("mlflow")
+    import io
+
+    from jobs.tracker import Tracker
+
+    root = tmp_path / "models"
+    for m in ("ended", "exited", "waiting"):
+        write_vectors(root / m / "v1", 0, mtime=time.time() - 3600)
+    spec = load_watch_spec(write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}]))
+    rec = Recorder()
+    sub = {Path(d.repo).name: d for d in Watcher(spec, submitter=rec, out=None).poll().submitted}
+    assert sorted(sub) == ["ended", "exited", "waiting"]
+    reason = "3 task(s) waited 600 s for {'CPU': 2.0} (cluster: {'CPU': 1.0} free of 2.0)"
+    tr = Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
+    tr.start_parent(sub["ended"].sweep, "id-ended")  # the sweep tagged its run, ended it, exited 4
+    tr.client.set_tag(tr.parent_id, "audit.state", "stuck")
+    tr.client.set_tag(tr.parent_id, "audit.stuck_reason", reason)
+    tr.end_parent(failed=2, summary={"tasks_failed": 2})
+    tr.start_parent(sub["exited"].sweep, "id-exited")  # exited 4, no tag (the store was unreachable)
+    tr.end_parent(failed=1, summary={"tasks_failed": 1})
+    tr.start_parent(sub["waiting"].sweep, "id-waiting")  # still running, tagged
+    tr.client.set_tag(tr.parent_id, "audit.state", "stuck")
+    tr.client.set_tag(tr.parent_id, "audit.stuck_reason", reason)
+    for name, status, code in (("ended", "FAILED", 4), ("exited", "FAILED", 4), ("waiting", "RUNNING", None)):
+        rec.jobs[sub[name].submission_id].update(status=status, exit_code=code)
+
+    out = io.StringIO()
+    r = Watcher(spec, submitter=rec, out=out).poll()
+    assert not [d for d in r.decisions if "in progress" in d.reason]
+    stuck = {Path(d.repo).name: d for d in r.decisions if d.action == "stuck"}
+    assert sorted(stuck) == ["ended", "exited", "waiting"] and r.stuck == list(stuck.values())
+    assert stuck["waiting"].reason.startswith(reason + " (sweep run ")
+    assert stuck["ended"].reason.startswith(reason + " (sweep run ")
+    sid = sub["exited"].submission_id
+    assert stuck["exited"].reason == (f"job {sid} exited with status 4: its tasks waited too long for resources "
+                                      f"(the pending demand is in `ray job logs {sid}`)")
+    # an ended stuck sweep is submitted again while attempts remain; the running one is left alone
+    again = {Path(d.repo).name: d for d in r.submitted}
+    assert sorted(again) == ["ended", "exited"] and all(d.attempt == 2 for d in again.values())
+    assert again["ended"].reason == "re-run after a stuck sweep (2 failed task(s))"
+    assert r.exit_code == 1 and "3 stuck" in r.summary()
+    printed = out.getvalue()
+    assert f"watch w: stuck     {root / 'waiting'}@v1: {reason} (sweep run " in printed
+    logged = [x for x in decisions(tmp_path) if x["action"] == "stuck"]
+    assert sorted(Path(x["repo"]).name for x in logged) == ["ended", "exited", "waiting"]
+    assert all(x["sweep"] and x["reason"] for x in logged)
+
+
+def test_max_jobs_defers_new_audits_until_the_cluster_has_room(tmp_path):
+    root = tmp_path / "models"
+    for m in ("a", "b", "c"):
+        write_vectors(root / m / "v1", 0, mtime=time.time() - 3600)
+    spec = load_watch_spec(write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}],
+                                       ray={"max_jobs": 2, "entrypoint_num_cpus": 0}))
+    rec = Recorder()
+    r1 = Watcher(spec, submitter=rec, out=None).poll()
+    assert [Path(d.repo).name for d in r1.submitted] == ["a", "b"] and len(rec.jobs) == 2
+    [wait] = [d for d in r1.decisions if d.action == "deferred"]
+    assert Path(wait.repo).name == "c" and wait.reason == (
+        "new revision; waits for a later poll: 2 of this watch's sweeps pending or running, ray.max_jobs is 2")
+    assert all(j["resources"] == {"num_cpus": 0, "num_gpus": None} for j in rec.jobs.values())
+    assert r1.exit_code == 0 and "1 deferred" in r1.summary()
+    # both still pending: the submitted ones are "already submitted", c still waits
+    r2 = Watcher(spec, submitter=rec, out=None).poll()
+    assert r2.submitted == [] and [Path(d.repo).name for d in r2.decisions if d.action == "deferred"] == ["c"]
+    assert sum("already submitted" in d.reason for d in r2.decisions) == 2
+    # one finished: room for c; another watch's jobs do not count
+    rec.jobs[r1.submitted[0].submission_id]["status"] = "SUCCEEDED"
+    rec.jobs["other"] = {"status": "RUNNING", "meta": {"biasaudit.watch": "other"}}
+    r3 = Watcher(spec, submitter=rec, out=None).poll()
+    assert [Path(d.repo).name for d in r3.submitted] == ["c"]
+    # a dry run counts what it would submit
+    dry = Watcher(dataclasses.replace(spec, output_dir=tmp_path / "dry"), submitter=Recorder(), dry_run=True, out=None).poll()
+    assert [d.action for d in dry.decisions if d.action in ("dry_run", "deferred")] == ["dry_run", "dry_run", "deferred"]
 
 
 # --------------------------------------------------------------------------------------

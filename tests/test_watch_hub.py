@@ -182,7 +182,7 @@ def test_hub_new_commit_is_submitted_once(tmp_path, hub):
     assert g["tracking"]["experiment"] == "biasaudit-watch-hubwatch" and g["metrics"] == ["seat"]
     job = rec.jobs[bert.submission_id]
     assert job["meta"]["biasaudit.revision"] == C2 and yaml.safe_load(job["env"]["env_vars"]["BIASAUDIT_SWEEP_SPEC"]) == g
-    assert bert.submission_id == submission_id("hub", "acme/bert-tiny", C2, _digest_of(bert))
+    assert bert.submission_id == submission_id("hub", "acme/bert-tiny", C2, _digest_of(bert), scope=spec.scope)
 
     # a re-run submits nothing new
     r2 = w.poll()

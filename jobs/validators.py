@@ -1,0 +1,304 @@
+"""Validation of YAML specs, shared by the sweep spec (:mod:`jobs.spec`) and the watch spec
+(:mod:`jobs.watch.spec`): one rule, one place.
+
+Every check raises an :class:`audit.errors.AuditError` whose message is one line,
+``<file>: <field path>: <problem>``:
+
+- :class:`~audit.errors.DataError` for what is malformed: YAML syntax, duplicate keys, bytes that
+  are not UTF-8, a value of the wrong type (a string where a number belongs, NaN or infinity
+  where a number belongs), an unknown field, a missing field, an environment variable that is not
+  set or that holds a secret;
+- :class:`~audit.errors.ParameterError` for a value of the right type that is not allowed: out of
+  range, an unknown name.
+
+The pieces (all public):
+
+``Ctx(source, default)``                 formats the errors of one file: ``ctx.data(path, msg)``,
+                                          ``ctx.param(path, msg)``
+``read_yaml(path, what=)``                YAML with line/column in errors and duplicate keys refused
+``expand_env(data, source, env=, ...)``   ``${VAR}`` / ``${VAR:-default}`` in every string
+``is_secret_name(name)``                  the names ``expand_env`` refuses to interpolate
+``suggest(word, choices)``                `` (did you mean 'x'?)`` or ``""``
+``check_fields`` ``mapping`` ``string`` ``given`` ``boolean`` ``integer`` ``number``
+``str_list`` ``plain_values`` ``name``    typed field checkers
+``first_line(exc)``                       the first line of an exception's message
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from audit.errors import DataError, ParameterError
+
+# --------------------------------------------------------------------------------------
+# Error messages
+# --------------------------------------------------------------------------------------
+
+
+class Ctx:
+    """Formats the errors of one spec file as ``<file>: <field path>: <problem>``.
+
+    source:  the file name (or ``$VAR``, or a description of a generated spec).
+    default: what to call the file when ``source`` is empty.
+    """
+
+    def __init__(self, source: str, default: str = "<spec>"):
+        self.source = source or default
+
+    def _msg(self, path: str, msg: str) -> str:
+        return f"{self.source}: {path}: {msg}" if path else f"{self.source}: {msg}"
+
+    def data(self, path: str, msg: str) -> DataError:
+        """A malformed field (wrong type, unknown or missing field)."""
+        return DataError(self._msg(path, msg))
+
+    def param(self, path: str, msg: str) -> ParameterError:
+        """A field whose value is not allowed (out of range, unknown name)."""
+        return ParameterError(self._msg(path, msg))
+
+
+def suggest(word: object, choices: Iterable[object]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` (:func:`difflib.get_close_matches`,
+    cutoff 0.6), else ``""``: appended to an "unknown ..." message."""
+    near = difflib.get_close_matches(str(word), sorted(str(c) for c in choices), n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its class name when the message is empty):
+    libraries' multi-line errors stay one line in the decision log and the failure list."""
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__
+
+
+# --------------------------------------------------------------------------------------
+# YAML with line numbers and duplicate-key detection
+# --------------------------------------------------------------------------------------
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate mapping keys (PyYAML silently keeps the last)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
+    loader.flatten_mapping(node)
+    out = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in out:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        out[key] = loader.construct_object(value_node, deep=deep)
+    return out
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse YAML text; malformed YAML and duplicate keys raise :class:`DataError` naming
+    ``source``, the line and the column."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        what = e.problem or e.context or str(e)
+        raise DataError(f"{source}: malformed YAML at {where}: {what}") from None
+    except yaml.YAMLError as e:
+        raise DataError(f"{source}: malformed YAML: {e}") from None
+
+
+def read_yaml(path: str | os.PathLike, *, what: str = "spec file") -> Any:
+    """Parse a YAML file; a missing file, a directory, non-UTF-8 bytes, malformed YAML and
+    duplicate keys raise :class:`DataError` naming the file (and the line and column)."""
+    p = Path(path)
+    try:
+        text = p.read_bytes().decode("utf-8-sig")
+    except FileNotFoundError:
+        raise DataError(f"{p}: {what} not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{p}: is a directory, not a {what}") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{p}: not UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                        "save the file as UTF-8") from None
+    return parse_yaml(text, str(p))
+
+
+# --------------------------------------------------------------------------------------
+# Environment variables
+# --------------------------------------------------------------------------------------
+
+ENV_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+#: Variable names that hold credentials: never interpolated into a spec (its values are logged
+#: and stored with every sweep), except into :data:`SECRET_OK_FIELDS`.
+_SECRET_RE = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?|API_?KEY|PRIVATE_?KEY)(_|$)", re.IGNORECASE)
+#: Fields into which a secret may be interpolated: ``tracking.uri`` (a database password), which
+#: is only ever printed redacted (:func:`jobs.uris.redact_uri`).
+SECRET_OK_FIELDS = frozenset({"tracking.uri"})
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable's name says it holds a credential (``HF_TOKEN``,
+    ``AWS_SECRET_ACCESS_KEY``, ``DB_PASSWORD``, ``OPENAI_API_KEY`` ...)."""
+    return bool(_SECRET_RE.search(name))
+
+
+def expand_env(data: Any, source: str = "", path: str = "", *, env: Mapping[str, str] | None = None,
+               unset_hint: str = "write ${VAR:-default} for a default") -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a parsed spec.
+
+    env:        the variables (default :data:`os.environ`; the watcher passes its own plus the
+                job's ``runtime_env.env_vars``).
+    unset_hint: the advice after "environment variable VAR is not set" (``VAR`` is replaced by
+                the variable's name).
+
+    ``${VAR:-default}`` takes the default when ``VAR`` is unset or empty; ``${VAR}`` of an unset
+    variable is a :class:`DataError` naming the field; a variable whose name looks like a secret
+    (:func:`is_secret_name`) is a :class:`DataError` wherever it appears, except in
+    :data:`SECRET_OK_FIELDS` (whether set or not: the spec must not depend on it).
+    """
+    values = os.environ if env is None else env
+    if isinstance(data, Mapping):
+        return {k: expand_env(v, source, f"{path}.{k}" if path else str(k), env=values, unset_hint=unset_hint)
+                for k, v in data.items()}
+    if isinstance(data, list):
+        return [expand_env(v, source, f"{path}[{i}]", env=values, unset_hint=unset_hint) for i, v in enumerate(data)]
+    if isinstance(data, str) and "${" in data:
+        def sub(m: re.Match) -> str:
+            var = m.group(1)
+            if is_secret_name(var) and path not in SECRET_OK_FIELDS:
+                raise Ctx(source).data(path, f"${{{var}}} looks like a secret; specs and their values are stored "
+                                             "with every sweep, so secrets cannot be interpolated (hub tokens are "
+                                             "read from HF_TOKEN by the libraries that need them)")
+            val = values.get(var)
+            if val is None or (val == "" and m.group(2) is not None):
+                if m.group(2) is None:
+                    raise Ctx(source).data(path, f"environment variable {var} is not set "
+                                                 f"({unset_hint.replace('VAR', var)})")
+                return m.group(2)
+            return val
+
+        return ENV_VAR_RE.sub(sub, data)
+    return data
+
+
+# --------------------------------------------------------------------------------------
+# Typed fields
+# --------------------------------------------------------------------------------------
+
+#: Names of specs and models: letters, digits, ``-``, ``_``, ``.``, not starting with ``-``/``.``.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def check_fields(ctx: Ctx, path: str, d: Mapping, allowed: Iterable[str]) -> None:
+    """An unknown key of ``d`` is a :class:`DataError` naming it, the closest allowed one and
+    every allowed one."""
+    allowed = set(allowed)
+    for k in d:
+        if k not in allowed:
+            raise ctx.data(f"{path}.{k}" if path else str(k),
+                           f"unknown field{suggest(k, allowed)}; allowed fields: {', '.join(sorted(allowed))}")
+
+
+def mapping(ctx: Ctx, path: str, v: Any, allowed: Iterable[str] | None = None) -> dict[str, Any]:
+    """A mapping with string keys (a copy); with ``allowed``, unknown keys are refused
+    (:func:`check_fields`)."""
+    if not isinstance(v, Mapping):
+        raise ctx.data(path, f"expected a mapping, got {type(v).__name__} {v!r}")
+    for k in v:
+        if not isinstance(k, str):
+            raise ctx.data(path, f"keys must be strings, got {k!r}")
+    if allowed is not None:
+        check_fields(ctx, path, v, allowed)
+    return dict(v)
+
+
+def given(v: Any) -> bool:
+    """Set and not empty: ``None`` and blank strings (``${VAR:-}`` of an unset variable) read as
+    not given."""
+    return v is not None and not (isinstance(v, str) and not v.strip())
+
+
+def string(ctx: Ctx, path: str, v: Any, *, allow_none: bool = False) -> str | None:
+    """A non-empty string, stripped (``None`` passes through with ``allow_none``)."""
+    if v is None and allow_none:
+        return None
+    if not isinstance(v, str) or not v.strip():
+        raise ctx.data(path, f"expected a non-empty string, got {v!r}")
+    return v.strip()
+
+
+def name(ctx: Ctx, path: str, v: Any) -> str:
+    """A name (:data:`NAME_RE`): letters, digits, ``-``, ``_`` and ``.``."""
+    s = string(ctx, path, v)
+    if not NAME_RE.match(s):
+        raise ctx.param(path, f"{s!r}: use letters, digits, '-', '_' and '.' only")
+    return s
+
+
+def boolean(ctx: Ctx, path: str, v: Any) -> bool:
+    """``true`` or ``false`` (not ``yes``, ``1`` or ``"true"``)."""
+    if not isinstance(v, bool):
+        raise ctx.data(path, f"expected true or false, got {v!r}")
+    return v
+
+
+def integer(ctx: Ctx, path: str, v: Any, *, minimum: int | None = None) -> int:
+    """An integer (not a bool, not ``1.0``), at least ``minimum``."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ctx.data(path, f"expected an integer, got {v!r}")
+    if minimum is not None and v < minimum:
+        raise ctx.param(path, f"must be >= {minimum}, got {v}")
+    return v
+
+
+def number(ctx: Ctx, path: str, v: Any, *, minimum: float = 0.0, strict: bool = False) -> float:
+    """A finite number (int or float, not a bool) ``>= minimum`` (``> minimum`` with ``strict``).
+
+    Not a number (a string, a list, ``true``) and a float that is NaN or infinite (YAML ``.nan``,
+    ``.inf``): :class:`DataError`, as for NaN among metric parameters (:func:`plain_values`) and
+    in word vectors; a finite number below the minimum: :class:`ParameterError`.
+    """
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ctx.data(path, f"expected a number, got {v!r}")
+    if not math.isfinite(v):
+        raise ctx.data(path, f"expected a finite number, got {v!r}")
+    if v < minimum or (strict and v == minimum):
+        raise ctx.param(path, f"must be {'>' if strict else '>='} {minimum:g}, got {v}")
+    return float(v)
+
+
+def str_list(ctx: Ctx, path: str, v: Any) -> tuple[str, ...]:
+    """A non-empty list of non-empty strings (a single string is a list of one)."""
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not v:
+        raise ctx.data(path, f"expected a non-empty list of strings, got {v!r}")
+    return tuple(string(ctx, f"{path}[{i}]", x) for i, x in enumerate(v))
+
+
+def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
+    """A mapping (``None``: empty) whose values are plain JSON: numbers (finite), strings, lists,
+    mappings; the parameters of metrics, models and mitigation methods."""
+    if v is None:
+        return {}
+    d = mapping(ctx, path, v)
+    for k, x in d.items():
+        try:
+            json.dumps(x, allow_nan=False)
+        except (TypeError, ValueError):
+            raise ctx.data(f"{path}.{k}", f"value {x!r} is not a plain number, string, list or mapping") from None
+    return d
+
+
+__all__ = ["Ctx", "suggest", "first_line", "parse_yaml", "read_yaml", "ENV_VAR_RE", "SECRET_OK_FIELDS",
+           "is_secret_name", "expand_env", "NAME_RE", "check_fields", "mapping", "given", "string", "name",
+           "boolean", "integer", "number", "str_list", "plain_values"]

@@ -1,0 +1,108 @@
+"""The decision log: what the watcher decided, printed and appended as JSON lines to
+``<output_dir>/decisions.jsonl``."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import TextIO
+
+#: Every action a decision can have.
+ACTIONS = ("found", "submitted", "skipped", "deferred", "stuck", "dry_run", "retry", "error")
+
+
+@dataclasses.dataclass
+class Decision:
+    """One thing the watcher decided.
+
+    action: ``submitted``, ``skipped``, ``dry_run`` (would submit), ``deferred`` (a new audit
+            waits for a later poll: ``ray.max_jobs`` of this watch's sweeps are pending or
+            running), ``stuck`` (a sweep whose tasks wait too long for resources, with the
+            pending demand), ``error``, ``retry`` (a transient failure about to be retried),
+            ``found`` (a revision seen).
+    """
+
+    action: str
+    reason: str
+    entry: str
+    repo: str | None = None
+    revision: str | None = None
+    sweep: str | None = None
+    submission_id: str | None = None
+    attempt: int | None = None
+    spec_path: str | None = None
+    when: str | None = None
+    delay: float | None = None
+
+    def line(self) -> str:
+        what = self.repo or self.entry
+        if self.revision:
+            what += f"@{self.revision[:19]}"
+        sid = f" [{self.submission_id}]" if self.submission_id else ""
+        return f"{self.action:9s} {what}{sid}: {self.reason}"
+
+
+@dataclasses.dataclass
+class PollReport:
+    """The decisions of one poll."""
+
+    poll: str
+    decisions: list[Decision] = dataclasses.field(default_factory=list)
+
+    def count(self, action: str) -> int:
+        return sum(d.action == action for d in self.decisions)
+
+    @property
+    def submitted(self) -> list[Decision]:
+        return [d for d in self.decisions if d.action == "submitted"]
+
+    @property
+    def errors(self) -> list[Decision]:
+        return [d for d in self.decisions if d.action == "error"]
+
+    @property
+    def stuck(self) -> list[Decision]:
+        return [d for d in self.decisions if d.action == "stuck"]
+
+    @property
+    def exit_code(self) -> int:
+        """1 when an error was recorded or a sweep is stuck (someone should look), else 0."""
+        return 1 if self.errors or self.stuck else 0
+
+    def summary(self) -> str:
+        return (f"{self.count('found')} revision(s) seen: {self.count('submitted')} submitted, "
+                f"{self.count('skipped')} skipped, {self.count('dry_run')} to submit (dry run), "
+                f"{self.count('error')} error(s), {self.count('stuck')} stuck, {self.count('deferred')} deferred, "
+                f"{self.count('retry')} retried failure(s)")
+
+
+class DecisionLog:
+    """Appends each decision of a watch as one JSON line to ``path`` (one ``write`` per line on
+    a file opened with ``O_APPEND``, so lines of racing watchers stay whole) and prints it as
+    ``watch <name>: <action> <repo>@<revision> [<submission id>]: <reason>`` to ``out``."""
+
+    def __init__(self, path: Path, watch: str, out: TextIO | None = None):
+        self.path = Path(path)
+        self.watch = watch
+        self.out = out
+
+    def record(self, d: Decision, poll: str) -> Decision:
+        rec = {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"), "watch": self.watch,
+               "poll": poll, "pid": os.getpid()}
+        rec.update({k: v for k, v in dataclasses.asdict(d).items() if v is not None})
+        line = json.dumps(rec, ensure_ascii=False) + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+        self.say(d.line())
+        return d
+
+    def say(self, text: str) -> None:
+        if self.out is not None:
+            print(f"watch {self.watch}: {text}", file=self.out, flush=True)
+
+
+__all__ = ["ACTIONS", "Decision", "PollReport", "DecisionLog"]

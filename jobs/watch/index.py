@@ -1,0 +1,106 @@
+"""What the tracking store already holds: the watch's sweeps (parent runs) and the revisions
+with finished runs, read once per poll from MLflow (as written by :mod:`jobs.tracker`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from audit.errors import AuditError
+from jobs.uris import redact_uri
+from jobs.validators import first_line
+from jobs.watch.backoff import SourceUnavailable
+
+#: Parent-run tags of the contract with the sweep (:mod:`jobs.sweep`): a sweep whose tasks waited
+#: too long for resources sets ``audit.state=stuck`` and ``audit.stuck_reason=<pending demand>``
+#: and exits with :data:`STUCK_EXIT_CODE`.
+STATE_TAG = "audit.state"
+STUCK_REASON_TAG = "audit.stuck_reason"
+STUCK = "stuck"
+#: The exit status of a sweep whose tasks waited too long for resources.
+STUCK_EXIT_CODE = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRecord:
+    """A generated sweep's parent run: status, how often it ran, how many tasks failed, and the
+    state the sweep declared (``state``: the ``audit.state`` tag, e.g. ``stuck``, with
+    ``stuck_reason``)."""
+
+    run_id: str
+    status: str
+    invocations: int
+    tasks_failed: int | None = None
+    driver: str | None = None
+    state: str | None = None
+    stuck_reason: str | None = None
+
+    @property
+    def stuck(self) -> bool:
+        return self.state == STUCK
+
+
+@dataclasses.dataclass
+class AuditIndex:
+    """The parent runs of the watch's experiment by sweep name, and the finished/failed child
+    runs per (``model`` param, ``revision`` param), as written by :mod:`jobs.tracker`."""
+
+    sweeps: dict[str, SweepRecord] = dataclasses.field(default_factory=dict)
+    revisions: dict[tuple[str, str], dict[str, int]] = dataclasses.field(default_factory=dict)
+
+    def finished_revisions(self, ref: str) -> dict[str, int]:
+        """revision -> count of FINISHED task runs of model ``ref`` ("which revisions of this
+        model have finished runs")."""
+        return {rev: c.get("FINISHED", 0) for (m, rev), c in self.revisions.items() if m == ref and c.get("FINISHED")}
+
+    @classmethod
+    def load(cls, uri: str, experiment: str) -> AuditIndex:
+        """Read the store; a missing SQLite file or experiment is an empty index (nothing is
+        created). A locked or unreachable store raises :class:`SourceUnavailable`."""
+        if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+            return cls()
+        try:
+            from mlflow import MlflowClient
+
+            client = MlflowClient(tracking_uri=uri)
+            exp = client.get_experiment_by_name(experiment)
+            if exp is None:
+                return cls()
+            idx = cls()
+            started: dict[str, int] = {}
+            for r in _search_all(client, exp.experiment_id, "tags.`audit.role` = 'sweep'"):
+                name = r.data.tags.get("audit.sweep")
+                if not name:
+                    continue
+                start = r.info.start_time or 0
+                if name in started and started[name] <= start:
+                    continue  # the tracker resumes the earliest parent of a sweep
+                started[name] = start
+                failed = r.data.metrics.get("tasks_failed")
+                tags = r.data.tags
+                idx.sweeps[name] = SweepRecord(r.info.run_id, r.info.status, int(tags.get("audit.invocations") or 1),
+                                               int(failed) if failed is not None else None, tags.get("audit.driver"),
+                                               tags.get(STATE_TAG) or None, tags.get(STUCK_REASON_TAG) or None)
+            for r in _search_all(client, exp.experiment_id, "tags.`audit.role` = 'task'"):
+                key = (r.data.params.get("model", ""), r.data.params.get("revision", ""))
+                c = idx.revisions.setdefault(key, {})
+                c[r.info.status] = c.get(r.info.status, 0) + 1
+            return idx
+        except AuditError:
+            raise
+        except Exception as e:  # noqa: BLE001 - connection refused, database locked, HTTP 5xx
+            raise SourceUnavailable(f"tracking store {redact_uri(uri)} (experiment {experiment}): "
+                                    f"{type(e).__name__}: {first_line(e)}") from None
+
+
+def _search_all(client, experiment_id: str, filter_string: str) -> list:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+__all__ = ["SweepRecord", "AuditIndex", "STATE_TAG", "STUCK_REASON_TAG", "STUCK", "STUCK_EXIT_CODE"]

@@ -1,0 +1,356 @@
+"""The watch spec: what to watch, which audit to run on it, where to submit it.
+
+Validated with the shared checkers of :mod:`jobs.validators` (the same rules, messages and error
+classes as the sweep spec); every error names the file and the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from audit.errors import ParameterError
+from jobs.uris import resolve_tracking_uri, store_identity, tracking_uri_problem
+from jobs.validators import (Ctx, expand_env, given, integer, mapping, name, number, read_yaml, string,
+                             suggest)
+from jobs.watch.backoff import Backoff
+
+#: The runtime_env variable that carries a generated sweep spec (YAML) into the Ray job.
+SPEC_ENV = "BIASAUDIT_SWEEP_SPEC"
+#: What a submitted job runs unless the watch spec sets ``ray.entrypoint``.
+DEFAULT_ENTRYPOINT = f"python -m jobs.watch --run-spec-env {SPEC_ENV} --no-progress"
+
+_TOP_FIELDS = {
+    "name", "description", "output_dir", "interval", "max_attempts", "backoff", "tracking",
+    "sweep_output_dir", "hub", "ray", "audit", "watch",
+}
+_BACKOFF_FIELDS = {"initial", "factor", "max", "retries", "jitter", "seed", "max_interval"}
+_HUB_FIELDS = {"endpoint", "branch", "timeout"}
+_RAY_FIELDS = {"address", "runtime_env", "entrypoint", "entrypoint_num_cpus", "entrypoint_num_gpus", "max_jobs"}
+_AUDIT_FIELDS = {"spec", "overrides", "model"}
+_ENTRY_FIELDS = {
+    "repo", "author", "local", "search", "limit", "branch", "revisions", "layout", "order", "file",
+    "settle", "audit", "model",
+}
+_SOURCE_KEYS = ("repo", "author", "local")
+_LAYOUTS = ("revisions", "digest")
+_ORDERS = ("mtime", "name")
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditTemplate:
+    """The audit of a watched model: a sweep spec used as template, overrides, model fields."""
+
+    spec: Path | None = None
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    model: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchEntry:
+    """One item of ``watch:``.
+
+    kind:      ``repo`` (an exact hub id), ``author`` (hub listing, filtered by ``search``) or
+               ``local`` (a directory of model folders, filtered by ``search``).
+    target:    the hub id, the author, or the directory.
+    revisions: how many newest revisions to audit (hub commits of ``branch``; local sub-folders).
+    layout:    local only: ``revisions`` (``<model>/<revision>/``) or ``digest`` (the folder is
+               the model; its revision is its content digest).
+    order:     local ``revisions`` layout: newest by ``mtime`` (then name) or by ``name``.
+    file:      local only: the model is this file inside the folder (static vectors).
+    settle:    local only: ignore folders modified less than this many seconds ago.
+    """
+
+    kind: str
+    target: str
+    search: str | None = None
+    limit: int = 50
+    branch: str | None = None
+    revisions: int = 1
+    layout: str = "revisions"
+    order: str = "mtime"
+    file: str | None = None
+    settle: float = 0.0
+    audit: AuditTemplate = AuditTemplate()
+    where: str = ""
+
+    def describe(self) -> str:
+        if self.kind == "author":
+            return f"author {self.target}" + (f" search {self.search!r}" if self.search else "")
+        if self.kind == "local":
+            return f"local {self.target}" + (f" search {self.search!r}" if self.search else "")
+        return f"repo {self.target}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RaySubmit:
+    """How sweeps are submitted (``ray:`` of the watch spec).
+
+    entrypoint_num_cpus/gpus: resources the sweep's *driver* reserves for the job's lifetime
+             (Ray's default, and the advice, is none: the driver mostly waits for its model
+             actors, and a reserved CPU is one an actor cannot get).
+    max_jobs: at most this many of this watch's sweeps pending or running on the cluster at once
+             (``None``: no limit); further new revisions wait for a later poll (``deferred``).
+    """
+
+    address: str | None = None
+    runtime_env: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    entrypoint: str = DEFAULT_ENTRYPOINT
+    entrypoint_num_cpus: float | None = None
+    entrypoint_num_gpus: float | None = None
+    max_jobs: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchSpec:
+    """A validated watch spec (see :mod:`jobs.watch` for the fields)."""
+
+    name: str
+    entries: tuple[WatchEntry, ...]
+    output_dir: Path
+    interval: float = 3600.0
+    max_attempts: int = 2
+    backoff: Backoff = Backoff()
+    tracking_uri: str | None = None
+    experiment: str | None = None
+    sweep_output_dir: str | None = None
+    hub_endpoint: str | None = None
+    hub_branch: str = "main"
+    hub_timeout: float = 15.0
+    ray: RaySubmit = RaySubmit()
+    description: str = ""
+    source: str = ""
+
+    @property
+    def resolved_tracking_uri(self) -> str:
+        """The tracking URI the watcher reads and every generated sweep writes to
+        (:func:`jobs.uris.resolve_tracking_uri`): ``--tracking-uri``, else ``tracking.uri``, else
+        ``$MLFLOW_TRACKING_URI`` where the watcher runs, else ``sqlite:///<output_dir>/mlflow.db``."""
+        return resolve_tracking_uri(self.tracking_uri, self.output_dir)
+
+    @property
+    def resolved_experiment(self) -> str:
+        return self.experiment or f"biasaudit-watch-{self.name}"
+
+    @property
+    def resolved_sweep_output_dir(self) -> str:
+        return self.sweep_output_dir or str((self.output_dir / "sweeps").resolve())
+
+    @property
+    def scope(self) -> str:
+        """Where this watch's audits land: its name, experiment and tracking store (without
+        credentials), as JSON. Part of every submission id (:func:`jobs.watch.sweeps.submission_id`),
+        so two watcher processes of one watch on one store submit an audit once, and watches on
+        separate stores each get their own."""
+        return json.dumps([self.name, self.resolved_experiment, store_identity(self.resolved_tracking_uri)],
+                          ensure_ascii=False)
+
+
+def _audit(ctx: Ctx, path: str, v: Any, base: AuditTemplate | None = None) -> AuditTemplate:
+    d = mapping(ctx, path, v, _AUDIT_FIELDS)
+    base = base or AuditTemplate()
+    spec = base.spec
+    if d.get("spec") is not None:
+        spec = Path(string(ctx, f"{path}.spec", d["spec"]))
+    overrides = dict(base.overrides)
+    if d.get("overrides") is not None:
+        overrides = deep_merge(overrides, mapping(ctx, f"{path}.overrides", d["overrides"]))
+    model = dict(base.model)
+    if d.get("model") is not None:
+        model.update(_model_fields(ctx, f"{path}.model", d["model"]))
+    return AuditTemplate(spec=spec, overrides=overrides, model=model)
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``over``: mappings merge recursively, anything else (lists included)
+    is replaced (deep copies; neither argument changes)."""
+    out = copy.deepcopy(dict(base))
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _model_fields(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
+    d = mapping(ctx, path, v)
+    for k in ("ref", "revision", "build"):
+        if k in d:
+            raise ctx.param(f"{path}.{k}", "is set by the watcher for each watched model")
+    return d
+
+
+def _entry(ctx: Ctx, i: int, v: Any, default: AuditTemplate, hub_branch: str) -> WatchEntry:
+    path = f"watch[{i}]"
+    if isinstance(v, str):
+        v = {"repo": v}
+    d = mapping(ctx, path, v, _ENTRY_FIELDS)
+    kinds = [k for k in _SOURCE_KEYS if d.get(k) is not None]
+    if len(kinds) != 1:
+        raise ctx.data(path, f"give exactly one of {', '.join(_SOURCE_KEYS)} (got {kinds or 'none'})")
+    kind = kinds[0]
+    target = string(ctx, f"{path}.{kind}", d[kind])
+    if kind == "repo":
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        try:
+            validate_repo_id(target)
+        except HFValidationError as e:
+            raise ctx.param(f"{path}.repo", f"{target!r} is not a hub repository id: {str(e).splitlines()[0]}") from None
+        for k in ("search", "limit"):
+            if d.get(k) is not None:
+                raise ctx.param(f"{path}.{k}", "applies to `author` and `local` entries, not to an exact `repo`")
+    local_only = ("layout", "order", "file", "settle")
+    if kind != "local":
+        for k in local_only:
+            if d.get(k) is not None:
+                raise ctx.param(f"{path}.{k}", "applies to `local` entries only")
+    elif d.get("branch") is not None:
+        raise ctx.param(f"{path}.branch", "applies to hub entries only")
+    search = string(ctx, f"{path}.search", d["search"]) if d.get("search") is not None else None
+    limit = integer(ctx, f"{path}.limit", d["limit"], minimum=1) if d.get("limit") is not None else 50
+    branch = string(ctx, f"{path}.branch", d["branch"]) if d.get("branch") is not None else (hub_branch if kind != "local" else None)
+    revisions = integer(ctx, f"{path}.revisions", d["revisions"], minimum=1) if d.get("revisions") is not None else 1
+    layout = d.get("layout") or "revisions"
+    if layout not in _LAYOUTS:
+        raise ctx.param(f"{path}.layout", f"unknown layout {layout!r}{suggest(layout, _LAYOUTS)}; known: {', '.join(_LAYOUTS)}")
+    if layout == "digest" and revisions != 1:
+        raise ctx.param(f"{path}.revisions", "a `digest` layout has one revision (the folder's current content)")
+    order = d.get("order") or "mtime"
+    if order not in _ORDERS:
+        raise ctx.param(f"{path}.order", f"unknown order {order!r}; known: {', '.join(_ORDERS)}")
+    file = string(ctx, f"{path}.file", d["file"]) if d.get("file") is not None else None
+    if file is not None and (Path(file).is_absolute() or ".." in Path(file).parts):
+        raise ctx.param(f"{path}.file", f"{file!r}: give a file name inside the model folder")
+    settle = number(ctx, f"{path}.settle", d["settle"]) if d.get("settle") is not None else 0.0
+    audit = default
+    if d.get("audit") is not None:
+        audit = _audit(ctx, f"{path}.audit", d["audit"], default)
+    if d.get("model") is not None:
+        audit = dataclasses.replace(audit, model={**audit.model, **_model_fields(ctx, f"{path}.model", d["model"])})
+    if audit.spec is None and not audit.overrides:
+        raise ctx.data(f"{path}.audit", "no audit to run: set `audit.spec` (a sweep spec template) at the top or here")
+    return WatchEntry(kind=kind, target=target, search=search, limit=limit, branch=branch, revisions=revisions,
+                      layout=layout, order=order, file=file, settle=settle, audit=audit, where=path)
+
+
+def _backoff(ctx: Ctx, v: Any) -> Backoff:
+    b = mapping(ctx, "backoff", v, _BACKOFF_FIELDS)
+    kw: dict[str, Any] = {}
+    for k in ("initial", "max", "max_interval"):
+        if b.get(k) is not None:
+            kw[k] = number(ctx, f"backoff.{k}", b[k])
+    if b.get("factor") is not None:
+        kw["factor"] = number(ctx, "backoff.factor", b["factor"], minimum=1.0)
+    if b.get("jitter") is not None:
+        kw["jitter"] = number(ctx, "backoff.jitter", b["jitter"])
+        if kw["jitter"] >= 1:
+            raise ctx.param("backoff.jitter", f"must be < 1 (a fraction of the delay), got {kw['jitter']}")
+    if b.get("retries") is not None:
+        kw["retries"] = integer(ctx, "backoff.retries", b["retries"], minimum=0)
+    if b.get("seed") is not None:
+        kw["seed"] = integer(ctx, "backoff.seed", b["seed"], minimum=0)
+    return Backoff(**kw)
+
+
+def _ray(ctx: Ctx, v: Any) -> RaySubmit:
+    r = mapping(ctx, "ray", v, _RAY_FIELDS)
+    kw: dict[str, Any] = {}
+    if given(r.get("address")):
+        kw["address"] = string(ctx, "ray.address", r["address"])
+    if r.get("runtime_env") is not None:
+        env = mapping(ctx, "ray.runtime_env", r["runtime_env"])
+        if SPEC_ENV in (env.get("env_vars") or {}):
+            raise ctx.param(f"ray.runtime_env.env_vars.{SPEC_ENV}", "is set by the watcher (the generated sweep spec)")
+        kw["runtime_env"] = env
+    if r.get("entrypoint") is not None:
+        kw["entrypoint"] = string(ctx, "ray.entrypoint", r["entrypoint"])
+    for k in ("entrypoint_num_cpus", "entrypoint_num_gpus"):
+        if r.get(k) is not None:
+            kw[k] = number(ctx, f"ray.{k}", r[k])
+    if r.get("max_jobs") is not None:
+        kw["max_jobs"] = integer(ctx, "ray.max_jobs", r["max_jobs"], minimum=1)
+    return RaySubmit(**kw)
+
+
+def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
+    """Validate a parsed watch spec (environment variables already expanded); errors name the
+    file and the field."""
+    ctx = Ctx(source, "<watch spec>")
+    if data is None:
+        raise ctx.data("", "the watch spec is empty")
+    d = mapping(ctx, "", data, _TOP_FIELDS)
+    if "name" not in d:
+        raise ctx.data("name", "missing required field")
+    watch_name = name(ctx, "name", d["name"])
+    out = Path(string(ctx, "output_dir", d["output_dir"])) if d.get("output_dir") is not None else Path("out") / "watch" / watch_name
+    interval = number(ctx, "interval", d["interval"], strict=True) if d.get("interval") is not None else 3600.0
+    max_attempts = integer(ctx, "max_attempts", d["max_attempts"], minimum=1) if d.get("max_attempts") is not None else 2
+    backoff = _backoff(ctx, d["backoff"]) if d.get("backoff") is not None else Backoff()
+    uri = experiment = None
+    if d.get("tracking") is not None:
+        t = mapping(ctx, "tracking", d["tracking"], {"uri", "experiment"})
+        uri = string(ctx, "tracking.uri", t["uri"]) if given(t.get("uri")) else None
+        experiment = string(ctx, "tracking.experiment", t["experiment"]) if given(t.get("experiment")) else None
+        if uri and tracking_uri_problem(uri):
+            raise ctx.param("tracking.uri", tracking_uri_problem(uri))
+    sweep_out = string(ctx, "sweep_output_dir", d["sweep_output_dir"]) if given(d.get("sweep_output_dir")) else None
+    endpoint, branch, timeout = None, "main", 15.0
+    if d.get("hub") is not None:
+        h = mapping(ctx, "hub", d["hub"], _HUB_FIELDS)
+        if given(h.get("endpoint")):
+            endpoint = string(ctx, "hub.endpoint", h["endpoint"]).rstrip("/")
+            if not re.match(r"^https?://", endpoint):
+                raise ctx.param("hub.endpoint", f"{endpoint!r}: expected an http(s):// URL")
+        if h.get("branch") is not None:
+            branch = string(ctx, "hub.branch", h["branch"])
+        if h.get("timeout") is not None:
+            timeout = number(ctx, "hub.timeout", h["timeout"], strict=True)
+    ray = _ray(ctx, d["ray"]) if d.get("ray") is not None else RaySubmit()
+    default = _audit(ctx, "audit", d["audit"]) if d.get("audit") is not None else AuditTemplate()
+    if "watch" not in d:
+        raise ctx.data("watch", "missing required field (the repositories or folders to watch)")
+    if not isinstance(d["watch"], list) or not d["watch"]:
+        raise ctx.data("watch", f"expected a non-empty list, got {d['watch']!r}")
+    entries = tuple(_entry(ctx, i, e, default, branch) for i, e in enumerate(d["watch"]))
+    description = d.get("description") or ""
+    if not isinstance(description, str):
+        raise ctx.data("description", f"expected text, got {description!r}")
+    return WatchSpec(name=watch_name, entries=entries, output_dir=out, interval=interval, max_attempts=max_attempts,
+                     backoff=backoff, tracking_uri=uri, experiment=experiment, sweep_output_dir=sweep_out,
+                     hub_endpoint=endpoint, hub_branch=branch, hub_timeout=timeout, ray=ray,
+                     description=description, source=source)
+
+
+def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | None = None,
+                    tracking_uri: str | None = None, address: str | None = None,
+                    interval: float | None = None) -> WatchSpec:
+    """Read and validate a watch spec file (its ``${VAR}`` expanded from this process's
+    environment); the keyword arguments (the command line's options) override its fields."""
+    p = Path(path)
+    spec = parse_watch_spec(expand_env(read_yaml(p, what="watch spec"), str(p)), source=str(p))
+    changes: dict[str, Any] = {}
+    if output_dir is not None:
+        changes["output_dir"] = Path(output_dir)
+    if tracking_uri is not None:
+        problem = tracking_uri_problem(tracking_uri)
+        if problem:
+            raise ParameterError(f"--tracking-uri: {problem}")
+        changes["tracking_uri"] = tracking_uri
+    if interval is not None:
+        if interval <= 0:
+            raise ParameterError(f"--interval must be > 0, got {interval}")
+        changes["interval"] = float(interval)
+    if address is not None:
+        changes["ray"] = dataclasses.replace(spec.ray, address=address)
+    return dataclasses.replace(spec, **changes) if changes else spec
+
+
+__all__ = ["SPEC_ENV", "DEFAULT_ENTRYPOINT", "AuditTemplate", "WatchEntry", "RaySubmit", "WatchSpec",
+           "deep_merge", "parse_watch_spec", "load_watch_spec"]

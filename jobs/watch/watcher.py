@@ -1,0 +1,326 @@
+"""The watcher: one poll resolves every entry, decides from the tracking store and the Ray jobs,
+and submits; :meth:`Watcher.run` repeats polls."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as _dt
+import os
+import random
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Mapping, TextIO
+
+from audit.errors import AuditError
+from jobs.tracker import driver_alive
+from jobs.uris import redact_uri, store_identity
+from jobs.watch.backoff import SourceUnavailable, retry
+from jobs.watch.decisions import Decision, DecisionLog, PollReport
+from jobs.watch.index import STUCK_EXIT_CODE, AuditIndex, SweepRecord
+from jobs.watch.sources import HubSource, LocalSource, Source
+from jobs.watch.spec import SPEC_ENV, WatchEntry, WatchSpec
+from jobs.watch.submit import (ACTIVE_STATES, AlreadySubmitted, JobState, RaySubmitter, SubmitError, Submitter,
+                               job_state)
+from jobs.watch.sweeps import GeneratedSweep, Release, generate_sweep, submission_id
+
+
+class Watcher:
+    """Polls the entries of a watch spec and submits one sweep per new revision.
+
+    submitter: a :class:`~jobs.watch.submit.RaySubmitter` (default, at ``spec.ray.address``) or
+               any object with its ``submit``/``status`` methods (and, optionally, ``state`` for
+               exit statuses and ``active`` for ``ray.max_jobs``).
+    sources:   ``{"hub": ..., "local": ...}`` replacements (default :class:`HubSource`,
+               :class:`LocalSource`).
+    sleep:     the wait between retries (tests pass a recorder).
+    dry_run:   decide and write the specs, submit nothing.
+    out:       where decision lines are printed (``None``: nowhere).
+    """
+
+    def __init__(self, spec: WatchSpec, *, submitter: Submitter | None = None,
+                 sources: Mapping[str, Source] | None = None, sleep: Callable[[float], None] = time.sleep,
+                 dry_run: bool = False, out: TextIO | None = sys.stdout):
+        self.spec = spec
+        self.submitter = submitter if submitter is not None else RaySubmitter(spec.ray.address)
+        srcs = dict(sources or {})
+        srcs.setdefault("hub", HubSource(spec.hub_endpoint, timeout=spec.hub_timeout))
+        srcs.setdefault("local", LocalSource())
+        self.sources = srcs
+        self.sleep = sleep
+        self.dry_run = dry_run
+        self.out = out
+        self.rng = random.Random(spec.backoff.seed)
+        self.out_dir = spec.output_dir.resolve()
+        self.log_path = self.out_dir / "decisions.jsonl"
+        self.log = DecisionLog(self.log_path, spec.name, out)
+        self._report: PollReport | None = None
+        self._active: int | None = None  # this watch's pending/running jobs, counted once per poll
+
+    # ------------------------------------------------------------------ logging
+    def _record(self, d: Decision) -> Decision:
+        assert self._report is not None
+        self._report.decisions.append(d)
+        return self.log.record(d, self._report.poll)
+
+    def _retrying(self, fn: Callable[[], Any], entry: WatchEntry, repo: str | None = None) -> Any:
+        def on_retry(k: int, delay: float, e: BaseException) -> None:
+            self._record(Decision("retry", f"{e} (retry {k} of {self.spec.backoff.retries} in {delay:.2f} s)",
+                                  entry.describe(), repo=repo, delay=round(delay, 3)))
+
+        return retry(fn, backoff=self.spec.backoff, rng=self.rng, sleep=self.sleep, on_retry=on_retry)
+
+    # ------------------------------------------------------------------ one poll
+    def poll(self) -> PollReport:
+        """Resolve every entry, decide, submit; never raises for a source or submission failure
+        (those are ``error`` decisions)."""
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        self._report = report = PollReport(poll=f"{stamp}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+        self._active = None
+        try:
+            index = retry(lambda: AuditIndex.load(self.spec.resolved_tracking_uri, self.spec.resolved_experiment),
+                          backoff=self.spec.backoff, rng=self.rng, sleep=self.sleep,
+                          on_retry=lambda k, d, e: self._record(Decision(
+                              "retry", f"{e} (retry {k} of {self.spec.backoff.retries} in {d:.2f} s)", "tracking",
+                              delay=round(d, 3))))
+        except SourceUnavailable as e:
+            self._record(Decision("error", f"cannot read what was audited: {e}; nothing submitted", "tracking"))
+            return report
+        for entry in self.spec.entries:
+            self._poll_entry(entry, index)
+        self.log.say(f"{report.summary()}; log {self.log_path}")
+        return report
+
+    def _poll_entry(self, entry: WatchEntry, index: AuditIndex) -> None:
+        source = self.sources["local" if entry.kind == "local" else "hub"]
+        try:
+            repos = self._retrying(lambda: source.repos(entry), entry)
+        except (SourceUnavailable, AuditError) as e:
+            self._record(Decision("error", f"{e}", entry.describe()))
+            return
+        if not repos:
+            self._record(Decision("skipped", "no repository matches", entry.describe()))
+        for repo in repos:
+            try:
+                releases = self._retrying(lambda r=repo: source.releases(r, entry), entry, repo)
+            except (SourceUnavailable, AuditError) as e:
+                self._record(Decision("error", f"{e}", entry.describe(), repo=repo))
+                continue
+            for path, age in getattr(source, "unsettled", []) or []:
+                self._record(Decision("skipped", f"{path} changed {age:.0f} s ago (settle: {entry.settle:.0f} s); "
+                                      "next poll", entry.describe(), repo=repo))
+            for rel in releases:
+                self._decide(entry, rel, index)
+
+    def _decide(self, entry: WatchEntry, rel: Release, index: AuditIndex) -> None:
+        known = index.finished_revisions(rel.ref)
+        self._record(Decision("found", f"revision{' (' + rel.when + ')' if rel.when else ''}; "
+                              f"{len(known)} revision(s) of {rel.ref} with finished runs in the store",
+                              entry.describe(), repo=rel.repo, revision=rel.revision, when=rel.when))
+        try:
+            gen = generate_sweep(self.spec, entry, rel)
+        except AuditError as e:
+            self._record(Decision("error", f"invalid generated sweep: {e}", entry.describe(), repo=rel.repo,
+                                  revision=rel.revision))
+            return
+        spec_path = self._write_spec(gen)
+        base = dict(entry=entry.describe(), repo=rel.repo, revision=rel.revision, sweep=gen.name, spec_path=str(spec_path))
+        rec = index.sweeps.get(gen.name)
+        first = 1
+        if rec is not None:
+            if rec.status == "FINISHED":
+                self._record(Decision("skipped", f"already audited: sweep run {rec.run_id} finished", **base))
+                return
+            jobs = self._jobs(rel, gen)
+            if rec.status in ("RUNNING", "SCHEDULED"):
+                stale = self._stale(rec, jobs)
+                if not stale:
+                    if rec.stuck:
+                        self._record(Decision("stuck", f"{rec.stuck_reason or 'its tasks wait for resources'} "
+                                              f"(sweep run {rec.run_id}; the sweep ends with exit status "
+                                              f"{STUCK_EXIT_CODE})", **base))
+                        return
+                    self._record(Decision("skipped", f"in progress: sweep run {rec.run_id} is running", **base))
+                    return
+                rec = dataclasses.replace(rec, status=f"RUNNING-but-{stale}")
+            stuck = self._stuck_reason(rec, jobs)
+            if stuck:
+                self._record(Decision("stuck", stuck, **base))
+            failed = f"{rec.tasks_failed} failed task(s)" if rec.tasks_failed is not None else "interrupted"
+            last = f"{rec.status}, stuck" if stuck else rec.status
+            if rec.invocations >= self.spec.max_attempts:
+                self._record(Decision("skipped", f"gave up: the sweep ran {rec.invocations} time(s), last {last} "
+                                      f"({failed}); max_attempts is {self.spec.max_attempts}; `audit run {spec_path}` "
+                                      "re-runs the failed tasks by hand", **base))
+                return
+            first = rec.invocations + 1
+            why = f"re-run after a {'stuck' if stuck else rec.status} sweep ({failed})"
+        else:
+            why = "new revision" if not known.get(rel.revision) else \
+                f"revision has {known[rel.revision]} finished run(s) under other specs; this audit is new"
+        self._submit(entry, rel, gen, first, why, base)
+
+    # ------------------------------------------------------------------ Ray jobs of an audit
+    def _sid(self, rel: Release, gen: GeneratedSweep, attempt: int) -> str:
+        return submission_id(rel.source, rel.repo, rel.revision, gen.digest, attempt, scope=self.spec.scope)
+
+    def _jobs(self, rel: Release, gen: GeneratedSweep) -> list[tuple[str, JobState]] | None:
+        """The Ray jobs of this audit's attempts that exist, oldest attempt first; ``None`` when
+        the job API cannot tell (unreachable) or in a dry run (which asks the cluster nothing)."""
+        if self.dry_run:
+            return None
+        out = []
+        for attempt in range(1, self.spec.max_attempts + 1):
+            sid = self._sid(rel, gen, attempt)
+            try:
+                st = job_state(self.submitter, sid)
+            except SubmitError:
+                return None
+            if st is not None:
+                out.append((sid, st))
+        return out
+
+    def _stale(self, rec: SweepRecord, jobs: list[tuple[str, JobState]] | None) -> str | None:
+        """Why a RUNNING parent run is not really running (its driver process is gone on this
+        host, or none of the audit's Ray jobs is active any more), or ``None``."""
+        if rec.driver and driver_alive(rec.driver) is False:
+            return "driver-gone"
+        if not jobs:
+            return None  # no job known (or cannot tell): trust the store
+        if not any(st.status in ACTIVE_STATES for _, st in jobs):
+            return "job-" + jobs[-1][1].status.lower()
+        return None
+
+    @staticmethod
+    def _stuck_reason(rec: SweepRecord, jobs: list[tuple[str, JobState]] | None) -> str | None:
+        """Why an ended sweep counts as stuck (its tag, or its last job's exit status 4), or ``None``."""
+        if rec.stuck:
+            return f"{rec.stuck_reason or 'its tasks waited too long for resources'} (sweep run {rec.run_id})"
+        if jobs:
+            sid, st = jobs[-1]
+            if st.status == "FAILED" and st.exit_code == STUCK_EXIT_CODE:
+                return _stuck_job_reason(sid)
+        return None
+
+    def _active_jobs(self) -> int:
+        """This watch's pending or running Ray jobs (on its store), counted once per poll."""
+        if self._active is None:
+            active = getattr(self.submitter, "active", None)
+            self._active = 0 if self.dry_run or active is None else active(self._metadata_scope())
+        return self._active
+
+    def _exists(self, sid: str) -> bool:
+        """Whether a job with this id exists (then submitting it again is answered "already
+        submitted", which needs no room on the cluster)."""
+        if self.dry_run:
+            return False
+        try:
+            return job_state(self.submitter, sid) is not None
+        except SubmitError:
+            return False
+
+    def _metadata_scope(self) -> dict[str, str]:
+        return {"biasaudit.watch": self.spec.name, "biasaudit.store": store_identity(self.spec.resolved_tracking_uri)}
+
+    def _write_spec(self, gen: GeneratedSweep) -> Path:
+        d = self.out_dir / "specs"
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"{gen.name}.yaml"
+        tmp = d / f".{gen.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_text(gen.text, encoding="utf-8")
+        os.replace(tmp, path)  # atomic: a racing watcher writes the same bytes
+        return path
+
+    def _submit(self, entry: WatchEntry, rel: Release, gen: GeneratedSweep, first: int, why: str,
+                base: dict[str, Any]) -> None:
+        ray = self.spec.ray
+        env = copy.deepcopy(dict(ray.runtime_env))
+        env_vars = dict(env.get("env_vars") or {})
+        env_vars[SPEC_ENV] = gen.text
+        env["env_vars"] = {k: str(v) for k, v in env_vars.items()}
+        resources = {"num_cpus": ray.entrypoint_num_cpus, "num_gpus": ray.entrypoint_num_gpus}
+        for attempt in range(first, self.spec.max_attempts + 1):
+            sid = self._sid(rel, gen, attempt)
+            meta = {**self._metadata_scope(), "biasaudit.repo": rel.repo, "biasaudit.revision": rel.revision,
+                    "biasaudit.sweep": gen.name, "biasaudit.attempt": str(attempt)}
+            if ray.max_jobs is not None:
+                try:
+                    active = self._active_jobs()
+                except SubmitError as e:
+                    self._record(Decision("error", f"cannot count this watch's running jobs (ray.max_jobs): {e}",
+                                          submission_id=sid, attempt=attempt, **base))
+                    return
+                if active >= ray.max_jobs and not self._exists(sid):
+                    self._record(Decision("deferred", f"{why}; waits for a later poll: {active} of this watch's "
+                                          f"sweeps pending or running, ray.max_jobs is {ray.max_jobs}",
+                                          submission_id=sid, attempt=attempt, **base))
+                    return
+            if self.dry_run:
+                self._record(Decision("dry_run", f"{why}; would submit (attempt {attempt})", submission_id=sid,
+                                      attempt=attempt, **base))
+                self._active = (self._active or 0) + 1
+                return
+            try:
+                self.submitter.submit(sid, ray.entrypoint, env, meta, resources)
+            except AlreadySubmitted:
+                try:
+                    js = job_state(self.submitter, sid)
+                except SubmitError as e:
+                    self._record(Decision("error", f"submitted before, status unknown: {e}", submission_id=sid,
+                                          attempt=attempt, **base))
+                    return
+                st = js.status if js is not None else None
+                if st == "FAILED" and js.exit_code == STUCK_EXIT_CODE:
+                    self._record(Decision("stuck", _stuck_job_reason(sid), submission_id=sid, attempt=attempt, **base))
+                if st in ("FAILED", "STOPPED") and attempt < self.spec.max_attempts:
+                    continue
+                if st in ("FAILED", "STOPPED"):
+                    self._record(Decision("skipped", f"gave up: job {sid} {st} and max_attempts is "
+                                          f"{self.spec.max_attempts} (`ray job logs {sid}`)", submission_id=sid,
+                                          attempt=attempt, **base))
+                    return
+                note = "" if st in ACTIVE_STATES or st is None else \
+                    f"; no sweep run in {redact_uri(self.spec.resolved_tracking_uri)} yet: check the job's tracking URI"
+                self._record(Decision("skipped", f"already submitted as {sid} (Ray job status {st or 'unknown'}){note}",
+                                      submission_id=sid, attempt=attempt, **base))
+                return
+            except SubmitError as e:
+                self._record(Decision("error", str(e), submission_id=sid, attempt=attempt, **base))
+                return
+            self._record(Decision("submitted", why, submission_id=sid, attempt=attempt, **base))
+            if self._active is not None:
+                self._active += 1
+            return
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, *, once: bool = False, max_polls: int | None = None,
+            stop: threading.Event | None = None) -> int:
+        """Poll once (``once``) or every ``interval`` seconds (longer after failed polls, see
+        :meth:`~jobs.watch.backoff.Backoff.poll_delay`) until ``stop`` is set or ``max_polls``
+        polls ran. Returns the exit status of the last poll."""
+        stop = stop or threading.Event()
+        failed_in_a_row = 0
+        n = 0
+        code = 0
+        while True:
+            report = self.poll()
+            code = report.exit_code
+            n += 1
+            if once or (max_polls is not None and n >= max_polls) or stop.is_set():
+                return code
+            failed_in_a_row = failed_in_a_row + 1 if report.errors else 0
+            delay = self.spec.backoff.poll_delay(self.spec.interval, failed_in_a_row)
+            self.log.say(f"next poll in {delay:.0f} s")
+            if stop.wait(delay):
+                return code
+
+
+def _stuck_job_reason(sid: str) -> str:
+    return (f"job {sid} exited with status {STUCK_EXIT_CODE}: its tasks waited too long for resources "
+            f"(the pending demand is in `ray job logs {sid}`)")
+
+
+__all__ = ["Watcher"]
