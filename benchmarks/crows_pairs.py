@@ -4,7 +4,7 @@ Run: ``.venv/bin/python benchmarks/crows_pairs.py [--pairs N] [--batch-size B] [
 [--layers L] [--threads T]`` (defaults: 40 pairs, torch's default threads; about two minutes on 2 cores)
 
 Model: a BERT-style masked LM built here (seeded random weights; hidden 256, 4 layers, 4 heads,
-intermediate 1024 by default) with the tiny test tokenizer of ``tests/tiny_models.py`` -- speed
+intermediate 1024 by default) with the tiny test tokenizer of ``audit/tiny_models.py`` -- speed
 does not depend on training. Its output vocabulary has 30522 rows by default (``--vocab``), the
 size of BERT's, so that the MLM head costs what it costs in real models (the tiny tokenizer only
 produces its first 700 ids; the other rows are like BERT's ``[unused]`` tokens). ``--vocab 0``
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    import tiny_models
+    from audit import tiny_models
     from audit.measure.lm_scoring import crows_pairs_pll
     from audit.datasets.crows_pairs import load_crows_pairs
 

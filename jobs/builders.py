@@ -9,27 +9,25 @@ the same content digest and the same task keys.
 Kinds:
 
 - ``fasttext``: a skip-gram fastText model (``model.bin``) trained on the tiny corpus of
-  ``tests/tiny_models.py`` (sentences made of the English WEAT/LPBS/CrowS-Pairs vocabulary);
+  ``audit/tiny_models.py`` (sentences made of the English WEAT/LPBS/CrowS-Pairs vocabulary);
   ``dim`` (default 16), ``epoch`` (default 5); one thread and fastText's fixed internal seed
   make it deterministic; ``bucket`` is kept small (20000) so the file stays around 2 MB. Words
   outside its vocabulary get subword vectors. With ``language: xx`` it is trained instead on
   the small text :func:`audit.datasets.corpus_from_tests` builds from that language's shipped
   word lists and templates (``seed``, default 0), so every test word is in its vocabulary
   (``jobs/specs/smoke-languages.yaml``: one such model per language).
-- ``bert``, ``roberta``, ``gpt2``: the tiny Hugging Face checkpoints of ``tests/tiny_models.py``
+- ``bert``, ``roberta``, ``gpt2``: the tiny Hugging Face checkpoints of ``audit/tiny_models.py``
   (hidden 32, 2 layers, trained for a few seeded steps), saved with safetensors.
 
 - ``mitigation`` (set by the spec parser for ``models[i].mitigation``, never written by hand): a
   debiased copy of a static model, see :func:`build_mitigated`.
 
-The Hugging Face builders live in ``tests/tiny_models.py`` (shared with the test suite); they are
-imported from the repository checkout (the working directory of ``ray job submit``), so smoke
-sweeps run from a checkout, not from an installed wheel.
+The Hugging Face builders live in :mod:`audit.tiny_models` (package code, shared with the test
+suite), so smoke sweeps run from an installed wheel as from a checkout.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -37,6 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from audit import tiny_models
 from audit.errors import AuditError, ModelError
 
 _FASTTEXT_DEFAULTS = {"dim": 16, "epoch": 5}
@@ -62,19 +61,6 @@ def built_path(output_dir: str | Path, name: str, kind: str | None = None) -> Pa
     return d
 
 
-def _tiny_models():
-    here = Path(__file__).resolve().parents[1] / "tests" / "tiny_models.py"
-    if not here.is_file():
-        raise ModelError(
-            f"building tiny models needs {here} (run the smoke sweep from a biasaudit checkout)"
-        )
-    spec = importlib.util.spec_from_file_location("biasaudit_tiny_models", here)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _build_fasttext(out: Path, params: dict[str, Any]) -> None:
     import fasttext
 
@@ -86,7 +72,7 @@ def _build_fasttext(out: Path, params: dict[str, Any]) -> None:
 
         corpus = corpus_from_tests([lang], seed=int(params.get("seed", 0)))[lang]
     else:
-        corpus = _tiny_models().tiny_corpus()
+        corpus = tiny_models.tiny_corpus()
     p = {**_FASTTEXT_DEFAULTS, **{k: v for k, v in params.items() if k in _FASTTEXT_DEFAULTS}}
     txt = out / "corpus.txt"
     txt.write_text("\n".join(corpus) + "\n", encoding="utf-8")
@@ -99,7 +85,7 @@ def _build_fasttext(out: Path, params: dict[str, Any]) -> None:
 
 
 def _build_hf(kind: str, out: Path) -> None:
-    tm = _tiny_models()
+    tm = tiny_models
     builder = {"bert": tm.build_tiny_bert, "roberta": tm.build_tiny_roberta, "gpt2": tm.build_tiny_gpt2}[kind]
     builder(out)
 

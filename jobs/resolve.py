@@ -24,7 +24,6 @@ is computed after loading (such tasks cannot be skipped before their model is lo
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any

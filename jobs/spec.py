@@ -582,10 +582,29 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
     )
 
 
-def load_spec(path: str | Path, *, output_dir: str | Path | None = None, tracking_uri: str | None = None) -> SweepSpec:
-    """Read and validate a spec file; ``output_dir``/``tracking_uri`` (the command line's
-    ``--output-dir``/``--tracking-uri``) override the spec's."""
+#: The specs shipped with the package (``jobs/specs/*.yaml``, package data of the wheel).
+PACKAGED_SPECS = Path(__file__).resolve().parent / "specs"
+
+
+def find_spec_file(path: str | Path) -> Path:
+    """The spec file ``path`` names: the file itself when it exists, else a packaged spec of that
+    name (``smoke``, ``smoke.yaml`` or ``jobs/specs/smoke.yaml`` from any working directory, also
+    from an installed wheel), else the path as given (reading it then names it as missing)."""
     p = Path(path)
+    if p.exists():
+        return p
+    for name in (p.name, p.name + ".yaml"):
+        packaged = PACKAGED_SPECS / name
+        if packaged.is_file() and (p.parent == Path(".") or p.parent.parts[-2:] == ("jobs", "specs")):
+            return packaged
+    return p
+
+
+def load_spec(path: str | Path, *, output_dir: str | Path | None = None, tracking_uri: str | None = None) -> SweepSpec:
+    """Read and validate a spec file (:func:`find_spec_file`: a path, or a packaged spec's name);
+    ``output_dir``/``tracking_uri`` (the command line's ``--output-dir``/``--tracking-uri``)
+    override the spec's."""
+    p = find_spec_file(path)
     spec = parse_spec(read_yaml(p), source=str(p))
     changes: dict[str, Any] = {}
     if output_dir is not None:

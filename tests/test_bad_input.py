@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from audit import cli, runner
+from audit import runner
+from jobs import cli
 from audit.datasets import datasets_root
 
 WILD = "‹*›"

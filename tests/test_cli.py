@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from audit.cli import main
+from jobs.cli import main
 from audit.metrics import weat
 
 REPO = Path(__file__).resolve().parents[1]
@@ -204,7 +204,7 @@ def test_same_and_direct_bias_on_the_real_minilm_encoder():
     os_env = __import__("os").environ
     os_env.setdefault("HF_HUB_OFFLINE", "1")
     model = runner.load_model("minilm")
-    test = runner.load_test_for("same", "weat7")
+    test = runner.load_test("weat7")
     res = runner.score(model, test, "same", seed=0)
     assert res.provenance["kind"] == "encoder" and res.provenance["revision"].startswith("sha256:")
     assert 0.0 < res.value < 1.0

@@ -33,8 +33,7 @@ import actors.stats  # noqa: E402
 from actors.model_actor import ModelServer, actor_options  # noqa: E402
 from jobs.spec import parse_spec  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tiny_models  # noqa: E402
+from audit import tiny_models  # noqa: E402
 
 class NodeRecordingServer(ModelServer):
     """The sweep's model server, noting where it runs before each request."""
@@ -72,10 +71,10 @@ def test_actor_options_ask_for_a_gpu_only_for_hf_models_on_gpu_clusters():
 
 
 def write_vectors(path: Path) -> Path:
-    from audit.runner import load_test_for
+    from audit.runner import load_test
 
-    words = sorted({w for name in ("weat1", "weat2") for s in (*load_test_for("weat", name).targets,
-                                                              *load_test_for("weat", name).attributes) for w in s.words})
+    words = sorted({w for name in ("weat1", "weat2") for s in (*load_test(name).targets,
+                                                              *load_test(name).attributes) for w in s.words})
     rng = np.random.default_rng(0)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{len(words)} 8\n" + "".join(w + " " + " ".join(f"{x:.5f}" for x in rng.normal(size=8)) + "\n"

@@ -7,7 +7,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +27,7 @@ DEFAULT_SEAT_TEMPLATES_EN = ("This is WORD.", "That is WORD.", "There is WORD.",
 from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.suites import WordSet, WordTest  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tiny_models  # noqa: E402
+from audit import tiny_models  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -170,7 +170,7 @@ def test_metric_errors():
 @pytest.fixture(scope="module")
 def tiny_hf():
     torch = pytest.importorskip("torch")
-    import tiny_models
+    from audit import tiny_models
     from audit.backends.hf import load_hf_model
 
     old = torch.get_num_threads()

@@ -33,7 +33,8 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
 from actors.model_actor import ModelServer  # noqa: E402
-from audit import cli, runner  # noqa: E402
+from audit import runner
+from jobs import cli  # noqa: E402
 from jobs.cluster import free_port, ray_env  # noqa: E402
 from jobs.plan import attach_keys, expand  # noqa: E402
 from jobs.spec import load_spec  # noqa: E402
@@ -42,8 +43,7 @@ from jobs.tracker import Tracker  # noqa: E402
 from jobs.wal import WriteAheadLog, wal_path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_models import tiny_model_dir  # noqa: E402
+from audit.tiny_models import tiny_model_dir  # noqa: E402
 
 FT = "  - {name: ft, build: {kind: fasttext, dim: 8, epoch: 1}}"
 

@@ -8,7 +8,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +21,7 @@ from audit.backends.hf import (HFModel, dir_digest, is_hf_ref, load_hf_model,  #
                                parse_hf_ref, run_batched)
 from audit.errors import ModelError, ParameterError, UnsafeModelError  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tiny_models  # noqa: E402
+from audit import tiny_models  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 """Masked-LM and causal-LM scoring (audit.measure.lm_scoring) against straightforward implementations.
 
-Tiny local models from tests/tiny_models.py (built once, cached in $TMPDIR); real CrowS-Pairs
+Tiny local models from audit/tiny_models.py (built once, cached in $TMPDIR); real CrowS-Pairs
 rows from ../shared/data (skipped if absent).
 """
 
@@ -17,7 +17,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
-import tiny_models  # noqa: E402
+from audit import tiny_models  # noqa: E402
 from audit.measure import lm_scoring  # noqa: E402
 from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.measure.lm_scoring import (MaskedQuery, causal_loglik, crows_pairs_pll,  # noqa: E402

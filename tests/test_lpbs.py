@@ -112,7 +112,7 @@ def test_design_errors():
 @pytest.fixture(scope="module")
 def tiny_mlms():
     torch = pytest.importorskip("torch")
-    import tiny_models
+    from audit import tiny_models
     from audit.backends.hf import load_hf_model
 
     old = torch.get_num_threads()

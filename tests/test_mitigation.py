@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import sys
 import warnings
 
 import numpy as np

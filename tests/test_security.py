@@ -21,18 +21,16 @@ import json
 import os
 import pickle
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from actors.model_actor import ModelServer
-from audit import cli
+from jobs import cli
 from audit.datasets import load_test
 from jobs.spec import load_spec
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_models import tiny_model_dir  # noqa: E402
+from audit.tiny_models import tiny_model_dir  # noqa: E402
 
 FAKE_TOKEN = "hf_biasauditFAKEtoken0123456789abcdefXYZ"
 

@@ -211,7 +211,7 @@ def test_tracking_uri_precedence_flag_spec_environment_default(tmp_path, monkeyp
 
 
 def test_audit_run_writes_to_mlflow_tracking_uri_from_the_environment(tmp_path, monkeypatch, capsys):
-    from audit.cli import main
+    from jobs.cli import main
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://user:s3cret@mlflow.example:5000")
     assert main(["run", str(SPECS / "smoke.yaml"), "--dry-run", "--output-dir", str(tmp_path)]) == 0
@@ -329,7 +329,7 @@ def test_smoke_spec_plan_and_dry_run_loads_nothing(monkeypatch, capsys):
 
 
 def test_audit_run_dry_run_through_the_cli(capsys):
-    from audit.cli import main
+    from jobs.cli import main
 
     assert main(["run", str(SPECS / "default.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -338,7 +338,7 @@ def test_audit_run_dry_run_through_the_cli(capsys):
 
 
 def test_audit_run_reports_spec_errors_in_one_line(tmp_path, capsys):
-    from audit.cli import main
+    from jobs.cli import main
 
     p = write(tmp_path, "name: x\nmodels: [glove-6b-50d]\nmetrics: [weat]\nlanguage: [en]\n")
     assert main(["run", str(p), "--dry-run"]) == 2

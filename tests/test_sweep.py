@@ -162,22 +162,24 @@ def test_sharded_exact_test_equals_the_unsharded_one(local_ray, monkeypatch, alt
     import numpy as np
 
     import actors.stats as st
+    from audit import stats
     from audit.runner import Measurement, analyse
 
     rng = np.random.default_rng(7)
     X, Y, A, B = (rng.normal(size=(n, 8)) for n in (11, 13, 6, 5))
     meas = Measurement(family="association", targets=[X, Y], attributes=[A, B])
     params = {"permutations": "exact", "n_bootstrap": 40, "alternative": alternative}
-    req = st.AnalyseRequest(index=0, test="t", metric="weat", params=params, seed=3, exact_shards=4)
-    assert st.shard_plan(req, meas) is None  # C(24, 11) = 2.5e6 partitions: below the threshold
-    monkeypatch.setattr(st, "SHARD_MIN_PARTITIONS", 1000)
-    assert st.shard_plan(req, meas) == (24, 11)
-    sampled = st.AnalyseRequest(index=0, test="t", metric="weat", params={**params, "permutations": 500}, seed=3,
-                                exact_shards=4)
-    assert st.shard_plan(sampled, meas) is None
+    assert not stats.shards_worthwhile(24, 11, "exact", 4)  # C(24, 11) = 2.5e6 partitions: below the threshold
+    monkeypatch.setattr(stats, "SHARD_MIN_PARTITIONS", 1000)
+    assert stats.shards_worthwhile(24, 11, "exact", 4)
+    assert not stats.shards_worthwhile(24, 11, 500, 4)  # a sampled test is not split
     ref = analyse(meas, "weat", params, seed=3)
-    out = st.sharded_weat(req, meas, 24, 11)  # Ray is up: four remote shard tasks
+    map_fn = st.ray_map()  # Ray is up: four remote shard tasks
+    assert map_fn is not None
+    out = analyse(meas, "weat", params, seed=3, shards=4, map_fn=map_fn)
     assert out.fields["n_extreme"] == ref.fields["n_extreme"] and out.fields["p_value"] == ref.fields["p_value"]
     assert out.fields["p_method"] == "exact" and out.fields["n_partitions"] == ref.fields["n_partitions"] == 2496144
     assert out.value == ref.value and out.fields["ci"] == ref.fields["ci"]
+    req = st.AnalyseRequest(index=0, test="t", metric="weat", params=params, seed=3, exact_shards=4)
+    assert req.exact_shards == 4
     assert out.fields["exact_shards"] == 4

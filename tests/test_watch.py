@@ -35,9 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def weat1_words() -> list[str]:
-    from audit.runner import load_test_for
+    from audit.runner import load_test
 
-    t = load_test_for("weat", "weat1")
+    t = load_test("weat1")
     return sorted({w for s in (*t.targets, *t.attributes) for w in s.words})
 
 

@@ -167,11 +167,17 @@ def _check_language(language: Any, where: str, field: str = "language") -> str:
 
 _TEMPLATE_FILE = "templates"  # datasets/<lang>/templates.yaml holds templates, not a test
 
+#: Where an installed wheel holds the shipped ``datasets/`` folder (package data ``audit/_data``).
+PACKAGED_DATASETS = Path(__file__).resolve().parents[1] / "_data"
+
+
 def datasets_root() -> Path:
-    """The folder of shipped tests: ``$BIASAUDIT_DATASETS`` if set, else the repository's
-    ``datasets/`` (next to the ``audit`` package)."""
+    """The folder of shipped tests: ``$BIASAUDIT_DATASETS`` if set, else the package data of an
+    installed wheel (``audit/_data``), else the checkout's ``datasets/`` (next to ``audit/``)."""
     env = os.environ.get("BIASAUDIT_DATASETS")
     if env:
         return Path(env)
+    if PACKAGED_DATASETS.is_dir():
+        return PACKAGED_DATASETS
     return Path(__file__).resolve().parents[2] / "datasets"
 

@@ -48,11 +48,15 @@ FORMAT_TYPES: dict[str, str] = {"crows-pairs": "pairs"}
 
 def data_root() -> Path:
     """Where stubs' ``data`` paths are resolved: ``$BIASAUDIT_DATA``, else ``../shared/data``
-    beside the checkout."""
+    beside the checkout (from an installed package: relative to the working directory, as the
+    shipped specs' ``${BIASAUDIT_DATA:-../shared/data}``)."""
     env = os.environ.get("BIASAUDIT_DATA")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file():
+        return checkout.parent / "shared" / "data"
+    return Path("..") / "shared" / "data"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,6 +39,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from audit.datasets.external import data_root
+
 __all__ = [
     "KINDS",
     "build_tiny_bert",
@@ -61,7 +63,7 @@ TRAIN_STEPS = 40
 TRAIN_BATCH = 32
 TRAIN_MAX_LEN = 48
 
-_SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+_SHARED = data_root()  # $BIASAUDIT_DATA, else ../shared/data beside the checkout
 
 # Used when ../shared/data is absent (and always, in addition to the shared lists).
 _FALLBACK_WORDS = (
