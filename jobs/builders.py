@@ -37,6 +37,7 @@ from typing import Any
 
 from audit import tiny_models
 from audit.errors import AuditError, ModelError
+from jobs.resolve import MATRIX_FILE, built_path, model_kind, probe_revision, resolve_ref
 
 _FASTTEXT_DEFAULTS = {"dim": 16, "epoch": 5}
 
@@ -45,20 +46,9 @@ _FASTTEXT_DEFAULTS = {"dim": 16, "epoch": 5}
 #: float32 = 80 MB) are logged as a pointer only: ``mitigation.json`` with path and digest.
 ARTIFACT_MAX_BYTES = 32 * 2**20
 
-MATRIX_FILE = "vectors.npy"
 VOCAB_FILE = "vectors.vocab.txt"
 MANIFEST_FILE = "mitigation.json"
 
-
-def built_path(output_dir: str | Path, name: str, kind: str | None = None) -> Path:
-    """Where a built model lives: a directory for HF kinds, ``<dir>/model.bin`` for fastText,
-    ``<dir>/vectors.npy`` (vocabulary ``vectors.vocab.txt`` next to it) for a debiased copy."""
-    d = Path(output_dir).resolve() / "models" / name
-    if kind == "fasttext":
-        return d / "model.bin"
-    if kind == "mitigation":
-        return d / MATRIX_FILE
-    return d
 
 
 def _build_fasttext(out: Path, params: dict[str, Any]) -> None:
@@ -114,13 +104,15 @@ def build_model(output_dir: str | Path, name: str, build: dict[str, Any]) -> Pat
     return built_path(output_dir, name, kind)
 
 
-def build_models(spec) -> dict[str, Path]:
+def build_models(spec, plan) -> dict[str, Path]:
     """Build every model of the spec that has a ``build`` block, in spec order (an original
-    before its debiased copies); name -> path."""
+    before its debiased copies); name -> path. ``plan`` is the spec's expanded plan
+    (:func:`jobs.plan.expand`, which needs no built model): debiased copies restricted to the
+    tests' words (``scope: tests``) read the words from it."""
     out = {}
     for m in spec.models:
         if m.build and m.build.get("kind") == "mitigation":
-            out[m.name] = build_mitigated(spec, m)
+            out[m.name] = build_mitigated(spec, m, plan)
         elif m.build:
             out[m.name] = build_model(spec.output_dir, m.name, dict(m.build))
     return out
@@ -131,17 +123,13 @@ def build_models(spec) -> dict[str, Path]:
 # --------------------------------------------------------------------------------------
 
 
-def _scope_words(spec, base_name: str) -> list[str]:
-    """The words the original model's association tasks look up (``scope: tests``): the
-    union of :func:`audit.vocab.words_needed` over its tasks, with each task's look-up
-    parameters (``casefold``, ``strip_accents``)."""
-    from jobs.plan import expand, words_for_tasks
-
-    plan = expand(spec)
-    return sorted(words_for_tasks(plan, plan.tasks_of(base_name)))
+def _scope_words(plan, base_name: str) -> list[str]:
+    """The words the original model's tasks look up (``scope: tests``): the union over its
+    tasks of the words each needs with its look-up parameters (:meth:`jobs.plan.Plan.words_for_model`)."""
+    return sorted(plan.words_for_model(base_name))
 
 
-def mitigation_record(spec, model) -> dict[str, Any]:
+def mitigation_record(spec, model, plan) -> dict[str, Any]:
     """What identifies a debiased copy: the original's reference and *resolved* revision, the
     method, its parameters, the definitions (name and content digest), the scope (with a
     digest of the words for ``scope: tests``) and the code version. The copy is rebuilt only
@@ -150,8 +138,6 @@ def mitigation_record(spec, model) -> dict[str, Any]:
 
     from audit.mitigation import load_definitions
     from audit.provenance import code_version
-    from jobs.resolve import model_kind, probe_revision, resolve_ref
-
     b = dict(model.build)
     base = spec.model(b["base"])
     local = resolve_ref(base.ref, output_dir=spec.output_dir, build=dict(base.build) if base.build else None)
@@ -166,13 +152,13 @@ def mitigation_record(spec, model) -> dict[str, Any]:
         "scope": b["scope"], "code_version": code_version(),
     }
     if b["scope"] == "tests":
-        words = _scope_words(spec, base.name)
+        words = _scope_words(plan, base.name)
         rec["words_digest"] = "sha256:" + hashlib.sha256("\n".join(words).encode("utf-8")).hexdigest()
         rec["n_words_scope"] = len(words)
     return rec
 
 
-def build_mitigated(spec, model) -> Path:
+def build_mitigated(spec, model, plan) -> Path:
     """Build the debiased copy ``model`` (a :func:`jobs.spec.mitigated_model`) if missing or
     built from something else; return the path of its ``vectors.npy``.
 
@@ -200,7 +186,7 @@ def build_mitigated(spec, model) -> Path:
     b = dict(model.build)
     where = f"model {model.name!r} ({b['method']} of {b['base']!r})"
     try:
-        rec = mitigation_record(spec, model)
+        rec = mitigation_record(spec, model, plan)
     except AuditError as e:
         raise type(e)(f"{where}: {e}") from None
     target_dir = built_path(spec.output_dir, model.name)
@@ -217,7 +203,7 @@ def build_mitigated(spec, model) -> Path:
         try:
             loaded = load_model(rec["base_local_ref"], **dict(base.options))
             matrix = as_matrix(loaded.handle)
-            words = _scope_words(spec, base.name) if b["scope"] == "tests" else None
+            words = _scope_words(plan, base.name) if b["scope"] == "tests" else None
             t0 = time.perf_counter()
             debiased, method = apply_mitigation(matrix, b["method"], load_definitions(b["definitions"]),
                                                 dict(b["params"]), words=words)
@@ -246,14 +232,3 @@ def build_mitigated(spec, model) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target_dir / MATRIX_FILE
-
-
-def read_manifest(output_dir: str | Path, name: str) -> dict[str, Any] | None:
-    """The ``mitigation.json`` of a debiased copy built into ``output_dir`` (``None`` if absent)."""
-    p = built_path(output_dir, name) / MANIFEST_FILE
-    if not p.is_file():
-        return None
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except ValueError:
-        return None

@@ -130,6 +130,10 @@ class Plan:
     def tasks_of(self, model: str) -> list[Task]:
         return [t for t in self.tasks if t.model == model]
 
+    def words_for_model(self, model: str) -> set[str]:
+        """Every spelling the word look-ups of ``model``'s tasks may need (:func:`words_for_tasks`)."""
+        return words_for_tasks(self, self.tasks_of(model))
+
     def skip_summary(self) -> list[str]:
         """One line per (model, metric, reason) group of dropped combinations."""
         groups: dict[tuple[str, str, str], list[Skipped]] = defaultdict(list)

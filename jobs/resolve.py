@@ -31,6 +31,20 @@ from typing import Any
 from audit.errors import AuditError, ModelError, ParameterError
 
 
+#: The matrix of a debiased copy (its vocabulary ``vectors.vocab.txt`` beside it).
+MATRIX_FILE = "vectors.npy"
+
+def built_path(output_dir: str | Path, name: str, kind: str | None = None) -> Path:
+    """Where a built model lives: a directory for HF kinds, ``<dir>/model.bin`` for fastText,
+    ``<dir>/vectors.npy`` (vocabulary ``vectors.vocab.txt`` next to it) for a debiased copy."""
+    d = Path(output_dir).resolve() / "models" / name
+    if kind == "fasttext":
+        return d / "model.bin"
+    if kind == "mitigation":
+        return d / MATRIX_FILE
+    return d
+
+
 _KIND_OF_BACKEND = {"hf-encoder": "encoder", "hf-mlm": "mlm", "hf-causal": "causal"}
 _KIND_OF_BUILD = {"fasttext": "static", "bert": "mlm", "roberta": "mlm", "gpt2": "causal",
                   "mitigation": "static"}
@@ -44,8 +58,6 @@ def resolve_ref(ref: str, *, output_dir: Path | None = None, build: dict | None 
     if local is not None:
         return local
     if ref.startswith("built:"):
-        from jobs.builders import built_path
-
         if output_dir is None:
             raise ModelError(f"model {ref!r}: a built model needs the sweep's output directory")
         return str(built_path(output_dir, ref[6:], (build or {}).get("kind")))

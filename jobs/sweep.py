@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from audit.errors import AuditError
+from jobs.builders import build_models
+from jobs.plan import expand
 from jobs.spec import SweepSpec, load_spec
 
 log = logging.getLogger("jobs.sweep")
@@ -289,16 +291,13 @@ def _logged_loads(load_log: Path, start: int) -> set[str]:
 
 
 def plan_sweep(spec: SweepSpec, *, build: bool = True):
-    """Build tiny models if asked (not in dry runs), expand the spec and print the plan."""
-    from jobs.plan import expand
-
+    """Expand the spec (no model needed), then build the models it asks for (not in dry runs):
+    spec -> plan -> built models, each step reading only the one before."""
+    plan = expand(spec)
     if build:
-        from jobs.builders import build_models
-
-        built = build_models(spec)
+        built = build_models(spec, plan)
         for name, path in built.items():
             log.info("built model %s at %s", name, path)
-    plan = expand(spec)
     return plan
 
 

@@ -31,7 +31,6 @@ model. :func:`apply_mitigation` does both in one call (what a sweep uses);
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Iterable
 
 from audit.errors import ParameterError
@@ -109,8 +108,3 @@ def apply_mitigation(
     matrix = as_matrix(model)
     method.fit(matrix, definitions)
     return method.transform(matrix, words=words), method
-
-
-def method_signature(name: str) -> inspect.Signature:
-    """The constructor signature of a registered method (for documentation and spec checks)."""
-    return inspect.signature(METHODS[ALIASES.get(name, name)].__init__)

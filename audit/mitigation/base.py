@@ -27,12 +27,6 @@ def normalize_rows(X: np.ndarray) -> np.ndarray:
     return X
 
 
-def drop_subspace(X: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """``X - (X B^T) B``: remove from each row its projection on the span of the orthonormal
-    rows of ``B`` (shape (k, dim), or (dim,) for one direction)."""
-    B = np.atleast_2d(B)
-    return X - (X @ B.T) @ B
-
 
 def bias_subspace(groups: Sequence[np.ndarray], n_components: int) -> tuple[np.ndarray, np.ndarray]:
     """Principal components of the defining sets, each centred on its own mean.
