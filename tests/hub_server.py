@@ -71,6 +71,7 @@ import json
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import urllib.parse
@@ -164,10 +165,12 @@ class Fault:
         return re.search(self.pattern, path) is not None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class HubRequest:
     """One request as the hub saw it: method, path (with query), status answered (``0``: the
-    connection was reset), bytes of body sent, the user of a valid token (``None``: anonymous)."""
+    connection was reset), bytes of body sent, the user of a valid token (``None``: anonymous).
+    Logged before the answer leaves (``sent`` grows while the body is written), so a client
+    that has its answer always finds its request in the log."""
 
     method: str
     path: str
@@ -221,10 +224,12 @@ class LoopbackHub:
         self.tokens: dict[str, str] = {}           # token -> user
         self.faults: list[Fault] = []
         self.requests: list[HubRequest] = []
+        self.unrouted: list[str] = []              # requests for endpoints this hub does not serve
         self._clock = 0
         self._bucket = _Bucket()
         self.cache: Path | None = None              # set by the pytest fixture: the private HF cache
         self._server: ThreadingHTTPServer | None = None
+        self._conns: set = set()
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -244,10 +249,20 @@ class LoopbackHub:
         return self
 
     def stop(self) -> None:
+        """Stop serving and close every open (keep-alive) connection, so that no client keeps
+        talking to this hub's handlers through a pooled connection (a later hub may get the same
+        port)."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        with self.lock:
+            conns, self._conns = list(self._conns), set()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def __enter__(self) -> "LoopbackHub":
         return self.start()
@@ -541,13 +556,28 @@ def _make_handler(hub: LoopbackHub):
         def log_message(self, *args):  # quiet
             pass
 
-        # -------------------------------------------------------------- plumbing
-        def _log(self, status: int, sent: int, user: str | None) -> None:
+        def setup(self):
+            super().setup()
             with hub.lock:
-                hub.requests.append(HubRequest(self.command, self.path, status, sent, user))
+                hub._conns.add(self.connection)
+
+        def finish(self):
+            try:
+                super().finish()
+            finally:
+                with hub.lock:
+                    hub._conns.discard(self.connection)
+
+        # -------------------------------------------------------------- plumbing
+        def _log(self, status: int, sent: int, user: str | None) -> HubRequest:
+            rec = HubRequest(self.command, self.path, status, sent, user)
+            with hub.lock:
+                hub.requests.append(rec)
+            return rec
 
         def _send(self, status: int, body: bytes, headers: Mapping[str, str], user: str | None,
                   *, throttle: bool = False) -> None:
+            rec = self._log(status, 0, user)
             self.send_response(status)
             for k, v in headers.items():
                 self.send_header(k, v)
@@ -563,9 +593,9 @@ def _make_handler(hub: LoopbackHub):
                             hub._bucket.take(len(chunk), hub.throttle_bps)
                         self.wfile.write(chunk)
                         sent += len(chunk)
+                        rec.sent = sent
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True
-            self._log(status, sent, user)
 
         def _json(self, status: int, obj: Any, user: str | None, headers: Mapping[str, str] | None = None) -> None:
             body = json.dumps(obj).encode("utf-8")
@@ -681,9 +711,14 @@ def _make_handler(hub: LoopbackHub):
                     return self._json(200, {"type": "user", "name": user, "auth": {"type": "access_token"}}, user)
                 if len(parts) >= 5 and parts[2] == "resolve" and self.command in ("GET", "HEAD"):
                     return self._resolve_file("/".join(parts[:2]), parts[3], "/".join(parts[4:]), user)
-                raise _HubError(404, f"no route for {self.command} {split.path}")
+                self._no_route()
             except _HubError as e:
                 self._error(e, user)
+
+        def _no_route(self):
+            with hub.lock:
+                hub.unrouted.append(f"{self.command} {self.path}")
+            raise _HubError(404, f"no route for {self.command} {urllib.parse.urlsplit(self.path).path}")
 
         def _api_models(self, rest: list[str], query: dict, user: str | None) -> None:
             if not rest:  # listing
@@ -699,7 +734,7 @@ def _make_handler(hub: LoopbackHub):
                                          config="config" in query or full, full=full) for r in repos]
                 return self._paged(items, query, user, limit)
             if len(rest) < 2:
-                raise _HubError(404, "no route")
+                self._no_route()
             repo_id, tail = "/".join(rest[:2]), rest[2:]
             repo = self._repo(repo_id, user, files=False)
             if not tail or (tail[0] == "revision" and len(tail) == 2):
@@ -729,7 +764,7 @@ def _make_handler(hub: LoopbackHub):
                         "tags": [{"name": t, "ref": f"refs/tags/{t}", "targetCommit": s}
                                  for t, s in sorted(repo.tags.items())],
                         "converts": []}, user)
-            raise _HubError(404, "no route")
+            self._no_route()
 
         def _resolve_file(self, repo_id: str, rev: str, path: str, user: str | None) -> None:
             repo = self._repo(repo_id, user, files=True)
@@ -792,6 +827,14 @@ def use_hub(hub: LoopbackHub, monkeypatch, home: str | os.PathLike) -> Path:
             monkeypatch.setattr(constants, k, v)
     if hasattr(constants, "HF_URL_HOSTS"):
         monkeypatch.setattr(constants, "HF_URL_HOSTS", frozenset(constants.HF_URL_HOSTS | {hub.host}))
+    # shared clients that captured the endpoint when they were created: huggingface_hub's
+    # module-level ``api`` (behind list_repo_tree(), model_info() ...) and Transformers' ``hf_api()``
+    from huggingface_hub import hf_api
+
+    monkeypatch.setattr(hf_api.api, "endpoint", hub.endpoint)
+    t_hub = sys.modules.get("transformers.utils.hub")
+    if t_hub is not None and hasattr(t_hub, "_hf_api"):
+        monkeypatch.setattr(t_hub, "_hf_api", None)
     return cache
 
 
@@ -811,6 +854,17 @@ if pytest is not None:
             yield h
         finally:
             h.stop()
+            _close_client_sessions()
+
+
+def _close_client_sessions() -> None:
+    """Drop ``huggingface_hub``'s pooled connections (they point at a stopped hub)."""
+    try:
+        from huggingface_hub.utils import _http
+
+        _http.close_session()
+    except (ImportError, AttributeError):  # pragma: no cover - other huggingface_hub versions
+        pass
 
 
 # ====================================================================== command line

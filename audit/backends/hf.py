@@ -386,41 +386,59 @@ def hub_error_message(e: BaseException, name: str, revision: str | None = None, 
     who = f"model {ref!r}" if ref else f"hub repository {name!r}"
     rev = revision or "main"
     endpoint = _endpoint()
+    e = _with_status(e)
     status = http_status(e)
     names = {c.__name__ for c in type(e).__mro__}
     token = _token_in_use()
+
+    def paren(*extra: str) -> str:
+        parts = ([f"HTTP {status}"] if status else []) + [x for x in extra if x]
+        return f" ({', '.join(parts)})" if parts else ""
+
     if "GatedRepoError" in names:
-        return (f"{who} is gated (HTTP {status or 403}): log in at {endpoint}/{name}, accept its licence on the "
-                f"model page, then set HF_TOKEN to a token of that account"
+        return (f"{who} is gated{paren()}: log in at {endpoint}/{name}, accept its licence on the model page, "
+                "then set HF_TOKEN to a token of that account"
                 + (" (the token in use has no access yet)" if token else ""))
     if "RevisionNotFoundError" in names:
-        return f"{who}: revision {rev!r} not found in {name!r} (HTTP {status or 404}); check the branch, tag or commit"
+        return f"{who}: revision {rev!r} not found in {name!r}{paren()}; check the branch, tag or commit"
     if "RemoteEntryNotFoundError" in names or "EntryNotFoundError" in names:
-        return (f"{who}: a file is missing from {name!r} at revision {rev!r} (HTTP {status or 404}: "
-                f"{first_line(e).split(' for url')[0]}); check the revision")
+        return (f"{who}: a file is missing from {name!r} at revision {rev!r}{paren()}; check the revision "
+                "(is it a model repository saved with save_pretrained?)")
     if "OfflineModeIsEnabled" in names:
         return f"{who}: HF_HUB_OFFLINE is set and the files are not in the local Hugging Face cache"
-    msg = ""
     try:
         msg = (getattr(getattr(e, "response", None), "headers", None) or {}).get("X-Error-Message") or ""
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - no readable headers
         msg = ""
-    if status == 401 and ("RepositoryNotFoundError" not in names or "Invalid credentials" in msg):
-        return (f"{who}: the hub at {endpoint} refused the token (HTTP 401, invalid credentials); set HF_TOKEN to a "
+    if status == 401 and ("RepositoryNotFoundError" not in names or "Invalid credentials" in str(msg)):
+        return (f"{who}: the hub at {endpoint} refused the token{paren('invalid credentials')}; set HF_TOKEN to a "
                 "valid token, or unset it for public models")
     if "RepositoryNotFoundError" in names or status in (401, 404):
-        if status == 401 or (status is None and not token):
-            return (f"{who}: repository {name!r} not found on {endpoint}, or private (HTTP {status or 401}, no token "
-                    f"sent); check the id, or set HF_TOKEN to a token that can read it")
-        return (f"{who}: repository {name!r} not found on {endpoint} (HTTP {status or 404}); check the id"
-                + ("; if it is private, the token in use (HF_TOKEN) cannot read it" if token else ""))
+        if not token:
+            return (f"{who}: repository {name!r} not found on {endpoint}, or private{paren('no token sent')}; "
+                    "check the id, or set HF_TOKEN to a token that can read it")
+        return (f"{who}: repository {name!r} not found on {endpoint}{paren()}; check the id; if it is private, "
+                "the token in use (HF_TOKEN) cannot read it")
     if status == 403:
-        return (f"{who}: access to {name!r} denied (HTTP 403); set HF_TOKEN to a token with read access to it")
+        return f"{who}: access to {name!r} denied{paren()}; set HF_TOKEN to a token with read access to it"
     reason = transient_reason(e)
     if reason is not None:
         tries = f" after {attempts} attempt{'s' if attempts != 1 else ''}" if attempts else ""
         return f"{who}: the hub at {endpoint} did not answer ({reason}){tries}; try again later"
     return f"{who}: {type(e).__name__}: {first_line(e)}"
+
+
+def _with_status(e: BaseException) -> BaseException:
+    """The first exception along ``e``'s cause chain that carries an HTTP status (libraries wrap
+    the Hub's answer in their own errors), else ``e``."""
+    x: BaseException | None = e
+    for _ in range(8):
+        if x is None:
+            break
+        if http_status(x) is not None:
+            return x
+        x = x.__cause__ or (None if x.__suppress_context__ else x.__context__)
+    return e
 
 
 def _hub_policy(retry: Backoff | None) -> Backoff:
