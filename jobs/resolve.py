@@ -19,8 +19,9 @@ backend reports after loading, so it is computed by the backends' own digest fun
 they expose them (``audit.backends.hf.dir_digest`` for local checkpoints,
 ``audit.backends.hf.resolve_hub_revision`` for Hub ids: the remote commit, retried on transient
 hub errors, or offline the commit the branch had when the model was last loaded online;
-``audit.backends.static.resolve_revision`` for static models when present). When a probe cannot be made without loading, ``None`` is returned and the task's key
-is computed after loading (such tasks cannot be skipped before their model is loaded).
+``audit.backends.static.resolve_revision`` for static models when present). When a probe
+cannot be made without loading, ``None`` is returned and the task's key is computed after
+loading (such tasks cannot be skipped before their model is loaded).
 """
 
 from __future__ import annotations

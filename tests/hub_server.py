@@ -48,11 +48,14 @@ answer ``status``" (optionally with ``Retry-After``), or drop the connection wit
 connections (a token bucket), for benchmarks. Every request is logged in
 :attr:`LoopbackHub.requests` (method, path, status, bytes sent).
 
-Pytest: :func:`hub` (fixture) starts a server on a free port of 127.0.0.1 and points the process
-(environment and the already-imported ``huggingface_hub.constants``) at it with a private
-``HF_HOME``/``HF_HUB_CACHE`` and no token; :meth:`LoopbackHub.go_offline` switches to
-``HF_HUB_OFFLINE=1``. Import the fixture into a test module with
-``from hub_server import hub  # noqa: F401``. Subprocesses inherit the environment variables.
+Pytest: the fixture ``hub`` (:func:`hub_fixture`) starts a server on a free port of 127.0.0.1
+and points the process (environment, the already-imported ``huggingface_hub.constants`` and the
+shared clients that captured an endpoint) at it with a private ``HF_HOME``/``HF_HUB_CACHE`` and
+no token; :meth:`LoopbackHub.go_offline` switches to
+``HF_HUB_OFFLINE=1``. :func:`variant_files` makes many distinct checkpoints out of one tiny model
+(seeded noise on the weights). Import the fixture into a test module with
+``from hub_server import hub_fixture  # noqa: F401`` and ask for ``hub``. Subprocesses inherit
+the environment variables.
 
 Command line (for manual runs, ``ray job submit`` tests and benchmarks)::
 
@@ -79,7 +82,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-__all__ = ["LoopbackHub", "Fault", "HubRequest", "hub", "use_hub", "lfs_file"]
+__all__ = ["LoopbackHub", "Fault", "HubRequest", "hub_fixture", "use_hub", "lfs_file", "variant_files",
+           "serve_folder"]
 
 #: Files stored in Git LFS on the real Hub (their ETag is the sha256 of the content).
 _LFS_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".ot", ".pt", ".pth", ".ckpt",
@@ -319,7 +323,8 @@ class LoopbackHub:
             repo = _Repo(repo_id, private=private, gated=gated, pipeline_tag=pipeline_tag, created=self._tick())
             files = self._read_files(source) if source is not None else {}
             if ".gitattributes" not in files:
-                files[".gitattributes"] = _Blob.of(".gitattributes", b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+                attrs = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"
+                files[".gitattributes"] = _Blob.of(".gitattributes", attrs)
             sha = self._new_commit(repo, files, None, message, None)
             repo.branches[branch] = sha
             self.repos[repo_id] = repo
@@ -795,6 +800,28 @@ def _make_handler(hub: LoopbackHub):
     return Handler
 
 
+def variant_files(folder: str | os.PathLike, seed: int, scale: float = 0.02) -> dict[str, bytes]:
+    """The files of a ``save_pretrained`` folder with its weights perturbed, for many distinct
+    checkpoints from one tiny model: every floating-point tensor of ``model.safetensors`` plus
+    ``scale * N(0, 1)`` noise from ``numpy.random.default_rng(seed)`` (tensors in sorted name
+    order; the file's metadata kept). Same seed, same bytes."""
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import save
+
+    root = Path(folder)
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    rng = np.random.default_rng(seed)
+    with safe_open(str(root / "model.safetensors"), framework="numpy") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in sorted(f.keys())}
+    for k, t in tensors.items():
+        if np.issubdtype(t.dtype, np.floating):
+            tensors[k] = (t + scale * rng.standard_normal(t.shape)).astype(t.dtype)
+    files["model.safetensors"] = save(tensors, metadata=meta)
+    return files
+
+
 # ====================================================================== pytest glue
 
 
@@ -844,8 +871,8 @@ except ImportError:  # pragma: no cover - the command line does not need pytest
     pytest = None
 
 if pytest is not None:
-    @pytest.fixture
-    def hub(tmp_path, monkeypatch):
+    @pytest.fixture(name="hub")
+    def hub_fixture(tmp_path, monkeypatch):
         """A started :class:`LoopbackHub` with this process pointed at it (see :func:`use_hub`);
         ``hub.cache`` is the private Hugging Face cache."""
         h = LoopbackHub().start()

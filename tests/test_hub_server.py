@@ -17,7 +17,7 @@ import pytest
 hf = pytest.importorskip("huggingface_hub")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hub_server import LoopbackHub, hub  # noqa: E402,F401  (the fixture)
+from hub_server import LoopbackHub, hub_fixture, variant_files  # noqa: E402,F401  (the fixture `hub`)
 from tiny_models import tiny_model_dir  # noqa: E402
 
 from huggingface_hub import HfApi  # noqa: E402
@@ -252,3 +252,24 @@ def test_command_line_serves_a_folder_of_repositories(tmp_path, bert_dir):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_variants_are_distinct_deterministic_checkpoints(hub, bert_dir):
+    import numpy as np
+    from safetensors.numpy import load as load_st
+
+    from audit.backends.hf import load_hf_model
+
+    base = load_st((bert_dir / "model.safetensors").read_bytes())
+    v1, v1b, v2 = variant_files(bert_dir, 1), variant_files(bert_dir, 1), variant_files(bert_dir, 2)
+    assert v1 == v1b and v1["model.safetensors"] != v2["model.safetensors"]
+    assert {k: v for k, v in v1.items() if k != "model.safetensors"} == \
+        {p.name: p.read_bytes() for p in bert_dir.iterdir() if p.name != "model.safetensors"}
+    w1 = load_st(v1["model.safetensors"])
+    diffs = np.concatenate([(w1[k] - base[k]).ravel() for k in sorted(base)])
+    assert abs(diffs.std() - 0.02) < 0.002 and abs(diffs.mean()) < 0.002
+    shas = hub.add_repos({"acme/v1": v1, "beta/v2": v2})
+    m = load_hf_model("beta/v2", kind="mlm")
+    assert m.revision == shas["beta/v2"]
+    emb = "bert.embeddings.word_embeddings.weight"
+    np.testing.assert_array_equal(m.model.state_dict()[emb].numpy(), load_st(v2["model.safetensors"])[emb])
