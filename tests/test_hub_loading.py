@@ -90,6 +90,38 @@ def test_online_load_records_the_commit_and_a_branch_move_gives_the_new_one(hub,
     assert probe_revision("acme/bert", "mlm", {"revision": "main"}) == c2
 
 
+def test_only_the_files_transformers_needs_are_downloaded(hub, bert_dir):
+    """A repository as real ones look (other frameworks' weights, ONNX and sentence-transformers
+    sub-folders, a pickle twin of the weights): only the safetensors weights, config and
+    tokenizer files travel."""
+    extra = {"pytorch_model.bin": b"pickle" * 100, "tf_model.h5": b"h5" * 100, "flax_model.msgpack": b"m" * 100,
+             "model.fp16.safetensors": b"half" * 100, "onnx/model.onnx": b"onnx" * 100,
+             "1_Pooling/config.json": "{}", "training_args.bin": b"args", "README.md": "# card\n",
+             "special_tokens_map.json": "{}"}
+    files = {p.name: p for p in bert_dir.iterdir()} | extra
+    hub.add_repo("acme/full", files)
+    m = load_hf_model("acme/full", kind="mlm")
+    assert m.revision == hub.head("acme/full")
+    got = sorted(r.path.split("/resolve/", 1)[1].split("/", 1)[1] for r in hub.requests
+                 if r.method == "GET" and "/resolve/" in r.path)
+    assert got == ["README.md", "config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json",
+                   "tokenizer_config.json"]
+
+
+def test_distilbert_through_the_hub_scores_like_the_local_folder(hub):
+    local_dir = tiny_model_dir("distilbert")
+    c1 = hub.add_repo("acme/distil", local_dir)
+    m = load_hf_model("acme/distil", kind="mlm")
+    local = load_hf_model(local_dir, kind="mlm")
+    assert m.revision == c1 and type(m.model).__name__ == "DistilBertForMaskedLM"
+    text = ["the doctor is [MASK] ."]
+    enc = m.tokenizer(text, return_tensors="pt")
+    assert "token_type_ids" not in enc
+    with torch.inference_mode():
+        a, b = m.model(**enc).logits, local.model(**local.tokenizer(text, return_tensors="pt")).logits
+    assert torch.equal(a, b) and a.shape[-1] == m.tokenizer.vocab_size
+
+
 # ----------------------------------------------------------------------------- offline
 
 
