@@ -26,7 +26,6 @@ loading (such tasks cannot be skipped before their model is loaded).
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any
