@@ -8,7 +8,9 @@ Three builders write a complete ``save_pretrained`` directory (``config.json``,
 * :func:`build_tiny_roberta` -- ``RobertaForMaskedLM`` + byte-level BPE ``RobertaTokenizerFast``
   (``<s> ... </s>``, ``<mask>``);
 * :func:`build_tiny_gpt2`    -- ``GPT2LMHeadModel`` + byte-level BPE ``GPT2TokenizerFast`` whose
-  BOS/EOS token is ``<|endoftext|>`` (GPT-2 does not add it by itself; callers prepend it).
+  BOS/EOS token is ``<|endoftext|>`` (GPT-2 does not add it by itself; callers prepend it);
+* :func:`build_tiny_distilbert` -- ``DistilBertForMaskedLM`` + the same uncased WordPiece
+  vocabulary as the BERT model (``DistilBertTokenizerFast``; no token type ids).
 
 Sizes: hidden 32, 2 layers, 2 heads, intermediate 64, 128 positions. The tokenizers are trained
 on a small generated corpus (:func:`tiny_corpus`) that contains the words of English WEAT/LPBS
@@ -46,12 +48,13 @@ __all__ = [
     "build_tiny_bert",
     "build_tiny_roberta",
     "build_tiny_gpt2",
+    "build_tiny_distilbert",
     "tiny_corpus",
     "tiny_model_dir",
     "load_tiny",
 ]
 
-KINDS = ("bert", "roberta", "gpt2")
+KINDS = ("bert", "roberta", "gpt2", "distilbert")
 
 HIDDEN = 32
 LAYERS = 2
@@ -375,7 +378,31 @@ def build_tiny_gpt2(directory: str | os.PathLike, *, train: bool = True) -> Path
     return out
 
 
-_BUILDERS = {"bert": build_tiny_bert, "roberta": build_tiny_roberta, "gpt2": build_tiny_gpt2}
+def build_tiny_distilbert(directory: str | os.PathLike, *, train: bool = True) -> Path:
+    """Write a tiny ``DistilBertForMaskedLM`` + ``DistilBertTokenizerFast`` (the BERT model's
+    uncased WordPiece vocabulary) to ``directory``."""
+    from transformers import DistilBertConfig, DistilBertForMaskedLM, DistilBertTokenizerFast
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = tiny_corpus()
+    vocab = _train_wordpiece(corpus, vocab_size=700)
+    tokenizer = DistilBertTokenizerFast(vocab=vocab, do_lower_case=True)
+    config = DistilBertConfig(
+        vocab_size=len(vocab), dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=INTERMEDIATE,
+        max_position_embeddings=MAX_POSITIONS, pad_token_id=vocab["[PAD]"],
+    )
+    with _Deterministic():
+        model = DistilBertForMaskedLM(config)
+        if train:
+            _train_steps(model, tokenizer, corpus, mlm=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+_BUILDERS = {"bert": build_tiny_bert, "roberta": build_tiny_roberta, "gpt2": build_tiny_gpt2,
+             "distilbert": build_tiny_distilbert}
 _MEMO: dict[tuple[str, str], Path] = {}
 
 
@@ -389,7 +416,8 @@ def _digest() -> str:
 
 
 def tiny_model_dir(kind: str, root: str | os.PathLike | None = None) -> Path:
-    """Path of a built tiny model of ``kind`` (``bert``, ``roberta``, ``gpt2``), building it once.
+    """Path of a built tiny model of ``kind`` (``bert``, ``roberta``, ``gpt2``, ``distilbert``),
+    building it once.
 
     root: cache folder; default ``$TMPDIR/biasaudit-tiny-models-<digest>`` (shared by processes,
     reused across sessions while this file, the corpus and the transformers version are the same).

@@ -16,10 +16,12 @@ checkpoint's ``config.json`` architectures, or a Hub id's cached ``config.json``
 
 The revision is what :func:`audit.provenance.task_key` hashes; it must equal the revision the
 backend reports after loading, so it is computed by the backends' own digest functions where
-they expose them (``audit.backends.hf.dir_digest`` for local checkpoints, the cached or remote
-commit hash for Hub ids, ``audit.backends.static.resolve_revision`` for static models when
-present). When a probe cannot be made without loading, ``None`` is returned and the task's key
-is computed after loading (such tasks cannot be skipped before their model is loaded).
+they expose them (``audit.backends.hf.dir_digest`` for local checkpoints,
+``audit.backends.hf.resolve_hub_revision`` for Hub ids: the remote commit, retried on transient
+hub errors, or offline the commit the branch had when the model was last loaded online;
+``audit.backends.static.resolve_revision`` for static models when present). When a probe
+cannot be made without loading, ``None`` is returned and the task's key is computed after
+loading (such tasks cannot be skipped before their model is loaded).
 """
 
 from __future__ import annotations
@@ -135,10 +137,12 @@ def probe_revision(local_ref: str, kind: str, options: dict[str, Any] | None = N
         p = Path(name)
         if p.is_dir():
             return hf.dir_digest(p)
-        sha, _, _ = hf._resolve_hub(local_ref, name, options.get("revision") or rev, None)  # noqa: SLF001
+        # the loader's own resolution: retried on transient hub errors; offline (or with the hub
+        # down) the branch resolves through the ref the last online load recorded in the cache
+        res = hf.resolve_hub_revision(name, options.get("revision") or rev, ref=local_ref)
     except (AuditError, OSError):  # not cached / not reachable: the key is computed after loading
         return None
-    return sha
+    return res.commit
 
 
 def static_revision(ref: str, backend: str | None = None) -> str | None:

@@ -349,16 +349,25 @@ def test_hub_unreachable_falls_back_to_cache(bert_dir, tmp_path, monkeypatch):
         raise ConnectionError("no network (injected)")
 
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
+    monkeypatch.setenv("BIASAUDIT_HUB_RETRIES", "1")       # one retry, at once
+    monkeypatch.setenv("BIASAUDIT_HUB_RETRY_DELAY", "0")
     m = load_hf_model("acme/tiny-bert@main", cache_dir=str(cache))
-    assert m.revision == sha and asked == [("acme/tiny-bert", "main")]
-    with pytest.raises(ModelError, match=r"could not be reached \(ConnectionError\)"):
+    assert m.revision == sha and asked == [("acme/tiny-bert", "main")] * 2
+    assert m.resolution == ("hub unreachable (ConnectionError: no network (injected) after 2 attempts): "
+                            f"main resolved to {sha} from the cache")
+    with pytest.raises(ModelError, match=r"could not be reached \(ConnectionError: no network \(injected\)\)"):
         load_hf_model("acme/absent", cache_dir=str(cache))
 
     def not_found(self, repo_id, **kw):
+        asked.append((repo_id, kw.get("revision")))
         err = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # no HTTP response needed
         Exception.__init__(err, f"404 Repository Not Found for url .../{repo_id}")
         raise err
 
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", not_found)
-    with pytest.raises(ModelError, match="acme/tiny-bert.*RepositoryNotFoundError"):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    with pytest.raises(ModelError, match=r"model 'acme/tiny-bert': repository 'acme/tiny-bert' not found on .*, "
+                                         r"or private \(no token sent\); check the id, or set HF_TOKEN"):
         load_hf_model("acme/tiny-bert", cache_dir=str(cache))
+    assert asked[4:] == [("acme/tiny-bert", None)]  # a permanent answer is not retried

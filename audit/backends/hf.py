@@ -6,10 +6,19 @@ folder) or a Hub id ``org/name`` with an optional revision, ``org/name@rev``; th
 
 Provenance: every loaded model records a resolved ``revision``:
 
-* Hub models: the 40-hex commit hash the files were loaded from (``HfApi().model_info(...).sha``
-  online; the cached snapshot folder's commit hash with ``HF_HUB_OFFLINE=1`` or when the Hub
-  cannot be reached). The model and tokenizer are then loaded *at that commit*, so the
-  recorded hash is the one used.
+* Hub models: the 40-hex commit hash the files were loaded from. Online, the Hub's model info
+  at the requested branch, tag or commit gives it; the files Transformers needs are then
+  downloaded at that commit (:func:`fetch_hub_snapshot`) and the branch -> commit pair is
+  recorded in the Hugging Face cache (``refs/<branch>``, as ``huggingface_hub`` does), so that
+  with ``HF_HUB_OFFLINE=1``, or when the Hub cannot be reached after the retries, the branch
+  resolves to the commit it had when last fetched (:func:`resolve_hub_revision`). The model and
+  tokenizer are then loaded from the cache *at that commit*, so the recorded hash is the one
+  used; :attr:`HFModel.resolution` says where it came from (``offline: main resolved to <sha>
+  from the cache``).
+* Hub errors: transient failures (connection errors, timeouts, HTTP 429 and 5xx) are retried
+  with exponential back-off (:mod:`audit.retry`, honouring ``Retry-After``); the others are one
+  line saying what to do (:func:`hub_error_message`: check the id or revision on 404, set
+  ``HF_TOKEN`` on 401, accept the licence of a gated model).
 * Local directories: ``sha256:<hex>`` over every regular file below the directory (``.git``
   folders excluded), in sorted order of their POSIX relative paths; for each file the digest
   takes ``len(name)``, the name, ``len(bytes)`` and the bytes (streamed in 1 MiB blocks), so
@@ -31,12 +40,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from audit.errors import ModelError, ParameterError, UnsafeModelError
+from audit.retry import Backoff, call_with_retry, first_line, http_status, transient_reason
+
+log = logging.getLogger("audit.backends.hf")
 
 __all__ = [
     "HFModel",
@@ -47,6 +61,12 @@ __all__ = [
     "dir_digest",
     "run_batched",
     "default_batch_size",
+    "HubRevision",
+    "resolve_hub_revision",
+    "fetch_hub_snapshot",
+    "hub_error_message",
+    "cached_ref",
+    "record_ref",
 ]
 
 #: ``kind`` -> (Transformers auto class name, backend name, what the head is called in errors)
@@ -182,6 +202,9 @@ class HFModel:
     device:       the ``torch.device``.
     dtype:        the model's ``torch.dtype``.
     backend:      ``"hf-encoder"`` | ``"hf-mlm"`` | ``"hf-causal"``.
+    resolution:   one line saying how ``revision`` was found (Hub ids: ``online: main is commit
+                  <sha>``, ``offline: main resolved to <sha> from the cache``; local folders:
+                  ``local directory``).
     """
 
     ref: str
@@ -193,6 +216,7 @@ class HFModel:
     device: Any
     dtype: Any
     backend: str
+    resolution: str = ""
 
     @property
     def num_hidden_layers(self) -> int:
@@ -215,7 +239,7 @@ class HFModel:
     def provenance(self) -> dict[str, str]:
         """The provenance fields of a result: model reference, resolved revision, backend."""
         return {"model": self.ref, "name_or_path": self.name_or_path,
-                "revision": self.revision, "backend": self.backend}
+                "revision": self.revision, "backend": self.backend, "resolution": self.resolution}
 
 
 def _classify_weights(files: Sequence[str]) -> tuple[bool, list[str]]:
@@ -258,36 +282,300 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _resolve_hub(ref: str, name: str, revision: str | None,
-                 cache_dir: str | None) -> tuple[str, list[str], bool]:
-    """Resolve a Hub id to (commit hash, file list, local_files_only)."""
-    from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import (LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+# --------------------------------------------------------------------------- the Hub
 
-    online_error: Exception | None = None
-    if not _offline():
-        try:
-            info = HfApi().model_info(name, revision=revision, timeout=15)
-            files = [s.rfilename for s in (info.siblings or [])]
-            if info.sha:
-                return info.sha, files, False
-        except (RepositoryNotFoundError, RevisionNotFoundError) as e:
-            raise ModelError(f"model {ref!r}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
-        except Exception as e:  # network down: fall back to the cache below
-            online_error = e
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class HubRevision:
+    """A Hub id resolved to a commit, without loading anything.
+
+    name:      the Hub id (``org/name``).
+    requested: the branch, tag or commit asked for (``"main"`` when none was given).
+    commit:    the 40-hex commit hash it resolved to (what results record as the revision).
+    files:     the repository's files at that commit (the Hub's listing; the cached snapshot's
+               files when resolved from the cache).
+    source:    ``"hub"`` (the Hub answered) or ``"cache"`` (``HF_HUB_OFFLINE`` is set, or the Hub
+               could not be reached after the retries).
+    note:      one line saying which commit was used and where it came from, e.g.
+               ``offline: main resolved to <sha> from the cache``.
+    """
+
+    name: str
+    requested: str
+    commit: str
+    files: tuple[str, ...]
+    source: str
+    note: str
+
+
+def _hub_cache(cache_dir: str | os.PathLike | None) -> Path:
+    from huggingface_hub import constants
+
+    return Path(cache_dir if cache_dir is not None else constants.HF_HUB_CACHE).expanduser()
+
+
+def _repo_folder(name: str, cache_dir: str | os.PathLike | None) -> Path:
+    from huggingface_hub.file_download import repo_folder_name
+
+    return _hub_cache(cache_dir) / repo_folder_name(repo_id=name, repo_type="model")
+
+
+def cached_ref(name: str, revision: str, cache_dir: str | os.PathLike | None = None) -> str | None:
+    """The commit a branch or tag pointed to when the model was last fetched online (the
+    Hugging Face cache's ``refs/<revision>`` file), ``None`` when the cache has no such ref."""
+    p = _repo_folder(name, cache_dir) / "refs" / revision
     try:
-        snap = Path(snapshot_download(name, revision=revision, cache_dir=cache_dir,
-                                      local_files_only=True))
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError) as e:
-        how = ("HF_HUB_OFFLINE is set" if online_error is None
-               else f"the Hub could not be reached ({type(online_error).__name__})")
+        sha = p.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return sha if _COMMIT.match(sha) else None
+
+
+def record_ref(name: str, revision: str, commit: str, cache_dir: str | os.PathLike | None = None) -> bool:
+    """Record ``revision -> commit`` in the Hugging Face cache (``refs/<revision>``, the layout
+    ``huggingface_hub`` reads offline), atomically; nothing for a commit hash or an unchanged ref.
+    Returns whether the ref was written; a cache that cannot be written is not an error (False)."""
+    if revision == commit or not _COMMIT.match(commit) or ".." in revision.split("/"):
+        return False
+    p = _repo_folder(name, cache_dir) / "refs" / revision
+    try:
+        if p.is_file() and p.read_text(encoding="utf-8").strip() == commit:
+            return False
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(commit, encoding="utf-8")
+        os.replace(tmp, p)
+    except OSError as e:
+        log.warning("could not record %s@%s -> %s in the Hugging Face cache: %s", name, revision, commit, e)
+        return False
+    return True
+
+
+def _token_in_use() -> bool:
+    try:
+        from huggingface_hub import get_token
+
+        return get_token() is not None
+    except Exception:  # noqa: BLE001 - unreadable token file: treat as none
+        return False
+
+
+def _endpoint() -> str:
+    try:
+        from huggingface_hub import constants
+
+        return constants.ENDPOINT
+    except ImportError:  # pragma: no cover
+        return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+def hub_error_message(e: BaseException, name: str, revision: str | None = None, *,
+                      ref: str | None = None, attempts: int | None = None) -> str:
+    """One line saying what went wrong with a Hub call for ``name`` and what to do about it.
+
+    404 (repository, revision or file): check the id / revision (both named); 401 on a
+    repository: not found or private, set ``HF_TOKEN`` to a token that can read it (the Hub does
+    not tell the two apart without a token); 401 "invalid credentials": the token was refused;
+    gated (401/403 ``GatedRepo``): accept the licence on the model page and use a token of that
+    account; other 403: the token lacks permission; transient failures (429, 5xx, network): the
+    hub did not answer after ``attempts`` tries. A token is never printed.
+    """
+    who = f"model {ref!r}" if ref else f"hub repository {name!r}"
+    rev = revision or "main"
+    endpoint = _endpoint()
+    e = _with_status(e)
+    status = http_status(e)
+    names = {c.__name__ for c in type(e).__mro__}
+    token = _token_in_use()
+
+    def paren(*extra: str) -> str:
+        parts = ([f"HTTP {status}"] if status else []) + [x for x in extra if x]
+        return f" ({', '.join(parts)})" if parts else ""
+
+    if "GatedRepoError" in names:
+        return (f"{who} is gated{paren()}: log in at {endpoint}/{name}, accept its licence on the model page, "
+                "then set HF_TOKEN to a token of that account"
+                + (" (the token in use has no access yet)" if token else ""))
+    if "RevisionNotFoundError" in names:
+        return f"{who}: revision {rev!r} not found in {name!r}{paren()}; check the branch, tag or commit"
+    if "RemoteEntryNotFoundError" in names or "EntryNotFoundError" in names:
+        return (f"{who}: a file is missing from {name!r} at revision {rev!r}{paren()}; check the revision "
+                "(is it a model repository saved with save_pretrained?)")
+    if "OfflineModeIsEnabled" in names:
+        return f"{who}: HF_HUB_OFFLINE is set and the files are not in the local Hugging Face cache"
+    try:
+        msg = (getattr(getattr(e, "response", None), "headers", None) or {}).get("X-Error-Message") or ""
+    except Exception:  # noqa: BLE001 - no readable headers
+        msg = ""
+    if status == 401 and ("RepositoryNotFoundError" not in names or "Invalid credentials" in str(msg)):
+        return (f"{who}: the hub at {endpoint} refused the token{paren('invalid credentials')}; set HF_TOKEN to a "
+                "valid token, or unset it for public models")
+    if "RepositoryNotFoundError" in names or status in (401, 404):
+        if not token:
+            return (f"{who}: repository {name!r} not found on {endpoint}, or private{paren('no token sent')}; "
+                    "check the id, or set HF_TOKEN to a token that can read it")
+        return (f"{who}: repository {name!r} not found on {endpoint}{paren()}; check the id; if it is private, "
+                "the token in use (HF_TOKEN) cannot read it")
+    if status == 403:
+        return f"{who}: access to {name!r} denied{paren()}; set HF_TOKEN to a token with read access to it"
+    reason = transient_reason(e)
+    if reason is not None:
+        tries = f" after {attempts} attempt{'s' if attempts != 1 else ''}" if attempts else ""
+        return f"{who}: the hub at {endpoint} did not answer ({reason}){tries}; try again later"
+    return f"{who}: {type(e).__name__}: {first_line(e)}"
+
+
+def _with_status(e: BaseException) -> BaseException:
+    """The first exception along ``e``'s cause chain that carries an HTTP status (libraries wrap
+    the Hub's answer in their own errors), else ``e``."""
+    x: BaseException | None = e
+    for _ in range(8):
+        if x is None:
+            break
+        if http_status(x) is not None:
+            return x
+        x = x.__cause__ or (None if x.__suppress_context__ else x.__context__)
+    return e
+
+
+def _hub_policy(retry: Backoff | None) -> Backoff:
+    return retry if retry is not None else Backoff.from_env()
+
+
+def _from_cache(ref: str, name: str, requested: str, cache_dir: str | None,
+                online_error: BaseException | None, policy: Backoff) -> HubRevision:
+    """Resolve ``requested`` from the local cache: a commit hash as is, a branch/tag through the
+    ``refs/`` file the last online fetch wrote; the snapshot folder must exist."""
+    if _COMMIT.match(requested):
+        commit: str | None = requested
+    else:
+        commit = cached_ref(name, requested, cache_dir)
+    snap = _repo_folder(name, cache_dir) / "snapshots" / commit if commit else None
+    if online_error is None:
+        how = "HF_HUB_OFFLINE is set"
+        where = "offline"
+    else:
+        how = f"the hub could not be reached ({transient_reason(online_error) or type(online_error).__name__})"
+        where = f"hub unreachable ({transient_reason(online_error) or type(online_error).__name__} after " \
+                f"{policy.attempts} attempt{'s' if policy.attempts != 1 else ''})"
+    if snap is None or not (snap / "config.json").is_file():
+        known = ("" if commit is None or _COMMIT.match(requested)
+                 else f" ({requested} was {commit[:12]} when last fetched, but that snapshot is missing)")
         raise ModelError(
-            f"model {ref!r} (revision {revision or 'main'}) is not in the local Hugging Face "
-            f"cache and {how}; download it first or give a local directory"
-        ) from e
-    files = [rel for rel, _ in _iter_files(snap)]
-    return snap.name, files, True
+            f"model {ref!r} (revision {requested}) is not in the local Hugging Face cache{known} and {how}; "
+            "download it first (one online run records the branch) or give a local directory"
+        )
+    files = tuple(rel for rel, _ in _iter_files(snap))
+    if _COMMIT.match(requested):
+        note = f"{where}: commit {commit} from the cache"
+    else:
+        note = f"{where}: {requested} resolved to {commit} from the cache"
+    return HubRevision(name, requested, commit, files, "cache", note)
+
+
+def resolve_hub_revision(name: str, revision: str | None = None, *, ref: str | None = None,
+                         cache_dir: str | None = None, retry: Backoff | None = None) -> HubRevision:
+    """Resolve a Hub id's branch, tag or commit to a commit hash and file list, without
+    downloading (what the planner's probe and the loader share).
+
+    Online: the Hub's model info at ``revision``, retried with back-off on transient failures
+    (:mod:`audit.retry`; policy ``retry``, default :meth:`Backoff.from_env`). A permanent Hub
+    error (401/403/404, gated) is a :class:`ModelError` with a line saying what to do
+    (:func:`hub_error_message`). With ``HF_HUB_OFFLINE`` set, or when the Hub still fails after
+    the retries, the cache answers: a commit hash's snapshot, or the commit that ``refs/<branch>``
+    recorded when the model was last fetched online (:func:`record_ref`); the
+    :attr:`HubRevision.note` says which, and is logged (WARNING for the cache, INFO otherwise).
+    """
+    ref = ref or name
+    requested = revision or "main"
+    policy = _hub_policy(retry)
+    online_error: BaseException | None = None
+    if not _offline():
+        from huggingface_hub import HfApi
+
+        api = HfApi()
+        try:
+            info = call_with_retry(lambda: api.model_info(name, revision=revision, timeout=15), policy=policy,
+                                   what=f"model {ref!r}: hub")
+        except Exception as e:  # noqa: BLE001 - classified: transient -> the cache, else one line
+            if transient_reason(e) is None and "OfflineModeIsEnabled" not in {c.__name__ for c in type(e).__mro__}:
+                raise ModelError(hub_error_message(e, name, requested, ref=ref)) from None
+            online_error = e
+        else:
+            if info.sha:
+                files = tuple(s.rfilename for s in (info.siblings or []))
+                note = f"online: {requested} is commit {info.sha}"
+                log.info("model %r: %s", ref, note)
+                return HubRevision(name, requested, info.sha, files, "hub", note)
+            online_error = RuntimeError("the hub answered without a commit hash")
+    res = _from_cache(ref, name, requested, cache_dir, online_error, policy)
+    log.warning("model %r: %s", ref, res.note)
+    return res
+
+
+def _download_patterns(files: Sequence[str], use_safe: bool, trust_remote_code: bool) -> list[str]:
+    """The files Transformers needs for a model and its tokenizer: the chosen weights (the
+    safetensors files, else ``pytorch_model*.bin``), and every other top-level file except weights
+    of other formats (config, tokenizer, generation config ...); ``*.py`` only with remote code."""
+    out = []
+    for f in files:
+        if "/" in f or f == ".gitattributes":
+            continue
+        base = f.rsplit("/", 1)[-1]
+        if _SAFE_WEIGHTS.match(base) or base == "model.safetensors.index.json":
+            if use_safe:
+                out.append(f)
+        elif re.match(r"^pytorch_model(-\d{5}-of-\d{5})?\.bin(\.index\.json)?$", base):
+            if not use_safe:
+                out.append(f)
+        elif base.lower().endswith(_OTHER_WEIGHTS):
+            continue
+        elif base.endswith(".py") and not trust_remote_code:
+            continue
+        else:
+            out.append(f)
+    return out
+
+
+_OTHER_WEIGHTS = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".ot", ".pt", ".pth", ".ckpt", ".tflite",
+                  ".gguf", ".pb", ".mlmodel", ".npz", ".pkl", ".joblib", ".tar", ".gz", ".zip", ".onnx_data")
+
+
+def _silent_tqdm():
+    from tqdm.auto import tqdm
+
+    class _Silent(tqdm):  # the hub's download bars would flood job logs with carriage returns
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    return _Silent
+
+
+def fetch_hub_snapshot(res: HubRevision, *, use_safe: bool, trust_remote_code: bool = False,
+                       cache_dir: str | None = None, retry: Backoff | None = None, ref: str | None = None) -> Path:
+    """Download (or find in the cache) the files Transformers needs of ``res.commit``, retried
+    with back-off on transient failures, then record ``res.requested -> res.commit`` in the
+    cache (:func:`record_ref`) so that an offline run can resolve the branch. Returns the
+    snapshot folder. Files already cached cost no request."""
+    from huggingface_hub import snapshot_download
+
+    ref = ref or res.name
+    policy = _hub_policy(retry)
+    patterns = _download_patterns(res.files, use_safe, trust_remote_code)
+    try:
+        snap = call_with_retry(
+            lambda: snapshot_download(res.name, revision=res.commit, cache_dir=cache_dir, allow_patterns=patterns,
+                                      tqdm_class=_silent_tqdm()),
+            policy=policy, what=f"model {ref!r}: download")
+    except Exception as e:  # noqa: BLE001 - one line naming the model and what to do
+        attempts = policy.attempts if transient_reason(e) is not None else None
+        raise ModelError(hub_error_message(e, res.name, res.requested, ref=ref, attempts=attempts)) from None
+    record_ref(res.name, res.requested, res.commit, cache_dir)
+    return Path(snap)
 
 
 def _pick_device(device: str | None) -> Any:
@@ -369,6 +657,7 @@ def load_hf_model(
     device: str | None = None,
     dtype: str | None = None,
     cache_dir: str | None = None,
+    retry: Backoff | None = None,
 ) -> HFModel:
     """Load a model and its fast tokenizer from a local directory or the Hugging Face Hub.
 
@@ -394,6 +683,10 @@ def load_hf_model(
         on CUDA.
     cache_dir : str, optional
         Hugging Face cache folder for Hub ids (default: the Hub's own).
+    retry : audit.retry.Backoff, optional
+        Back-off of transient Hub failures (connection errors, 429, 5xx) while resolving and
+        downloading; default :meth:`audit.retry.Backoff.from_env` (``BIASAUDIT_HUB_RETRIES``,
+        ``BIASAUDIT_HUB_RETRY_DELAY``, ``BIASAUDIT_HUB_RETRY_MAX``; 4 retries from 1 s, at most 30 s).
 
     Returns
     -------
@@ -433,12 +726,18 @@ def load_hf_model(
         files = [rel for rel, _ in _iter_files(local)]
         use_safe = _check_weights(ref, f"directory {str(local)!r}", files, allow_pickle)
         resolved = dir_digest(local)
+        resolution = "local directory"
         src = str(local)
     else:
-        resolved, files, local_only = _resolve_hub(ref, name, revision, cache_dir)
-        use_safe = _check_weights(ref, f"Hub repo {name!r}@{resolved[:12]}", files, allow_pickle)
+        hub = resolve_hub_revision(name, revision, ref=ref, cache_dir=cache_dir, retry=retry)
+        use_safe = _check_weights(ref, f"Hub repo {name!r}@{hub.commit[:12]}", hub.files, allow_pickle)
+        if hub.source == "hub":
+            fetch_hub_snapshot(hub, use_safe=use_safe, trust_remote_code=trust_remote_code, cache_dir=cache_dir,
+                               retry=retry, ref=ref)
+        resolved, resolution = hub.commit, hub.note
         src = name
-        load_kw = {"revision": resolved, "local_files_only": local_only}
+        # every file is in the cache now: Transformers reads it there and never asks the Hub
+        load_kw = {"revision": resolved, "local_files_only": True}
         if cache_dir is not None:
             load_kw["cache_dir"] = cache_dir
     load_kw["trust_remote_code"] = bool(trust_remote_code)  # False: refuse custom code, never prompt
@@ -486,7 +785,7 @@ def load_hf_model(
     model.to(dev)
     model.eval()
     return HFModel(ref=ref, name_or_path=src, revision=resolved, kind=kind, model=model,
-                   tokenizer=tokenizer, device=dev, dtype=torch_dtype, backend=backend)
+                   tokenizer=tokenizer, device=dev, dtype=torch_dtype, backend=backend, resolution=resolution)
 
 
 # --------------------------------------------------------------------------- batching
