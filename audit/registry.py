@@ -53,7 +53,7 @@ from audit.result import MetricOutput
 from audit.suites import SentencePairs, WordTest
 
 __all__ = [
-    "METRICS", "FAMILIES", "TEST_TYPES", "get", "names", "families", "accepted_params", "split_params",
+    "METRICS", "FAMILIES", "TEST_TYPES", "register", "unregister", "get", "names", "families", "accepted_params", "split_params",
     "check_kind", "kind_reason", "applies", "supported", "check_declared", "run_metric", "analyse",
     "label_items", "describe", "test_type_of",
 ]
@@ -220,9 +220,10 @@ METRICS: dict[str, Metric] = {}
 FAMILIES: dict[str, Family] = {}
 
 
-def _register(entries: Sequence[Metric]) -> None:
+def register(*entries: Metric) -> None:
     """Add entries, checking names, families, kinds and test types (an inconsistent entry is a
-    programming error, reported at import)."""
+    programming error, reported at once). The project's own entries are registered below; a
+    plugin (or a test) may register more."""
     for e in entries:
         if e.name in METRICS:
             raise ValueError(f"metric {e.name!r} is registered twice")
@@ -240,7 +241,14 @@ def _register(entries: Sequence[Metric]) -> None:
         METRICS[e.name] = e
 
 
-_register(_ENTRIES)
+register(*_ENTRIES)
+
+
+def unregister(name: str) -> None:
+    """Remove a metric added by :func:`register` (its family stays while another metric uses it)."""
+    e = METRICS.pop(name)
+    if not any(m.family is e.family for m in METRICS.values()):
+        FAMILIES.pop(e.family.name, None)
 
 
 # --------------------------------------------------------------------------------------

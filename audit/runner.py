@@ -56,7 +56,14 @@ class LoadedModel:
     cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def describe(self) -> dict[str, str]:
-        return {"model": self.ref, "backend": self.backend, "revision": self.revision, "kind": self.kind}
+        """Model, backend, resolved revision, kind and, for Hub models, how the revision was
+        found (``online: main is commit <sha>`` / ``offline: main resolved to <sha> from the
+        cache``)."""
+        d = {"model": self.ref, "backend": self.backend, "revision": self.revision, "kind": self.kind}
+        resolution = getattr(self.handle, "resolution", "")
+        if resolution:
+            d["resolution"] = resolution
+        return d
 
 
 HF_BACKENDS = {"hf-encoder": "encoder", "hf-mlm": "mlm", "hf-causal": "causal"}
@@ -135,6 +142,8 @@ def load_model(
             )
             return LoadedModel(ref=ref, kind="static", backend=wv.backend, revision=wv.revision, handle=wv)
     local = resolve_packaged(ref) or ref
+    if backend in HF_BACKENDS and not hf.is_hf_ref(local) and not Path(local).expanduser().exists():
+        local = "hf:" + local  # a bare hub id (bert-base-uncased) with an explicit Hugging Face backend
     if not hf.is_hf_ref(local):
         raise ModelError(
             f"model {ref!r}: not a file, a known short name or a Hugging Face checkpoint "

@@ -36,8 +36,19 @@ from pathlib import Path
 from typing import Any
 
 from audit import tiny_models
+from audit.backends.static import content_digest
+from audit.datasets import corpus_from_tests
 from audit.errors import AuditError, ModelError
-from jobs.resolve import MATRIX_FILE, built_path, model_kind, probe_revision, resolve_ref
+from audit.mitigation import apply_mitigation, as_matrix, load_definitions
+from audit.provenance import code_version
+from audit.runner import load_model
+from jobs.resolve import (
+    MATRIX_FILE,
+    built_path,
+    model_kind,
+    probe_revision,
+    resolve_ref,
+)
 
 _FASTTEXT_DEFAULTS = {"dim": 16, "epoch": 5}
 
@@ -58,7 +69,6 @@ def _build_fasttext(out: Path, params: dict[str, Any]) -> None:
     if lang:
         # A small text built from the shipped tests' word lists and templates of that language
         # (audit.datasets.corpus_from_tests), so every test word is in the vocabulary.
-        from audit.datasets import corpus_from_tests
 
         corpus = corpus_from_tests([lang], seed=int(params.get("seed", 0)))[lang]
     else:
@@ -136,8 +146,6 @@ def mitigation_record(spec, model, plan) -> dict[str, Any]:
     when this changes, so a resumed sweep reuses the same file and the same task keys."""
     import hashlib
 
-    from audit.mitigation import load_definitions
-    from audit.provenance import code_version
     b = dict(model.build)
     base = spec.model(b["base"])
     local = resolve_ref(base.ref, output_dir=spec.output_dir, build=dict(base.build) if base.build else None)
@@ -178,10 +186,6 @@ def build_mitigated(spec, model, plan) -> Path:
     definitions, a look-up-only model) prefixed with the model and the step.
     """
     import time
-
-    from audit.backends.static import content_digest
-    from audit.mitigation import apply_mitigation, as_matrix, load_definitions
-    from audit.runner import load_model
 
     b = dict(model.build)
     where = f"model {model.name!r} ({b['method']} of {b['base']!r})"

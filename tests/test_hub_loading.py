@@ -21,7 +21,7 @@ pytest.importorskip("huggingface_hub")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import hub_fixture  # noqa: E402,F401  (the fixture `hub`)
-from tiny_models import tiny_model_dir  # noqa: E402
+from audit.tiny_models import tiny_model_dir  # noqa: E402
 
 from audit.backends.hf import load_hf_model  # noqa: E402
 from audit.errors import ModelError  # noqa: E402

@@ -18,7 +18,7 @@ hf = pytest.importorskip("huggingface_hub")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import LoopbackHub, hub_fixture, variant_files  # noqa: E402,F401  (the fixture `hub`)
-from tiny_models import tiny_model_dir  # noqa: E402
+from audit.tiny_models import tiny_model_dir  # noqa: E402
 
 from huggingface_hub import HfApi  # noqa: E402
 from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,  # noqa: E402

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from audit.datasets._common import (
-    UNDETERMINED,
     SUPPORTED_LANGUAGES,
+    UNDETERMINED,
     _check_keys,
     _check_language,
     _check_unique,

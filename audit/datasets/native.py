@@ -19,8 +19,8 @@ from audit.datasets._common import (
 )
 from audit.datasets.templates import (
     LPBS_USE,
-    SEAT_USE,
     NUMBERS,
+    SEAT_USE,
     TEMPLATE_USES,
     _check_lpbs_template,
     _check_seat_template,

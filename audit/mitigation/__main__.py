@@ -13,12 +13,17 @@ import argparse
 import sys
 import warnings
 
+from audit.errors import AuditError
+from audit.mitigation import ALIASES
+from audit.mitigation.evaluation import (
+    CONTROL_TESTS,
+    GENDER_TESTS,
+    format_table,
+    mitigation_report,
+)
+
 
 def main(argv: list[str] | None = None) -> int:
-    from audit.errors import AuditError
-    from audit.mitigation import ALIASES
-    from audit.mitigation.evaluation import CONTROL_TESTS, GENDER_TESTS, format_table, mitigation_report
-
     ap = argparse.ArgumentParser(prog="python -m audit.mitigation", description=__doc__.splitlines()[0])
     ap.add_argument("--report", action="store_true", help="print the before/after WEAT table")
     ap.add_argument("--methods", default="", help="comma-separated method names or aliases (default: all)")

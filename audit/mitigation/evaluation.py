@@ -22,6 +22,8 @@ import pandas as pd
 
 from audit.datasets import load_test
 from audit.metrics.weat import weat
+from audit.mitigation import METHODS, get_mitigation, load_definitions
+from audit.mitigation.matrix import load_glove_6b_50d
 from audit.suites import WordTest
 from audit.vocab import resolve_sets, words_needed
 
@@ -118,9 +120,6 @@ def mitigation_report(
     neighbours searched in the whole model: each word's result is the one a full run gives.
     Returns the table and the fit+transform seconds per method.
     """
-    from audit.mitigation import METHODS, get_mitigation, load_definitions
-    from audit.mitigation.matrix import load_glove_6b_50d
-
     methods = list(methods or METHODS)
     d = load_definitions(definitions)
     extra = {w.lower() for s in (*d.definitional_sets, *d.equalize_sets) for w in s} | set(d.specific_words)

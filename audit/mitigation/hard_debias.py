@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from audit.errors import ParameterError
 from audit.mitigation.base import (
     Mitigation,
     bias_subspace,
@@ -132,8 +133,6 @@ class HardDebias(Mitigation):
     def _validate_params(self) -> None:
         check_int(type(self).__name__, "n_components", self.n_components, minimum=1)
         if not isinstance(self.case_variants, bool):
-            from audit.errors import ParameterError
-
             raise ParameterError(f"HardDebias: case_variants must be True or False, got {self.case_variants!r}")
 
     def fit(self, model: Any, definitions: BiasDefinitions | str) -> HardDebias:
@@ -271,8 +270,6 @@ class MulticlassHardDebias(Mitigation):
         comps, evr = bias_subspace(groups, max(self.n_components, 1))
         rank = int(np.sum(evr > 1e-10))
         if rank < self.n_components:
-            from audit.errors import ParameterError
-
             raise ParameterError(
                 f"MulticlassHardDebias: n_components={self.n_components} but the definitional sets span "
                 f"only {rank} dimensions"

@@ -93,7 +93,7 @@ class HubSource:
         except HfHubHTTPError as e:
             code = getattr(getattr(e, "response", None), "status_code", None)
             if code is not None and (code == 429 or code >= 500):
-                raise SourceUnavailable(f"{what}: HTTP {code} ({first_line(e)})") from None
+                raise SourceUnavailable(f"{what}: HTTP {code} ({first_line(e)})") from e
             raise ModelError(f"{what}: HTTP {code} ({first_line(e)})") from None
         except (OSError, TimeoutError) as e:  # connection refused/reset, DNS, timeouts
             raise SourceUnavailable(f"{what}: {type(e).__name__}: {first_line(e)}") from None
