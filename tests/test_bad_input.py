@@ -310,11 +310,11 @@ CASES = [
     ("crows-pairs-empty-cell", [*S[:4], "cp_empty.csv", "--metric", "crows_pairs"],
      "cp_empty.csv: column 'sent_more' is empty in row 3 (pair_id 2)"),
     # ---- parameters
-    ("unknown-metric", [*S[:6], "weet"], "unknown metric 'weet'; known metrics: weat, ‹*›"),
+    ("unknown-metric", [*S[:6], "weet"], "unknown metric 'weet' (did you mean 'weat'?); known metrics: weat, ‹*›"),
     ("zero-permutations", [*S, "--param", "permutations=0"],
      "permutations=0: must be a positive number of random partitions"),
     ("unknown-metric-parameter", [*S, "--param", "foo=1"],
-     "metric 'weat' does not accept parameter(s) foo; accepted: ddof, alternative, permutations, ‹*›"),
+     "metric 'weat' does not accept parameter(s) foo; accepted: alternative, batch_size, casefold, ‹*›"),
     ("max-missing-out-of-range", [*S, "--max-missing", "1.5"], "max_missing must be a fraction in [0, 1], got 1.5"),
     ("exact-test-too-large", ["score", "--model", "big.vec", "--test", "big.yaml", "--metric", "weat",
                               "--permutations", "exact"],

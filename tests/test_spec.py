@@ -40,7 +40,7 @@ def small_registry(tmp_path, monkeypatch):
     from audit.datasets import registry
 
     root = tmp_path / "datasets"
-    for name in ("en/weat1", "en/weat7", "de/cw1", "de/cw2"):
+    for name in ("en/weat1", "en/weat7", "de/cw1", "de/cw2", "en/crows_pairs"):
         src = registry()[name]
         (root / name.split("/")[0]).mkdir(parents=True, exist_ok=True)
         shutil.copy(src, root / name.split("/")[0] / src.name)
@@ -249,7 +249,7 @@ def test_static_model_gets_no_lm_metrics_and_missing_language_is_reported(small_
         tests=["weat1", "weat7", "cw1"],
         permutations=100,
     )
-    assert plan_mod.registered_tests() == {"de": ["de/cw1", "de/cw2"], "en": ["en/weat1", "en/weat7"]}
+    assert plan_mod.registered_tests() == {"de": ["de/cw1", "de/cw2"], "en": ["en/crows_pairs", "en/weat1", "en/weat7"]}
     p = plan_mod.expand(s)
     labels = sorted((t.language, t.test, t.metric) for t in p.tasks)
     # GloVe has no language restriction here: English WEAT 1/7 and German CW1 are all planned
