@@ -219,3 +219,72 @@ def test_same_and_direct_bias_on_the_real_minilm_encoder():
     assert np.allclose(res2.items[signed].to_numpy(), -res.items[signed].to_numpy(), atol=1e-9)
     db = runner.score(model, test, "direct_bias", {"groups": "attributes"}, seed=0)
     assert 0.0 < db.value < 1.0
+
+
+# ------------------------------------------------------------------ issue 11: command-line gaps
+
+
+def _bias_txt(path: Path, sets: dict) -> Path:
+    path.write_text("# Target: flowers\n# Target: insects\n# Attribute: pleasant\n# Attribute: unpleasant\n"
+                    + "\n".join(", ".join(sets[k]) for k in ("x", "y", "a", "b")) + "\n", encoding="utf-8")
+    return path
+
+
+def test_bias_file_outside_a_language_folder_scores_on_static_vectors(small_test, tmp_path, capsys):
+    model, _, (X, Y, A, B) = small_test
+    sets = {"x": ["rose", "tulip", "daisy", "lily", "iris"], "y": ["ant", "wasp", "moth", "flea", "gnat"],
+            "a": ["love", "peace", "joy", "gift", "happy"], "b": ["war", "death", "grief", "crash", "ugly"]}
+    txt = _bias_txt(tmp_path / "flowers.txt", sets)  # tmp_path is not named after a language
+    assert main(["score", "--model", str(model), "--test", str(txt), "--metric", "weat", "--format", "json",
+                 "--n-bootstrap", "0"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["value"] == pytest.approx(weat(X, Y, A, B, n_bootstrap=0).value, abs=1e-9)
+    assert res["provenance"]["language"] == "und"
+    # --language gives it one (recorded), the numbers do not change on static vectors
+    assert main(["score", "--model", str(model), "--test", str(txt), "--metric", "weat", "--format", "json",
+                 "--n-bootstrap", "0", "--language", "de"]) == 0
+    res_de = json.loads(capsys.readouterr().out)
+    assert res_de["provenance"]["language"] == "de" and res_de["value"] == res["value"]
+    # what needs a language (templates for a transformer) asks for --language, one line
+    bert = __import__("audit.tiny_models", fromlist=["x"]).tiny_model_dir("bert")
+    code = main(["score", "--model", str(bert), "--test", str(txt), "--metric", "seat"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "pass --language" in err
+
+
+def test_table_format_rounds_to_what_the_numbers_support(small_test, capsys):
+    model, test, _ = small_test
+    assert main(["score", "--model", str(model), "--test", str(test), "--metric", "weat", "--n-bootstrap", "50"]) == 0
+    out = capsys.readouterr().out
+    import re
+
+    floats = re.findall(r"-?\d+\.\d+(?:e-?\d+)?", out.split("revision")[0])
+
+    def significant(f: str) -> int:
+        return len(f.lstrip("-").split("e")[0].replace(".", "").lstrip("0"))
+
+    assert floats and all(significant(f) <= 4 for f in floats), out
+    assert main(["score", "--model", str(model), "--test", str(test), "--metric", "weat", "--n-bootstrap", "50",
+                 "--format", "json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert len(repr(full["value"])) > 8  # json keeps full precision
+
+
+@pytest.mark.skipif(not (SHARED / "bias-framework" / "en" / "LPBS" / "LPBS_1.jsonl").is_file(),
+                    reason="needs ../shared/data")
+def test_lpbs_forms_from_the_command_line_and_specs(capsys):
+    from audit.tiny_models import tiny_model_dir
+    from jobs.spec import parse_spec
+
+    bert = str(tiny_model_dir("bert"))
+    lp = str(SHARED / "bias-framework" / "en" / "LPBS" / "LPBS_1.jsonl")
+    args = ["score", "--model", bert, "--test", lp, "--metric", "lpbs", "--format", "json", "--permutations", "200"]
+    assert main(args) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert main(args + ["--forms", "singular"]) == 0  # the BIAS framework's singular-only design
+    sing = json.loads(capsys.readouterr().out)
+    assert sing["params"]["forms"] == ["singular"]
+    assert sing["n_cells"] < both["n_cells"] and sing["value"] != both["value"]
+    spec = parse_spec({"name": "f", "models": [bert], "tests": [lp],
+                       "metrics": [{"name": "lpbs", "params": {"forms": ["singular"]}}]}, source="f.yaml")
+    assert spec.metrics[0].params == {"forms": ["singular"]}
