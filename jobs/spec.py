@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from audit import registry
-from audit.errors import AuditError, ParameterError
+from audit.errors import AuditError
 from audit.mitigation import get_mitigation, load_definitions
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
-from jobs.validators import (NAME_RE, Ctx, boolean, check_fields, expand_env, integer, mapping, number,
+from jobs.validators import (location_overrides, NAME_RE, Ctx, boolean, check_fields, expand_env, integer, mapping, number,
                              plain_values, read_yaml, str_list, string, suggest)
 
 
@@ -606,12 +606,5 @@ def load_spec(path: str | Path, *, output_dir: str | Path | None = None, trackin
     override the spec's."""
     p = find_spec_file(path)
     spec = parse_spec(read_yaml(p), source=str(p))
-    changes: dict[str, Any] = {}
-    if output_dir is not None:
-        changes["output_dir"] = Path(output_dir)
-    if tracking_uri is not None:
-        problem = tracking_uri_problem(tracking_uri)
-        if problem:
-            raise ParameterError(f"--tracking-uri: {problem}")
-        changes["tracking_uri"] = tracking_uri
+    changes: dict[str, Any] = location_overrides(output_dir, tracking_uri)
     return dataclasses.replace(spec, **changes) if changes else spec

@@ -37,6 +37,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from audit.errors import DataError, ParameterError
+from jobs.uris import tracking_uri_problem
 
 # --------------------------------------------------------------------------------------
 # Error messages
@@ -302,3 +303,17 @@ def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
 __all__ = ["Ctx", "suggest", "first_line", "parse_yaml", "read_yaml", "ENV_VAR_RE", "SECRET_OK_FIELDS",
            "is_secret_name", "expand_env", "NAME_RE", "check_fields", "mapping", "given", "string", "name",
            "boolean", "integer", "number", "str_list", "plain_values"]
+
+
+def location_overrides(output_dir: Any = None, tracking_uri: str | None = None) -> dict[str, Any]:
+    """The fields a command line's ``--output-dir`` and ``--tracking-uri`` set on a sweep or watch
+    spec (an unsupported tracking URI is refused, naming the option)."""
+    changes: dict[str, Any] = {}
+    if output_dir is not None:
+        changes["output_dir"] = Path(output_dir)
+    if tracking_uri is not None:
+        problem = tracking_uri_problem(tracking_uri)
+        if problem:
+            raise ParameterError(f"--tracking-uri: {problem}")
+        changes["tracking_uri"] = tracking_uri
+    return changes

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from audit.errors import ParameterError
 from jobs.uris import resolve_tracking_uri, store_identity, tracking_uri_problem
-from jobs.validators import (Ctx, expand_env, given, integer, mapping, name, number, read_yaml, string,
+from jobs.validators import (location_overrides, Ctx, expand_env, given, integer, mapping, name, number, read_yaml, string,
                              suggest)
 from jobs.watch.backoff import Backoff
 
@@ -335,14 +335,7 @@ def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | 
     environment); the keyword arguments (the command line's options) override its fields."""
     p = Path(path)
     spec = parse_watch_spec(expand_env(read_yaml(p, what="watch spec"), str(p)), source=str(p))
-    changes: dict[str, Any] = {}
-    if output_dir is not None:
-        changes["output_dir"] = Path(output_dir)
-    if tracking_uri is not None:
-        problem = tracking_uri_problem(tracking_uri)
-        if problem:
-            raise ParameterError(f"--tracking-uri: {problem}")
-        changes["tracking_uri"] = tracking_uri
+    changes: dict[str, Any] = location_overrides(output_dir, tracking_uri)
     if interval is not None:
         if interval <= 0:
             raise ParameterError(f"--interval must be > 0, got {interval}")
