@@ -113,11 +113,13 @@ class Metric:
     result_names: model kind -> the name results record (default: ``name``), e.g. CrowS-Pairs
                   on a causal LM is recorded as ``crows_pairs_causal``.
     items:        what one row of its per-item table is.
-    paired:       ``"targets"`` when row i of the two target sets forms a pair (RIPA), ``"groups"``
-                  when the sets named by the ``groups`` parameter do (Direct Bias): the measure
-                  step then drops a pair whose partner is missing.
-    roles:        ``True`` when the metric takes a ``groups`` parameter that can swap the roles of
-                  target and attribute sets (the set counts swap with it).
+    paired:       ``"targets"`` when row i of the two target sets forms a pair, ``"groups"`` when
+                  the protected-group sets do (RIPA, Direct Bias): the measure step then drops a
+                  pair whose partner is missing.
+    roles:        ``True`` for an asymmetric metric: one side of the test holds the social groups
+                  (the test's ``groups`` field, :attr:`audit.suites.WordTest.groups`), the other
+                  the words measured; a ``groups`` parameter overrides the test (the set counts
+                  swap with the side).
     sharded:      optional ``sharded(measurement, params, seed, shards, map_fn) -> MetricOutput |
                   None``: the analysis with its exact permutation count split into ``shards``
                   pieces mapped by ``map_fn`` (``None`` when splitting does not pay).
@@ -148,7 +150,7 @@ class Metric:
 
     def set_counts(self, params: Mapping[str, Any] | None = None) -> tuple[tuple[int, int | None], tuple[int, int | None]]:
         """``(n_targets, n_attributes)`` bounds, swapped when ``groups="attributes"`` swaps the roles."""
-        if self.roles and (params or {}).get("groups", self.params.get("groups")) == "attributes":
+        if self.roles and ((params or {}).get("groups") or self.params.get("groups")) == "attributes":
             return self.n_attributes, self.n_targets
         return self.n_targets, self.n_attributes
 

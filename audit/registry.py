@@ -140,7 +140,7 @@ _ENTRIES: tuple[Metric, ...] = (
         n_targets=(2, 2), n_attributes=(2, 2), items="one row per attribute word: its log bias score",
     ),
     Metric(
-        name="same", family=ASSOCIATION, analyse=_on_sets(same_sets), params={"combine": "sum", "groups": "targets"},
+        name="same", family=ASSOCIATION, analyse=_on_sets(same_sets), params={"combine": "sum", "groups": None},
         headline="SAME: mean over the attribute words of |cos(w, a_X - a_Y)|, a_i = mean unit vector of group i "
                  "(> 2 groups: Gram-Schmidt components combined)",
         reference="Schröder, Schulz & Hammer (2024), The SAME score, IJCNN (arXiv:2203.14603); "
@@ -156,7 +156,7 @@ _ENTRIES: tuple[Metric, ...] = (
     ),
     Metric(
         name="direct_bias", family=ASSOCIATION, analyse=_on_sets(direct_bias_sets),
-        params={"c": 1.0, "k": 1, "normalize": True, "groups": "targets"},
+        params={"c": 1.0, "k": 1, "normalize": True, "groups": None},
         headline="Direct Bias: mean over the attribute words of |cos(w, g)|^c, g = first PC of the pair-centred "
                  "target (defining) sets",
         reference="Bolukbasi et al. (2016), Man is to computer programmer as woman is to homemaker?, NeurIPS",
@@ -164,40 +164,41 @@ _ENTRIES: tuple[Metric, ...] = (
         items="one row per neutral word: cos(w, g)",
     ),
     Metric(
-        name="rnd", family=ASSOCIATION, analyse=_on_sets(rnd_sets), params={"distance": "euclidean"},
+        name="rnd", family=ASSOCIATION, analyse=_on_sets(rnd_sets), params={"distance": "euclidean", "groups": None},
         headline="RND: mean over attribute words of ||a - mean(X)|| - ||a - mean(Y)|| (WEFE)",
         reference="Garg et al. (2018), PNAS 115:E3635; WEFE 1.0.1 (Badilla et al. 2020)",
-        n_targets=(2, 2), n_attributes=(1, None), items="one row per attribute word: its distance difference",
+        n_targets=(2, 2), n_attributes=(1, None), roles=True, items="one row per measured word: its distance difference",
     ),
     Metric(
         name="rnsb", family=ASSOCIATION, analyse=_on_sets(rnsb_sets),
-        params={"holdout": True, "n_iterations": 1, "seed": None},
+        params={"holdout": True, "n_iterations": 1, "seed": None, "groups": None},
         headline="RNSB: KL(normalised P(negative=B | target word) || uniform), natural log",
         reference="Sweeney & Najafian (2019), ACL; WEFE 1.0.1",
-        n_targets=(1, None), n_attributes=(2, 2), items="one row per target word: its normalised negative probability",
+        n_targets=(1, None), n_attributes=(2, 2), roles=True,
+        items="one row per group word: its normalised negative probability",
     ),
     Metric(
-        name="mac", family=ASSOCIATION, analyse=_on_sets(mac_sets), params={},
+        name="mac", family=ASSOCIATION, analyse=_on_sets(mac_sets), params={"groups": None},
         headline="MAC: mean over (target word, attribute set) of mean cosine distance",
         reference="Manzini et al. (2019), NAACL; WEFE 1.0.1",
-        n_targets=(1, None), n_attributes=(1, None), items="one row per (target word, attribute set)",
+        n_targets=(1, None), n_attributes=(1, None), roles=True, items="one row per (group word, measured set)",
     ),
     Metric(
-        name="ect", family=ASSOCIATION, analyse=_on_sets(ect_sets), params={},
+        name="ect", family=ASSOCIATION, analyse=_on_sets(ect_sets), params={"groups": None},
         headline="ECT: Spearman rho between attribute words' cosines to mean(X) and to mean(Y); 1 = no bias",
         reference="Dev & Phillips (2019), AISTATS; WEFE 1.0.1",
-        n_targets=(2, 2), n_attributes=(1, None), items="one row per attribute word: its two cosines",
+        n_targets=(2, 2), n_attributes=(1, None), roles=True, items="one row per measured word: its two cosines",
     ),
     Metric(
-        name="ripa", family=ASSOCIATION, analyse=_on_sets(ripa_sets), params={},
+        name="ripa", family=ASSOCIATION, analyse=_on_sets(ripa_sets), params={"groups": None},
         headline="RIPA: mean over attribute words and pairs (x_i, y_i) of a . (x_i - y_i)/||x_i - y_i||",
         reference="Ethayarajh, Duvenaud & Hirst (2019), ACL; WEFE 1.0.1",
-        n_targets=(2, 2), n_attributes=(1, None), paired="targets",
-        items="one row per attribute word: its mean projection",
+        n_targets=(2, 2), n_attributes=(1, None), paired="groups", roles=True,
+        items="one row per measured word: its mean projection",
     ),
     Metric(
         name="cramers_v", family=ASSOCIATION, analyse=_on_sets(cramers_v_sets),
-        params={"classifier": "svm", "n_cases": 10, "train_fraction": 0.8, "seed": None, "groups": "targets"},
+        params={"classifier": "svm", "n_cases": 10, "train_fraction": 0.8, "seed": None, "groups": None},
         headline="Cramér's V (mean over seeded test cases) between stereotype class and predicted protected class",
         reference="Dusi et al. (2024), IEEE Access, doi:10.1109/ACCESS.2024.3482010",
         n_targets=(2, None), n_attributes=(2, None), roles=True,
@@ -343,7 +344,7 @@ def _fit_reason(e: Metric, test: Any, params: Mapping[str, Any] | None = None) -
         what = {"words": "word-set tests", "pairs": "sentence-pair tests (CrowS-Pairs)"}
         return f"{e.name} runs on {what.get(e.family.test_type, e.family.test_type)}, not on {test.name}"
     if ttype == "words":
-        nt, na = e.set_counts(params)
+        nt, na = e.set_counts({**(params or {}), "groups": (params or {}).get("groups") or test.groups})
         why = check_count("target", len(test.targets), nt, e.name) or \
             check_count("attribute", len(test.attributes), na, e.name)
         if why:
@@ -425,16 +426,24 @@ def analyse(m: Measurement, name: str, params: Mapping[str, Any] | None = None, 
     _check_params(e, ap)
     if "seed" in e.params and "seed" not in ap:
         ap["seed"] = seed
+    groups_source = None
+    if e.roles:
+        groups_source = "parameter" if ap.get("groups") else ("test" if m.info.get("groups") else "default")
+        ap["groups"] = ap.get("groups") or m.info.get("groups") or "targets"
     if m.family == ASSOCIATION.name or m.family == SEAT_SENTENCES.name:
         nt, na = e.set_counts(ap)
         for why in (check_count("target", len(m.targets), nt, name), check_count("attribute", len(m.attributes), na, name)):
             if why:
                 raise ParameterError(why)
-    if shards > 1 and e.sharded is not None:
-        out = e.sharded(m, ap, shards, map_fn)
-        if out is not None:
-            return out
-    return e.analyse(m, **ap)
+    out = e.sharded(m, ap, shards, map_fn) if shards > 1 and e.sharded is not None else None
+    if out is None:
+        out = e.analyse(m, **ap)
+    if groups_source is not None:  # which side held the social groups, and who said so
+        out.fields["groups"] = ap["groups"]
+        out.fields["groups_source"] = groups_source
+        if groups_source == "test" and m.info.get("groups_reason"):
+            out.fields["groups_reason"] = m.info["groups_reason"]
+    return out
 
 
 # --------------------------------------------------------------------------------------

@@ -24,6 +24,10 @@ class WordSet:
     words: tuple[str, ...]
 
 
+#: The two sides of a word test.
+SIDES = ("targets", "attributes")
+
+
 @dataclasses.dataclass(frozen=True)
 class WordTest:
     """One bias test.
@@ -40,6 +44,11 @@ class WordTest:
     sentences:  optional sentence sets for SEAT by role and index, e.g.
                 ``{"targets": [[...], [...]], "attributes": [[...], [...]]}``.
     extra:      any further documented fields of the file (forms, description, ...).
+    groups:     which side holds the protected groups (``"targets"`` or ``"attributes"``): the
+                social groups whose association is measured, the other side being the words
+                measured. Asymmetric metrics (SAME, Direct Bias, Cramér's V, RND, RNSB, MAC, ECT,
+                RIPA) take their group sets from this side unless a task's ``groups`` parameter
+                overrides it. ``groups_reason`` says why (native files must give one).
     """
 
     name: str
@@ -52,6 +61,8 @@ class WordTest:
     templates: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
     sentences: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
+    groups: str = "targets"
+    groups_reason: str = dataclasses.field(default="", compare=False)
 
     def canonical(self) -> dict[str, Any]:
         """Everything that changes a test's numbers, as a JSON-able dict (no source path)."""
@@ -62,6 +73,7 @@ class WordTest:
             "attributes": [[s.name, list(s.words)] for s in self.attributes],
             "templates": self.templates,
             "sentences": self.sentences,
+            "groups": self.groups,
         }
 
     def digest(self) -> str:

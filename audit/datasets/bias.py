@@ -39,6 +39,11 @@ def _language_from_path(path: Path, language: str | None, where: str) -> str:
     return UNDETERMINED  # static-vector metrics need none; templates ask for --language
 
 
+#: The documented rule for the protected-group side of BIAS-format files, which declare none.
+BIAS_GROUPS_RULE = ("BIAS-format files declare no role: their target sets are taken as the social groups "
+                    "(the WEFE convention, Badilla et al. 2020); pass the groups parameter (groups: attributes) "
+                    "for a file written the other way round, as Caliskan's WEAT 7 and 8")
+
 _BIAS_NAME_RE = re.compile(r"^#\s*(target|attribute)\s*:\s*(.*?)\s*$", re.IGNORECASE)
 
 
@@ -111,6 +116,7 @@ def read_bias_weat_txt(path: str | Path, *, language: str | None = None) -> Word
     if description:
         provenance += f" ({description})"
     return _build(
+        groups_reason=BIAS_GROUPS_RULE,
         name=path.stem, language=lang, targets=sets[:2], attributes=sets[2:],
         provenance=provenance, licence="", source=str(path),
         extra={"format": "bias-weat-txt", "description": description, "forms": {}, "metrics": None},
@@ -186,6 +192,7 @@ def _bias_seat(obj: dict, path: Path, lang: str) -> WordTest:
         sentences[role].append(_string_list(entry["examples"], where, f"{key}.examples"))
         sets[role].append(WordSet(name, ()))
     return _build(
+        groups_reason=BIAS_GROUPS_RULE,
         name=path.stem, language=lang, targets=sets["targets"], attributes=sets["attributes"],
         provenance=f"BIAS Detection Framework SEAT sentence file {path.name}", licence="",
         source=where, sentences=sentences,
@@ -239,6 +246,7 @@ def parse_bias_lpbs(obj: Mapping[str, Any], *, name: str, language: str, source:
         attributes.append(WordSet(set_name, tuple(_string_list(obj[key], where, key))))
     templates = _parse_templates_field({LPBS_USE: obj["templates"]}, where) if "templates" in obj else {}
     test = _build(
+        groups_reason=BIAS_GROUPS_RULE,
         name=name, language=language, targets=targets, attributes=attributes,
         provenance=f"BIAS Detection Framework LPBS layout ({Path(source).name or name})", licence="", source=source,
         templates=templates,

@@ -27,13 +27,15 @@ from audit.datasets.templates import (
     _parse_forms,
 )
 from audit.errors import DataError
-from audit.suites import WordSet, WordTest
+from audit.suites import SIDES, WordSet, WordTest
 
 #: Top-level fields of a native test file, in the order :func:`to_native` writes them.
 NATIVE_FIELDS = (
     "name", "language", "description", "provenance", "licence",
-    "targets", "attributes", "templates", "forms", "metrics",
+    "targets", "attributes", "protected_groups", "templates", "forms", "metrics",
 )
+#: Fields of ``protected_groups``: which side holds the social groups, and why.
+GROUPS_FIELDS = ("side", "reason")
 #: Fields a native test file must have.
 REQUIRED_FIELDS = ("name", "language", "provenance", "licence", "targets", "attributes")
 #: Fields of one word set.
@@ -136,15 +138,32 @@ def _parse_metrics(value: Any, where: str) -> list[str] | None:
     return lst
 
 
+def _parse_groups(value: Any, where: str) -> tuple[str, str]:
+    """``protected_groups: {side: targets|attributes, reason: ...}`` -> (side, reason); absent:
+    ``("targets", "")`` (the WEFE convention; shipped tests always give the field)."""
+    if value is None:
+        return "targets", ""
+    if not isinstance(value, Mapping):
+        raise DataError(f"{where}: field protected_groups must be a mapping with keys side and reason, "
+                        f"got {_typename(value)} {value!r}")
+    _check_keys(value, GROUPS_FIELDS, where, "protected_groups")
+    side = _text(value.get("side"), where, "protected_groups.side")
+    if side not in SIDES:
+        raise DataError(f"{where}: field protected_groups.side: {side!r} is not one of {', '.join(SIDES)}")
+    return side, _text(value.get("reason"), where, "protected_groups.reason")
+
+
 def _build(*, name: str, language: str, targets: list[WordSet], attributes: list[WordSet],
            provenance: str, licence: str, source: str, templates: dict | None = None,
-           sentences: dict | None = None, extra: dict | None = None) -> WordTest:
+           sentences: dict | None = None, extra: dict | None = None, groups: str = "targets",
+           groups_reason: str = "") -> WordTest:
     sentences = sentences or {}
     _check_sets(targets, attributes, sentences, _where(source))
     return WordTest(
         name=name, language=language, targets=tuple(targets), attributes=tuple(attributes),
         provenance=provenance, licence=licence, source=source,
         templates=templates or {}, sentences=sentences, extra=extra or {},
+        groups=groups, groups_reason=groups_reason,
     )
 
 
@@ -225,7 +244,9 @@ def parse_native(data: Any, source: str | Path = "") -> WordTest:
     all_words = {w for r in sets.values() for s in r for w in s.words}
     forms = _parse_forms(data.get("forms"), all_words, where)
     metrics = _parse_metrics(data.get("metrics"), where)
+    groups, groups_reason = _parse_groups(data.get("protected_groups"), where)
     test = _build(
+        groups=groups, groups_reason=groups_reason,
         name=name, language=language, targets=sets["targets"], attributes=sets["attributes"],
         provenance=provenance, licence=licence, source=str(source), templates=templates,
         sentences=sentences,
@@ -258,6 +279,8 @@ def to_native(test: WordTest) -> dict[str, Any]:
                 row["sentences"] = list(test.sentences[role][i])
             rows.append(row)
         out[role] = rows
+    if test.groups_reason:
+        out["protected_groups"] = {"side": test.groups, "reason": test.groups_reason}
     if test.templates:
         out["templates"] = {k: ({"singular": list(t)} if isinstance(t, (list, tuple))
                                 else {n: list(v) for n, v in t.items()})

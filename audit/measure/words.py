@@ -67,9 +67,11 @@ def _drop_unpaired(sets, resolved, dropped: dict[str, list[str]]) -> None:
         r.vectors = r.vectors[rows]
 
 
-def _paired_role(metric: Metric, analysis_params: Mapping[str, Any]) -> str | None:
+def _paired_role(metric: Metric, analysis_params: Mapping[str, Any], test: WordTest) -> str | None:
+    """The side whose sets pair up row by row: the protected-group side (the task's ``groups``
+    parameter, else the test's) for ``paired="groups"``."""
     if metric.paired == "groups":
-        return str(analysis_params.get("groups", metric.params.get("groups", "targets")))
+        return str(analysis_params.get("groups") or test.groups)
     return metric.paired
 
 
@@ -98,7 +100,7 @@ def measure_words(model, test: WordTest, metric: Metric, mp: Mapping[str, Any],
                   ap: Mapping[str, Any]) -> Measurement:
     """One vector per word of every set of ``test`` (see the module docstring)."""
     wv = model.handle if model.kind == "static" else _contextual_word_vectors(model, test, mp)
-    paired = _paired_role(metric, ap)
+    paired = _paired_role(metric, ap, test)
     sets = [*test.targets, *test.attributes]
     if paired:
         group = test.targets if paired == "targets" else test.attributes
@@ -128,6 +130,7 @@ def measure_words(model, test: WordTest, metric: Metric, mp: Mapping[str, Any],
         missing=_by_name(sets, [list(r.missing) for r in resolved]),
         subword=_by_name(sets, [list(r.subword) for r in resolved]),
         unpaired=dropped,
+        info={"groups": test.groups, "groups_reason": test.groups_reason},
     )
 
 

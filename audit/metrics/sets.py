@@ -99,20 +99,40 @@ def union_attributes(
     return out
 
 
-def rnd_sets(targets: list, attributes: list, **params: Any) -> MetricOutput:
-    return union_attributes(rnd, "rnd_per_attribute", targets, attributes, **params)
+def with_roles(fn: Callable[..., MetricOutput], targets: list, attributes: list, groups: str,
+               **params: Any) -> MetricOutput:
+    """Call a WEFE-template ``fn(group_sets, scored_sets, **params)`` (its "targets" are the social
+    groups) with the side ``groups`` names as the groups; when that is the test's attribute side,
+    the per-item labels are swapped back to the test's roles (``attribute<j>`` <-> ``target<j>``)."""
+    if groups not in ("targets", "attributes"):
+        raise ParameterError(f"groups must be 'targets' or 'attributes', got {groups!r}")
+    if groups == "targets":
+        return fn(targets, attributes, **params)
+    out = fn(attributes, targets, **params)
+    if out.items is not None and "set" in out.items.columns:
+        swap = {"target": "attribute", "attribute": "target"}
+        out.items = out.items.assign(set=[
+            next((swap[k] + s[len(k):] for k in swap if str(s).startswith(k)), s) for s in out.items["set"]])
+    return out
 
 
-def ect_sets(targets: list, attributes: list, **params: Any) -> MetricOutput:
-    return union_attributes(ect, "ect_per_attribute", targets, attributes, **params)
+def rnd_sets(targets: list, attributes: list, *, groups: str = "targets", **params: Any) -> MetricOutput:
+    return with_roles(lambda g, s, **p: union_attributes(rnd, "rnd_per_attribute", g, s, **p),
+                      targets, attributes, groups, **params)
 
 
-def ripa_sets(targets: list, attributes: list, **params: Any) -> MetricOutput:
-    return union_attributes(ripa, "ripa_per_attribute", targets, attributes, **params)
+def ect_sets(targets: list, attributes: list, *, groups: str = "targets", **params: Any) -> MetricOutput:
+    return with_roles(lambda g, s, **p: union_attributes(ect, "ect_per_attribute", g, s, **p),
+                      targets, attributes, groups, **params)
 
 
-def rnsb_sets(targets: list, attributes: list, **params: Any) -> MetricOutput:
-    return rnsb(targets, attributes[0], attributes[1], **params)
+def ripa_sets(targets: list, attributes: list, *, groups: str = "targets", **params: Any) -> MetricOutput:
+    return with_roles(lambda g, s, **p: union_attributes(ripa, "ripa_per_attribute", g, s, **p),
+                      targets, attributes, groups, **params)
+
+
+def rnsb_sets(targets: list, attributes: list, *, groups: str = "targets", **params: Any) -> MetricOutput:
+    return with_roles(lambda g, s, **p: rnsb(g, s[0], s[1], **p), targets, attributes, groups, **params)
 
 
 def by_groups(
@@ -147,8 +167,8 @@ def gweat_sets(targets: list, attributes: list, **params: Any) -> MetricOutput:
     return gweat(targets, attributes, **params)
 
 
-def mac_sets(targets: list, attributes: list, **params: Any) -> MetricOutput:
-    return mac(targets, attributes, **params)
+def mac_sets(targets: list, attributes: list, *, groups: str = "targets", **params: Any) -> MetricOutput:
+    return with_roles(lambda g, s, **p: mac(g, s, **p), targets, attributes, groups, **params)
 
 
 def weat_sets_sharded(targets: list, attributes: list, params: dict[str, Any], shards: int,
