@@ -42,6 +42,7 @@ plain file store), with artifacts under ``<output_dir>/mlartifacts``; ``mlflow u
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -51,9 +52,10 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pandas as pd
+from filelock import FileLock
 
 from audit.errors import AuditError, ParameterError
 
@@ -74,6 +76,41 @@ _LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
 class TrackingUnavailable(AuditError):
     """The tracking store cannot be reached or written (server down, network, locked store).
     The message names the (redacted) tracking URI."""
+
+
+#: Seconds a driver waits for another process that is creating or migrating the same SQLite
+#: store (a few seconds normally) before treating the store as unavailable.
+STORE_LOCK_TIMEOUT = 300.0
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI (``None`` for any other URI)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+@contextlib.contextmanager
+def store_lock(uri: str, timeout: float = STORE_LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold an inter-process file lock (``<db>.lock``, :mod:`filelock`) next to a SQLite store
+    while it is opened, so that exactly one process creates and migrates a new store.
+
+    MLflow creates a missing SQLite store, and migrates an old one, in the first
+    ``MlflowClient`` call of a process, without a lock: several drivers starting together on a
+    new store ran the same Alembic migrations at once and died (``table _alembic_tmp_experiments
+    already exists``, ``Online migration expected to match one row``), leaving a half-migrated
+    store. Under this lock the first process creates the store and the others wait, then find
+    it complete. Other URIs (an MLflow server, a database server) need no lock: a no-op. A
+    lock not obtained within ``timeout`` seconds raises :class:`filelock.Timeout`.
+    """
+    db = sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(db) + ".lock", timeout=timeout):
+        yield
 
 
 def redact_uri(uri: str) -> str:
@@ -223,23 +260,30 @@ class Tracker:
         self.experiment_name = experiment
         if uri.startswith("sqlite:///"):
             db = Path(uri[len("sqlite:///"):])
-            db.parent.mkdir(parents=True, exist_ok=True)
             if artifact_location is None:
                 artifact_location = db.parent / "mlartifacts"
-        self.client = MlflowClient(tracking_uri=uri)
         self.driver = driver_id()
         try:
-            exp = self.client.get_experiment_by_name(experiment)
-            if exp is None:
-                loc = Path(artifact_location).resolve().as_uri() if isinstance(artifact_location, Path) else artifact_location
-                self.experiment_id = self.client.create_experiment(experiment, artifact_location=loc)
-            else:
-                if exp.lifecycle_stage == "deleted":
-                    raise ParameterError(f"MLflow experiment {experiment!r} is deleted; restore it or choose another name")
-                self.experiment_id = exp.experiment_id
+            with store_lock(uri):  # create and migrate a new SQLite store once, whoever comes first
+                self.client = MlflowClient(tracking_uri=uri)
+                exp = self.client.get_experiment_by_name(experiment)
+                if exp is None:
+                    loc = Path(artifact_location).resolve().as_uri() if isinstance(artifact_location, Path) else artifact_location
+                    try:
+                        self.experiment_id = self.client.create_experiment(experiment, artifact_location=loc)
+                    except Exception as e:  # noqa: BLE001 - another writer created it just now
+                        if getattr(e, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
+                            raise
+                        exp = self.client.get_experiment_by_name(experiment)
+                        if exp is None:
+                            raise
+                if exp is not None:
+                    if exp.lifecycle_stage == "deleted":
+                        raise ParameterError(f"MLflow experiment {experiment!r} is deleted; restore it or choose another name")
+                    self.experiment_id = exp.experiment_id
         except AuditError:
             raise
-        except Exception as e:  # noqa: BLE001 - server down, refused, timeout, locked store ...
+        except Exception as e:  # noqa: BLE001 - server down, refused, timeout, locked or half-created store ...
             raise unavailable(uri, e) from None
         self.parent_id: str | None = None
 
@@ -588,4 +632,5 @@ def tracking_env_note(uri: str) -> str:
 
 
 __all__ = ["Tracker", "TrackingUnavailable", "task_record", "record_row", "run_row", "result_metrics",
-           "embedding_method", "tracking_env_note", "redact_uri", "driver_id", "driver_alive"]
+           "embedding_method", "tracking_env_note", "redact_uri", "driver_id", "driver_alive", "store_lock",
+           "sqlite_path"]
