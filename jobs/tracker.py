@@ -329,12 +329,15 @@ class Tracker:
             n = int(found[0].data.tags.get("audit.invocations", "1")) + 1
             self.client.set_tag(run_id, "audit.invocations", str(n))
             self.client.set_tag(run_id, "audit.driver", self.driver)
+            self.client.set_tag(run_id, "audit.state", "running")
+            if "audit.stuck_reason" in found[0].data.tags:
+                self.client.delete_tag(run_id, "audit.stuck_reason")
             self.parent_id = run_id
             return run_id, True
         run = self.client.create_run(
             self.experiment_id, run_name=f"sweep:{sweep_name}",
             tags={"audit.role": ROLE_SWEEP, "audit.sweep_id": sweep_id, "audit.sweep": sweep_name,
-                  "audit.invocations": "1", "audit.driver": self.driver},
+                  "audit.invocations": "1", "audit.driver": self.driver, "audit.state": "running"},
         )
         self.parent_id = run.info.run_id
         if params:
@@ -346,17 +349,46 @@ class Tracker:
         return self.parent_id, False
 
     def end_parent(self, *, failed: int, summary: dict[str, float] | None = None,
-                   report_dir: Path | None = None) -> None:
-        from mlflow.entities import Metric
+                   report_dir: Path | None = None, step: int = 0, stuck_reason: str | None = None) -> None:
+        """Close the parent run: ``summary`` metrics (at ``step``: the invocation number), the
+        reports under ``reports/``, tag ``audit.state`` (``finished``, ``failed``, or ``stuck``
+        with ``audit.stuck_reason``: work waited longer than ``ray.pending_timeout_s`` for
+        resources, or the cluster cannot run the spec), status FINISHED or FAILED."""
+        from mlflow.entities import Metric, RunTag
 
         if self.parent_id is None:
             return
         ts = int(time.time() * 1000)
         if summary:
-            self.client.log_batch(self.parent_id, metrics=[Metric(_sanitize(k), float(v), ts, 0) for k, v in summary.items()])
+            self.client.log_batch(self.parent_id, metrics=[Metric(_sanitize(k), float(v), ts, step) for k, v in summary.items()])
         if report_dir is not None and Path(report_dir).is_dir():
             self.client.log_artifacts(self.parent_id, str(report_dir), "reports")
-        self.client.set_terminated(self.parent_id, "FAILED" if failed else "FINISHED")
+        state = "stuck" if stuck_reason else ("failed" if failed else "finished")
+        tags = [RunTag("audit.state", state)]
+        if stuck_reason:
+            tags.append(RunTag("audit.stuck_reason", stuck_reason.splitlines()[0][:_MAX_TAG]))
+        self.client.log_batch(self.parent_id, tags=tags)
+        self.client.set_terminated(self.parent_id, "FAILED" if (failed or stuck_reason) else "FINISHED")
+
+    def sweep_totals(self, plan_keys: Iterable[str], parent_id: str | None = None) -> dict[str, float]:
+        """The parent run's child runs over every invocation: ``child_runs``, by status
+        (``child_runs_finished``/``_failed``/``_killed``), and ``child_runs_superseded``: child
+        runs of tasks that are no longer in the plan (an earlier revision of a model whose branch
+        moved, a test since removed from the spec); with the previous totals of the parent's
+        cumulative metrics (``tasks_run_total``, ``models_loaded_total``, ``seconds_total``)
+        under ``previous.<name>``."""
+        pid = parent_id or self.parent_id
+        keys = {k for k in plan_keys if k}
+        runs = self._search(f"tags.`audit.role` = '{ROLE_TASK}' and tags.`mlflow.parentRunId` = '{pid}'")
+        out = {"child_runs": float(len(runs))}
+        for st in ("FINISHED", "FAILED", "KILLED"):
+            out[f"child_runs_{st.lower()}"] = float(sum(r.info.status == st for r in runs))
+        out["child_runs_superseded"] = float(sum(
+            not ({r.data.tags.get("audit.key"), r.data.tags.get("audit.plan_key")} & keys) for r in runs))
+        prev = self.client.get_run(pid).data.metrics
+        for k in ("tasks_run_total", "models_loaded_total", "seconds_total"):
+            out[f"previous.{k}"] = float(prev.get(k, 0.0))
+        return out
 
     # ------------------------------------------------------------------ children
     def log_task(self, task, *, sweep: str, model_spec, kind: str, plan_key: str | None,
@@ -522,7 +554,7 @@ def _json_default(x: Any) -> Any:
 
 
 def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None, outcome,
-                sweep_id: str = "") -> dict[str, Any]:
+                sweep_id: str = "", revision: str | None = None) -> dict[str, Any]:
     """Everything a task's child run consists of, as a JSON-ready dict (no I/O).
 
     Keys: ``id`` (a fresh UUID: the ``audit.record`` tag), ``time_ms``, ``sweep``,
@@ -531,6 +563,10 @@ def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None
     ``metrics`` (finite floats), ``items_json`` (the per-item table exactly as
     :meth:`mlflow.MlflowClient.log_table` writes ``items.json``, or ``None``), ``result_json``
     (the :class:`audit.result.Result` JSON) or ``error_text`` (reason and traceback).
+
+    ``revision``: the revision the planner resolved for the model, recorded when the outcome
+    has none (a model that could not be loaded), so a failed load still says which commit
+    was tried.
     """
     from jobs.plan import metric_name
 
@@ -561,7 +597,7 @@ def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None
     params: dict[str, Any] = {
         "model": model_spec.ref,
         "model_name": task.model,
-        "revision": desc.get("revision") or "",
+        "revision": desc.get("revision") or revision or "",
         "backend": desc.get("backend") or model_spec.options.get("backend") or "",
         "kind": desc.get("kind") or kind,
         "embedding": embedding_method(desc.get("kind") or kind, task.metric, task.params),
