@@ -83,6 +83,25 @@ def ray_option(spec, name: str) -> Any:
     return RAY_DEFAULTS[name] if v is None else v
 
 
+def with_ray_options(spec, **options):
+    """``spec`` with settings of :data:`RAY_DEFAULTS` changed (``pending_timeout_s=5``), also
+    where the spec's ``RaySpec`` does not declare them yet (a frozen subclass then carries
+    them). For tests, benchmarks and callers that build specs in code."""
+    unknown = set(options) - set(RAY_DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown ray option(s): {', '.join(sorted(unknown))}")
+    r = spec.ray
+    if set(options) <= {f.name for f in dataclasses.fields(r)}:
+        return dataclasses.replace(spec, ray=dataclasses.replace(r, **options))
+    base = next(c for c in type(r).__mro__ if not getattr(c, "_ray_options_extension", False))
+    base_names = {f.name for f in dataclasses.fields(base)}
+    extra = [(k, Any, dataclasses.field(default=v)) for k, v in RAY_DEFAULTS.items() if k not in base_names]
+    cls = dataclasses.make_dataclass(base.__name__, extra, bases=(base,), frozen=True,
+                                     namespace={"_ray_options_extension": True})
+    values = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+    return dataclasses.replace(spec, ray=cls(**{**values, **options}))
+
+
 class SchedulingError(AuditError):
     """The cluster cannot run what the spec asks for (one line naming the resources)."""
 
