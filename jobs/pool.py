@@ -330,6 +330,7 @@ class _Worker:
     served: int = 0
     retire: bool = False
     waiting_seen: float | None = None   # first time seen waiting for a node while busy
+    waiting_state: str | None = None
     ident: int = 0
 
 
@@ -435,6 +436,7 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
     creation_failures: collections.Counter = collections.Counter()
     state_api = None
     last_check = clock()
+    last_progress = [clock()]            # the last worker start, measurement or result
     counter = {"done": 0, "failed": 0}
     next_ident = [0]
 
@@ -525,7 +527,17 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
         end_worker(w)
 
     def watchdog(now: float) -> None:
+        """Fail work that waits for resources while the whole sweep has made no progress (no
+        worker started, no measurement, no result) for ``timeout`` seconds: a long queue that
+        moves is not stuck."""
         nonlocal state_api
+        busy = [w for w in workers if w.model is not None and w.pending > 0]
+        for w in busy:  # when did a busy worker start waiting for a node (to restart on)?
+            st = actor_state(w.actor)
+            w.waiting_state = st if st in _WAITING_STATES else None
+            w.waiting_seen = (w.waiting_seen or now) if w.waiting_state else None
+        if now - last_progress[0] <= timeout:
+            return
         # (a) a group has work but none of its workers could start
         for g, q in queues.items():
             if not q:
@@ -545,18 +557,11 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
                     prefetcher.started(m.name)
                     fail([i for b in m.batches for i, _ in b], reason)
         # (b) a busy worker waiting for a node to restart on
-        for w in list(workers):
-            if w.model is None or w.pending == 0:
-                continue
-            st = actor_state(w.actor)
-            if st in _WAITING_STATES:
-                w.waiting_seen = w.waiting_seen or now
-                if now - w.waiting_seen > timeout:
-                    reason = stuck(f"the worker of model {w.model.name!r} needs {shape({'CPU': w.group[0], 'GPU': w.group[1]})} "
-                                   f"to restart ({st.lower()})")
-                    drop_model_work(w, reason)
-            else:
-                w.waiting_seen = None
+        for w in busy:
+            if w.waiting_seen is not None and now - w.waiting_seen > timeout and w in workers:
+                reason = stuck(f"the worker of model {w.model.name!r} needs {shape({'CPU': w.group[0], 'GPU': w.group[1]})} "
+                               f"to restart ({w.waiting_state.lower()})")
+                drop_model_work(w, reason)
         # (c) statistics tasks waiting for a node (where Ray's state API answers)
         ready_stats = [r for r in stats_refs if r in stats_since]
         if ready_stats:
@@ -599,6 +604,8 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
             if done:
                 done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             now = clock()
+            if done:
+                last_progress[0] = now
             for ref in done:
                 if ref in ready_refs:
                     w = ready_refs.pop(ref)
