@@ -611,10 +611,13 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
                     w = ready_refs.pop(ref)
                     try:
                         ray.get(ref)
-                    except Exception as e:  # noqa: BLE001 - the worker could not start
+                    except Exception as e:  # noqa: BLE001 - the worker could not start, or died for good
+                        end_worker(w)
+                        if w.served:  # it served models, then died for good: a fresh worker takes the next
+                            log.warning("worker %d died for good: %s", w.ident, format_error(e))
+                            continue
                         creation_failures[w.group] += 1
                         log.warning("a model worker could not start: %s", format_error(e))
-                        end_worker(w)
                         if creation_failures[w.group] > max(1, spec.ray.max_restarts):
                             q = queues[w.group]
                             while q:
