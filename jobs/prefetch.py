@@ -20,7 +20,9 @@ Only Hub ids with a resolved commit are prefetched (local folders, static files 
 revision the planner could not resolve are not), never with ``HF_HUB_OFFLINE`` set. Only what
 the loader reads is fetched: every file that is not a weight file (configuration, tokenizer)
 and the safetensors weights, or the pickle weights when the repository has no safetensors and
-the model allows pickle. A failed prefetch is harmless: it is logged, and the worker downloads
+the model allows pickle. The download goes through the Hub client's own function
+(``audit.backends.hf.fetch_hub_snapshot``: the loader's file selection, retries, no progress
+bars) where it exists. A failed prefetch is harmless: it is logged, and the worker downloads
 (and reports any error) when it loads the model.
 
 The cache must be visible to the workers: the driver's node, or a shared ``HF_HOME``. On a
@@ -97,25 +99,54 @@ def select_files(files: list[tuple[str, int]], *, allow_pickle: bool) -> list[tu
     return keep
 
 
+def loader_files(files: list[tuple[str, int]], *, allow_pickle: bool) -> list[tuple[str, int]]:
+    """The ``(path, size)`` pairs the loader downloads: the Hub client's own rule when
+    :mod:`audit.backends.hf` exposes it (``download_patterns``), else :func:`select_files`."""
+    rule = getattr(hf, "download_patterns", None) or getattr(hf, "_download_patterns", None)
+    if rule is None:
+        return select_files(files, allow_pickle=allow_pickle)
+    names = [p for p, _ in files]
+    use_safe = any(n.lower().endswith(".safetensors") for n in names)
+    keep = set(rule(names, use_safe, False))
+    if not use_safe and not allow_pickle:  # the loader refuses pickle weights: fetch none
+        keep = {n for n in keep if not n.lower().endswith(_PICKLE_SUFFIXES)}
+    return [f for f in files if f[0] in keep]
+
+
 def list_snapshot(snap: Snapshot) -> list[tuple[str, int]]:
-    """``(path, size)`` of the files the loader reads from ``snap`` (one Hub call)."""
+    """``(path, size)`` of every file of ``snap`` (one Hub call)."""
     from huggingface_hub import HfApi
 
     info = HfApi().model_info(snap.repo, revision=snap.revision, files_metadata=True, timeout=30)
-    files = [(s.rfilename, int(s.size or 0)) for s in (info.siblings or [])]
-    return select_files(files, allow_pickle=snap.allow_pickle)
+    return [(s.rfilename, int(s.size or 0)) for s in (info.siblings or [])]
+
+
+def _quiet_tqdm():
+    from tqdm.auto import tqdm
+
+    class Quiet(tqdm):  # no download bars (carriage returns) in the driver's log
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    return Quiet
 
 
 def download_snapshot(snap: Snapshot, files: list[tuple[str, int]]) -> None:
-    """Fetch ``files`` of ``snap`` into the Hugging Face cache."""
-    fn = getattr(hf, "prefetch_snapshot", None)  # the hub client's own (retries, offline rules)
-    if fn is not None:
-        fn(snap.repo, snap.revision, allow_patterns=[p for p, _ in files], cache_dir=snap.cache_dir)
+    """Fetch what the loader reads of ``snap`` (``files``: every file of the snapshot) into the
+    Hugging Face cache: through the Hub client's own download (``fetch_hub_snapshot``: its
+    file selection, retries and back-off) when :mod:`audit.backends.hf` has it, else
+    ``snapshot_download`` of :func:`loader_files`."""
+    fetch, revision_cls = getattr(hf, "fetch_hub_snapshot", None), getattr(hf, "HubRevision", None)
+    names = tuple(p for p, _ in files)
+    if fetch is not None and revision_cls is not None:
+        res = revision_cls(snap.repo, snap.revision, snap.revision, names, "hub", f"prefetch of {snap.revision}")
+        fetch(res, use_safe=any(n.lower().endswith(".safetensors") for n in names), cache_dir=snap.cache_dir)
         return
     from huggingface_hub import snapshot_download
 
-    snapshot_download(snap.repo, revision=snap.revision, allow_patterns=[p for p, _ in files],
-                      cache_dir=snap.cache_dir)
+    snapshot_download(snap.repo, revision=snap.revision, allow_patterns=[p for p, _ in loader_files(files, allow_pickle=snap.allow_pickle)],
+                      cache_dir=snap.cache_dir, tqdm_class=_quiet_tqdm())
 
 
 @dataclasses.dataclass
@@ -205,13 +236,13 @@ class Prefetcher:
     def _list(self, name: str, snap: Snapshot) -> None:
         try:
             files = self.lister(snap)
+            size = sum(sz for _, sz in loader_files(files, allow_pickle=snap.allow_pickle))
         except Exception as e:  # noqa: BLE001 - the worker downloads and reports at load time
             log.info("prefetch of %s (%s@%s) skipped: cannot list its files: %s", name, snap.repo, snap.revision[:12], e)
             with self._lock:
                 self._state[name] = "failed"
                 self.stats.failed += 1
             return
-        size = sum(s for _, s in files)
         with self._lock:
             self._files[name], self._sizes[name] = files, size
             if size > self.disk_bytes:
@@ -247,5 +278,5 @@ class Prefetcher:
                  self._sizes.get(name, 0), dt)
 
 
-__all__ = ["Prefetcher", "Snapshot", "PrefetchStats", "hub_snapshot", "select_files", "list_snapshot",
+__all__ = ["Prefetcher", "Snapshot", "PrefetchStats", "hub_snapshot", "select_files", "loader_files", "list_snapshot",
            "download_snapshot"]
