@@ -90,11 +90,13 @@ class Progress:
             self.lines += 1
             self.say(self.line(now))
 
-    def close(self) -> None:
+    def close(self, *, final_line: bool = True) -> None:
+        """Close the bar, or print the last plain line (not when ``final_line`` is false: the
+        run was refused or broke off)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        else:
+        elif final_line:
             self.lines += 1
             self.say(self.line())
 

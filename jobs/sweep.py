@@ -49,7 +49,6 @@ import logging
 import os
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -190,10 +189,7 @@ def _execute(plan, todo, recorder, ctx: SweepContext, *, address: str | None, pr
                         server_cls=server_cls, words_for=_words_for)
         ok = True
     finally:
-        if ok:
-            prog.close()
-        elif prog._bar is not None:  # noqa: SLF001
-            prog._bar.close()  # noqa: SLF001
+        prog.close(final_line=ok)
         if started:
             ray.shutdown()
     res.load_ids |= _logged_loads(load_log, log_start)

@@ -203,3 +203,38 @@ def test_parent_metrics_describe_the_sweep_across_invocations(tmp_path, local_ra
     assert sorted((h.step, h.value) for h in history) == [(1, 2.0), (2, 2.0)]
     assert run.data.tags["audit.state"] == "finished" and run.info.status == "FINISHED"
     assert len(tr.task_runs()) == 4
+
+
+def test_progress_reporter_plain_lines_and_estimate():
+    from jobs.progress import Progress, format_seconds, use_bar
+
+    assert [format_seconds(s) for s in (0, 45.4, 125, 3720)] == ["0s", "45s", "2m05s", "1h02m"]
+    now = [100.0]
+    said = []
+    p = Progress(10, label="x", bar=False, interval=30, say=said.append, clock=lambda: now[0])
+    now[0] = 110.0
+    p.tick()
+    assert said == []  # not yet 30 s
+    now[0] = 131.0
+    p.tick()
+    assert said == ["progress: 0/10 tasks (0%), 0 failed, 0 models loaded, 31s elapsed, about ? left"]
+    p.update(done=4, failed=1, loads=1)
+    now[0] = 161.0
+    p.tick()
+    # 4 tasks in 61 s: 6 left take about 6 * 61 / 4 = 91.5 s
+    assert said[-1] == "progress: 4/10 tasks (40%), 1 failed, 1 model loaded, 1m01s elapsed, about 1m32s left"
+    p.update(done=10, failed=1, loads=2)
+    p.close()
+    assert said[-1] == "progress: 10/10 tasks (100%), 1 failed, 2 models loaded, 1m01s elapsed, done"
+    q = Progress(3, label="y", bar=False, interval=30, say=said.append)
+    q.close(final_line=False)  # a refused run prints no last line
+    assert len(said) == 3
+
+    class Tty:
+        def __init__(self, tty):
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    assert use_bar(True, Tty(True)) and not use_bar(True, Tty(False)) and not use_bar(False, Tty(True))
