@@ -1,25 +1,37 @@
-"""The model actor: one process holding one loaded model for a whole sweep.
+"""The model worker: a process that holds one loaded model at a time for a sweep.
 
 :class:`ModelServer` is a plain class (tests call it in-process); :func:`model_actor_class`
 wraps it as a Ray actor with explicit ``num_cpus``/``num_gpus`` and ``max_restarts`` /
 ``max_task_retries``, so that an actor that dies (killed, out of memory, node lost) is restarted,
 reloads its model, and receives again the requests that were pending.
 
+A worker serves one model after another (``ray.reuse_workers``, :mod:`jobs.pool`): each request
+(:meth:`ModelServer.serve`) names the model it is for (a :class:`ModelAssignment`), and a
+request for another model than the loaded one first releases the loaded model completely
+(:meth:`ModelServer.release`: every reference dropped, the backends' caches cleared,
+``gc.collect()``, ``torch.cuda.empty_cache()`` when CUDA is in use, and glibc's
+``malloc_trim`` so that freed memory goes back to the operating system), then loads the new one.
+Because every request carries its model, a restarted worker re-sent its pending requests loads
+the right model again.
+
 The model is loaded lazily by the first request (and again after a restart), never in
 ``__init__``: a model that fails to load is then an application error recorded on each of its
 tasks (the sweep goes on), not an actor that cannot be created. Every load appends one line to
 ``load_log`` (JSON: model, pid, seconds, time), which is how tests and the benchmark count loads.
 
-A request (:meth:`ModelServer.measure_batch`) carries several tasks of the same model; each is
-measured independently (:func:`audit.runner.measure`) and an application error in one
-(:class:`audit.errors.AuditError` or any other exception) is returned as that task's failure.
+A request carries several tasks of the same model; each is measured independently
+(:func:`audit.runner.measure`) and an application error in one (:class:`audit.errors.AuditError`
+or any other exception) is returned as that task's failure.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import gc
 import json
 import os
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -56,6 +68,24 @@ class MeasureOutcome:
     load_id: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelAssignment:
+    """Which model a request is for: what :class:`ModelServer` needs to load it.
+
+    name:      the model's name in the spec (unique in a sweep).
+    ref:       the spec's reference (what results record as the model).
+    local_ref: what :func:`audit.runner.load_model` loads.
+    options:   keyword arguments of ``load_model``.
+    words:     for static models, the words the sweep's tasks need (``None``: all).
+    """
+
+    name: str
+    ref: str
+    local_ref: str
+    options: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+    words: tuple[str, ...] | None = None
+
+
 def format_error(e: BaseException) -> str:
     """A one-line failure reason: the type and message (AuditError messages name the culprit)."""
     msg = str(e).strip() or repr(e)
@@ -63,7 +93,10 @@ def format_error(e: BaseException) -> str:
 
 
 class ModelServer:
-    """Holds one model and measures tasks on it.
+    """Holds one model at a time and measures tasks on it.
+
+    The constructor's model (optional) is the first one served by :meth:`measure_batch`;
+    :meth:`serve` switches to the model its request names (releasing the loaded one first).
 
     ref:       the spec's reference (what results record as the model).
     local_ref: what :func:`audit.runner.load_model` loads (``minilm`` resolved to a path, ...).
@@ -74,11 +107,12 @@ class ModelServer:
     load_log:  a file to which each load appends one JSON line (``None``: no log).
     """
 
-    def __init__(self, name: str, ref: str, local_ref: str, options: dict[str, Any] | None = None,
-                 words: list[str] | None = None, load_log: str | None = None):
+    def __init__(self, name: str | None = None, ref: str | None = None, local_ref: str | None = None,
+                 options: dict[str, Any] | None = None, words: list[str] | None = None,
+                 load_log: str | None = None):
         self.name = name
         self.ref = ref
-        self.local_ref = local_ref
+        self.local_ref = local_ref if local_ref is not None else ref
         self.options = dict(options or {})
         self.words = set(words) if words else None
         self.load_log = load_log
@@ -86,14 +120,56 @@ class ModelServer:
         self.load_error: BaseException | None = None
         self.load_count = 0
         self.load_id: str | None = None
+        self.released = 0
 
     # ------------------------------------------------------------------ model
+    def assign(self, model: ModelAssignment) -> None:
+        """Make ``model`` the one served (releasing the loaded model if it is another)."""
+        if model.name == self.name and model.ref == self.ref:
+            return
+        self.release()
+        self.name, self.ref, self.local_ref = model.name, model.ref, model.local_ref
+        self.options = dict(model.options or {})
+        self.words = set(model.words) if model.words else None
+
+    def release(self) -> None:
+        """Drop the loaded model and give its memory back (CPU and GPU): every reference this
+        worker holds, the static backends' caches (``functools`` caches of loaded matrices),
+        then ``gc.collect()``, ``torch.cuda.empty_cache()`` when CUDA was used, and
+        ``malloc_trim(0)`` (glibc keeps freed blocks in its arenas otherwise)."""
+        had = self.model is not None or self.load_error is not None
+        self.model = None
+        self.load_error = None
+        self.load_id = None
+        self.name = self.ref = self.local_ref = None
+        self.options, self.words = {}, None
+        if not had:
+            return
+        for modname in ("audit.backends.static", "audit.backends.hf", "audit.contextual", "audit.runner"):
+            mod = sys.modules.get(modname)
+            for obj in list(vars(mod).values()) if mod is not None else ():
+                if callable(getattr(obj, "cache_clear", None)) and hasattr(obj, "cache_info"):
+                    obj.cache_clear()
+        gc.collect()
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            try:
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+            except Exception:  # noqa: BLE001 - no usable CUDA: nothing to empty
+                pass
+        trim_heap()
+        self.released += 1
+
     def ensure_loaded(self):
         """Load the model once; a load error is kept and re-raised for every later request."""
         if self.model is not None:
             return self.model
         if self.load_error is not None:
             raise self.load_error
+        if self.ref is None:
+            raise RuntimeError("no model assigned to this worker")
         from audit.runner import load_model
 
         t0 = time.perf_counter()
@@ -112,7 +188,8 @@ class ModelServer:
         seconds = time.perf_counter() - t0
         if self.load_log:
             line = {"model": self.name, "ref": self.ref, "pid": os.getpid(), "load_id": self.load_id,
-                    "seconds": round(seconds, 3), "time": time.time(), "revision": model.revision}
+                    "seconds": round(seconds, 3), "time": time.time(), "revision": model.revision,
+                    "rss": rss_bytes()}
             Path(self.load_log).parent.mkdir(parents=True, exist_ok=True)
             with open(self.load_log, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(line) + "\n")
@@ -122,6 +199,11 @@ class ModelServer:
         return self.ensure_loaded().describe()
 
     # ------------------------------------------------------------------ requests
+    def serve(self, model: ModelAssignment, requests: list[MeasureRequest], tests: dict[str, Any]) -> list[MeasureOutcome]:
+        """Measure ``requests`` on ``model`` (loading it first, after releasing another one)."""
+        self.assign(model)
+        return self.measure_batch(requests, tests)
+
     def measure_batch(self, requests: list[MeasureRequest], tests: dict[str, Any]) -> list[MeasureOutcome]:
         """Measure several tasks; one task's failure does not stop the others."""
         try:
@@ -150,6 +232,28 @@ class ModelServer:
 
     def loads(self) -> int:
         return self.load_count
+
+    def memory(self) -> int:
+        """This process's resident set size in bytes (``/proc/self/statm``)."""
+        return rss_bytes()
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process in bytes (0 where ``/proc`` is missing)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def trim_heap() -> bool:
+    """Ask glibc to return freed heap memory to the operating system (``malloc_trim(0)``);
+    ``False`` where there is no glibc."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
 
 
 def model_actor_class(server_cls: type | None = None):

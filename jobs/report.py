@@ -458,17 +458,80 @@ def write_mitigation_reports(df: pd.DataFrame, out_dir: str | Path, mitigations:
     return written
 
 
-def summary_table(df: pd.DataFrame) -> str:
-    """A terminal summary: counts per model and status, then each failure's reason."""
+def headline_tables(df: pd.DataFrame, *, model_order: list[str] | None = None, digits: int = 3,
+                    max_columns: int = 8) -> str:
+    """The headline values as plain text, one block per metric and language like the LaTeX
+    tables: models (rows) x tests (columns), the value with the significance marks of
+    :func:`significance_mark`, ``fail`` for a failed task, empty where nothing was planned;
+    several tasks in one cell (the metric with two parameter sets) are joined with ``/``.
+    Blocks wider than ``max_columns`` tests are split. ``""`` when nothing finished."""
+    if df.empty or not (df["status"] == "finished").any():
+        return ""
+    blocks = []
+    for (metric, lang), sub in df.groupby(["metric", "language"], sort=True):
+        models = _order(sub["model"], model_order)
+        tests = sorted(dict.fromkeys(sub["test"]), key=_natural)
+        cells = {}
+        for _, r in sub.iterrows():
+            if r["status"] != "finished":
+                text = "fail"
+            elif r["value"] is None or not np.isfinite(r["value"]):
+                text = "--"
+            else:
+                text = f"{r['value']:.{digits}f}{significance_mark(r['p_value'])}"
+            key = (r["model"], r["test"])
+            cells[key] = f"{cells[key]}/{text}" if key in cells else text  # e.g. two parameter sets
+        short = [t.split("/", 1)[1] if t.startswith(f"{lang}/") else t for t in tests]
+        head = f"{metric} ({lang}): headline value per model and test; * p<0.05, ** p<0.01, *** p<0.001 (uncorrected)"
+        parts = [head]
+        for j in range(0, len(tests), max_columns):
+            cols = tests[j:j + max_columns]
+            tab = pd.DataFrame([[cells.get((m, t), "") for t in cols] for m in models], index=models,
+                               columns=short[j:j + max_columns])
+            tab.index.name = "model"
+            parts.append(tab.to_string())
+        blocks.append("\n".join(parts))
+    return "\n\n".join(blocks)
+
+
+def failure_summary(df: pd.DataFrame, *, max_len: int = 300, max_tasks: int = 3) -> list[str]:
+    """Each distinct failure once: a reason shared by several tasks of a model (a model that
+    could not be loaded, the same coverage error) is one line with its count and the first
+    tasks; a failure of one task keeps the ``model | language | test | metric: reason`` form."""
+    fails = df[df["status"] != "finished"]
+    if fails.empty:
+        return []
+    groups: dict[tuple[str, str], list] = {}
+    for _, r in fails.iterrows():
+        err = str(r["error"]) if r["error"] is not None and r["error"] == r["error"] else "no result"
+        groups.setdefault((str(r["model"]), err), []).append(r)
+    lines = []
+    for (model, err), rows in groups.items():
+        err = err if len(err) <= max_len else err[:max_len - 3] + "..."
+        if len(rows) == 1:
+            r = rows[0]
+            lines.append(f"  {model} | {r['language']} | {r['test']} | {r['metric']}: {err}")
+        else:
+            first = ", ".join(f"{r['test']} {r['metric']}" for r in rows[:max_tasks])
+            more = f", +{len(rows) - max_tasks} more" if len(rows) > max_tasks else ""
+            lines.append(f"  {model}: {len(rows)} tasks ({first}{more}): {err}")
+    return lines
+
+
+def summary_table(df: pd.DataFrame, *, model_order: list[str] | None = None) -> str:
+    """A terminal summary: counts per model and status, the headline values (model x test per
+    metric and language, :func:`headline_tables`), then each distinct failure once with its
+    count (:func:`failure_summary`)."""
     if df.empty:
         return "no tasks"
     counts = pd.crosstab(df["model"], df["status"], margins=True, margins_name="total")
     lines = [counts.to_string()]
-    fails = df[df["status"] != "finished"]
-    if len(fails):
-        lines.append(f"\n{len(fails)} failed task(s):")
-        for _, r in fails.iterrows():
-            err = str(r["error"])
-            err = err if len(err) <= 300 else err[:297] + "..."
-            lines.append(f"  {r['model']} | {r['language']} | {r['test']} | {r['metric']}: {err}")
+    heads = headline_tables(df, model_order=model_order)
+    if heads:
+        lines.append("\n" + heads)
+    fails = failure_summary(df)
+    if fails:
+        n = int((df["status"] != "finished").sum())
+        lines.append(f"\n{n} failed task(s), {len(fails)} distinct failure(s):")
+        lines.extend(fails)
     return "\n".join(lines)

@@ -10,21 +10,34 @@ Steps (``docs/service.md``):
    (:mod:`jobs.builders`), expand it into tasks and print what is dropped and why
    (:mod:`jobs.plan`); ``--dry-run`` stops here, having loaded no model;
 2. probe each model's revision without loading it and compute every task's ``audit.key``;
-   skip the keys that already have a FINISHED run in the tracking store (resume); with nothing
-   left, no Ray is started and no model is loaded;
+   refuse two models that are the same model (same reference, revision and options: their
+   tasks would be the same tasks); skip the keys that already have a FINISHED run in the
+   tracking store (resume); with nothing left, no Ray is started and no model is loaded;
 3. start an embedded local Ray (``ray.init(address="local", ...)``), or connect to the cluster
-   when running inside ``ray job submit`` (``RAY_ADDRESS`` set) or given ``--address``; one
-   :class:`actors.model_actor.ModelServer` actor per model (restarted with its pending requests
-   if it dies), measure requests in batches, the analyse step as CPU tasks; the driver logs each
-   outcome to MLflow as it arrives (:mod:`jobs.tracker`, the only writer) and shows a progress
-   bar; an actor is released as soon as its model's requests are done;
+   when running inside ``ray job submit`` (``RAY_ADDRESS`` set) or given ``--address``; check
+   that the cluster can run what the spec asks for (else exit 4 with one line naming the
+   resources); run the tasks on a bounded pool of model workers (:mod:`jobs.pool`: workers
+   reused from model to model, each releasing a model completely before loading the next,
+   restarted with their pending requests if they die; Hub snapshots of the next models
+   prefetched; work that waits longer than ``ray.pending_timeout_s`` for resources fails with
+   the demand named); the analyse step as CPU tasks; the driver logs each outcome to MLflow as
+   it arrives (:mod:`jobs.tracker`, the only writer) and reports progress (a bar on a
+   terminal, else a plain line every ``--progress-interval`` seconds: :mod:`jobs.progress`);
 4. regenerate the reports from the tracking store (:mod:`jobs.report`) into
-   ``<output_dir>/reports`` and onto the parent run, print a summary table.
+   ``<output_dir>/reports`` and onto the parent run, print a summary (counts, the headline
+   values per metric, each distinct failure once with its count).
+
+Inside a Ray job whose working directory is Ray's temporary copy (``ray job submit
+--working-dir``), relative output paths are anchored at ``$BIASAUDIT_HOME`` (default
+``~/.biasaudit``), never at the copy, which Ray deletes (:func:`job_output_dir`).
 
 Exit status: 0 when every planned task has a finished result, 1 when any failed (the summary
 lists each failure's reason), 2 for an invalid spec or option (one line naming the culprit),
 3 when every task finished but some results could not be written to the tracking store (they
-wait in ``<output_dir>/wal.jsonl`` for ``audit sync``; see :mod:`jobs.wal`).
+wait in ``<output_dir>/wal.jsonl`` for ``audit sync``; see :mod:`jobs.wal`), 4 when the sweep is
+*stuck*: the cluster cannot run what the spec asks for, or work waited longer than
+``ray.pending_timeout_s`` for resources (the parent run is tagged ``audit.state=stuck`` and
+``audit.stuck_reason``).
 """
 
 from __future__ import annotations
@@ -36,14 +49,15 @@ import logging
 import os
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from audit.errors import AuditError
+from audit.errors import AuditError, ParameterError
 from jobs.builders import build_models
 from jobs.plan import expand
+from jobs.pool import SchedulingError, in_ray_job
 from jobs.spec import SweepSpec, load_spec
+from jobs.tracker import sqlite_path
 
 log = logging.getLogger("jobs.sweep")
 
@@ -68,7 +82,9 @@ class SweepOutcome:
     pending:  results in the write-ahead log not (yet) in the tracking store (it was
               unreachable): ``audit sync`` or the next run uploads them;
     synced:   earlier pending results this run uploaded (before or after its own tasks);
-    reaped:   half-written child runs of dead drivers this run marked KILLED.
+    reaped:   half-written child runs of dead drivers this run marked KILLED;
+    stuck:    why the sweep is stuck (exit status 4), else ``None``;
+    workers:  model worker processes this run started.
     """
 
     exit_code: int
@@ -84,6 +100,8 @@ class SweepOutcome:
     pending: int = 0
     synced: int = 0
     reaped: int = 0
+    stuck: str | None = None
+    workers: int = 0
 
 
 # --------------------------------------------------------------------------------------
@@ -151,120 +169,33 @@ def _words_for(plan, tasks) -> list[str] | None:
     return sorted(words) if words else None
 
 
-def _chunks(xs: list, n: int) -> list[list]:
-    return [xs[i:i + n] for i in range(0, len(xs), n)]
-
-
 def _execute(plan, todo, recorder, ctx: SweepContext, *, address: str | None, progress: bool,
-             on_outcome: Callable | None, load_log: Path, server_cls: type | None = None) -> tuple[dict, set[str]]:
-    """Run ``todo`` on Ray; record each outcome as it arrives (write-ahead log, then MLflow:
-    :class:`jobs.wal.Recorder`). Returns (task index -> record, load ids seen)."""
+             progress_interval: float, on_outcome: Callable | None, load_log: Path,
+             server_cls: type | None = None):
+    """Run ``todo`` on Ray (:func:`jobs.pool.run_tasks`); record each outcome as it arrives
+    (write-ahead log, then MLflow: :class:`jobs.wal.Recorder`). Returns the
+    :class:`jobs.pool.PoolResult`, its load ids completed from the load log. Raises
+    :class:`jobs.pool.SchedulingError` when the cluster cannot run the spec."""
     import ray
 
-    from actors.model_actor import MeasureRequest, actor_options, format_error, model_actor_class
-    from actors.stats import AnalyseRequest, TaskOutcome, stats_task
-    from jobs.tracker import task_record
+    from jobs.pool import run_tasks
+    from jobs.progress import Progress, use_bar
 
     spec = plan.spec
     log_start = load_log.stat().st_size if load_log.is_file() else 0
     started = _init_ray(spec, address)
-    records: dict[int, dict] = {}
-    load_ids: set[str] = set()
-    sweep_id = spec.sweep_id()
-    bar = None
+    prog = Progress(len(todo), label=spec.name, bar=use_bar(progress), interval=progress_interval, say=_say)
+    ok = False
     try:
-        cluster_gpus = float(ray.cluster_resources().get("GPU", 0.0))
-        Actor = model_actor_class(server_cls)
-        analyse = stats_task(num_cpus=spec.ray.stats_num_cpus)
-        by_model: dict[str, list[tuple[int, Any]]] = defaultdict(list)
-        for i, t in enumerate(todo):
-            by_model[t.model].append((i, t))
-        needed = {t.test for t in todo}
-        tests_ref = ray.put({k: v for k, v in plan.tests.items() if k in needed})
-        stats_refs: dict[Any, tuple[str, list[int]]] = {}
-        measure_refs: dict[Any, str] = {}
-        per_model_pending: dict[str, int] = {}
-        for m in spec.models:
-            if m.name not in by_model:
-                continue
-            info = plan.models[m.name]
-            items = by_model[m.name]
-            words = _words_for(plan, [t for _, t in items]) if info.kind == "static" else None
-            opts = actor_options(kind=info.kind, num_cpus=spec.ray.actor_num_cpus, num_gpus=spec.ray.actor_num_gpus,
-                                 cluster_gpus=cluster_gpus, max_restarts=spec.ray.max_restarts,
-                                 max_task_retries=spec.ray.max_task_retries)
-            actor = Actor.options(**opts).remote(m.name, m.ref, info.local_ref, dict(m.options), words, str(load_log))
-            ctx.actors[m.name] = actor
-            log.info("actor for %s: %s", m.name, json.dumps(opts))
-            per_model_pending[m.name] = 0
-            for batch in _chunks(items, spec.ray.batch_size):
-                reqs = [MeasureRequest(index=i, test=t.test, metric=t.metric, params=t.params) for i, t in batch]
-                mref = actor.measure_batch.remote(reqs, tests_ref)
-                areqs = [AnalyseRequest(index=i, test=t.test, metric=t.metric, params=t.params, seed=t.seed,
-                                        exact_shards=spec.ray.exact_shards) for i, t in batch]
-                sref = analyse.remote(areqs, mref, tests_ref)
-                measure_refs[mref] = m.name
-                stats_refs[sref] = (m.name, [i for i, _ in batch])
-                per_model_pending[m.name] += 1
-            ctx.remaining[m.name] = len(items)
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(todo), desc=spec.name, unit="task", file=sys.stderr, mininterval=0.5,
-                       dynamic_ncols=True)
-        done = failed = 0
-        step = max(1, len(todo) // 10)
-        while stats_refs or measure_refs:
-            ready, _ = ray.wait(list(stats_refs) + list(measure_refs), num_returns=1)
-            ref = ready[0]
-            if ref in measure_refs:
-                name = measure_refs.pop(ref)
-                per_model_pending[name] -= 1
-                if per_model_pending[name] == 0:  # the model's work is done: release it
-                    actor = ctx.actors.pop(name, None)
-                    if actor is not None:
-                        ray.kill(actor, no_restart=True)
-                        log.info("released the actor of %s", name)
-                continue
-            name, indices = stats_refs.pop(ref)
-            try:
-                outcomes = ray.get(ref)
-            except Exception as e:  # noqa: BLE001 - the actor died for good, or a worker crashed
-                err = format_error(getattr(e, "cause", None) or e)
-                outcomes = [TaskOutcome(index=i, status="failed", error=f"system error: {err}") for i in indices]
-            for o in outcomes:
-                task = todo[o.index]
-                info = plan.models[task.model]
-                rec = task_record(task, sweep=spec.name, sweep_id=sweep_id, model_spec=info.spec, kind=info.kind,
-                                  plan_key=task.key, outcome=o)
-                recorder.record(rec)
-                records[o.index] = rec
-                if o.load_id:
-                    load_ids.add(f"{task.model}@{o.load_id}")
-                if o.status != "finished":
-                    log.warning("failed: %s: %s", task.label, o.error)
-                ctx.remaining[task.model] -= 1
-                done += 1
-                failed += o.status != "finished"
-                if done == len(todo) or done % step == 0:
-                    log.info("progress: %d/%d tasks, %d failed", done, len(todo), failed)
-                if bar is not None:
-                    bar.update(1)
-                if on_outcome is not None:
-                    on_outcome(task, o, ctx)
+        res = run_tasks(plan, todo, recorder, ctx, load_log=load_log, say=_say, progress=prog, on_outcome=on_outcome,
+                        server_cls=server_cls, words_for=_words_for)
+        ok = True
     finally:
-        if bar is not None:
-            bar.close()
-        for actor in list(ctx.actors.values()):
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
-        ctx.actors.clear()
+        prog.close(final_line=ok)
         if started:
             ray.shutdown()
-    load_ids |= _logged_loads(load_log, log_start)
-    return records, load_ids
+    res.load_ids |= _logged_loads(load_log, log_start)
+    return res
 
 
 def _logged_loads(load_log: Path, start: int) -> set[str]:
@@ -301,9 +232,105 @@ def plan_sweep(spec: SweepSpec, *, build: bool = True):
     return plan
 
 
+def check_duplicate_models(plan) -> None:
+    """Refuse two models of a spec that are the same model: same reference, resolved revision
+    and options, so that their tasks have the same ``audit.key`` (the same tasks: loaded and run
+    twice, and reported under one name). Before keys are known (a dry run, a revision that
+    cannot be probed) models with the same reference, options, parameters and build are the same.
+    Raises :class:`audit.errors.ParameterError` naming both spec fields."""
+    from jobs.plan import spec_field
+
+    spec = plan.spec
+    index = {m.name: i for i, m in enumerate(spec.models)}
+    owner: dict[str, str] = {}
+    pair = None
+    for t in plan.tasks:
+        if not t.key:
+            continue
+        first = owner.setdefault(t.key, t.model)
+        if first != t.model:
+            pair = (first, t.model)
+            break
+    if pair is None:
+        seen: dict[str, str] = {}
+        keyed = {t.model for t in plan.tasks if t.key}
+        for m in spec.models:
+            if m.name in keyed:
+                continue
+            ident = json.dumps([m.ref, dict(m.options), dict(m.params), dict(m.build or {}), m.tests],
+                               sort_keys=True, default=str)
+            if ident in seen:
+                pair = (seen[ident], m.name)
+                break
+            seen[ident] = m.name
+    if pair is None:
+        return
+    a, b = pair
+    ma = spec.models[index[a]]
+    info = plan.models.get(a)
+    rev = getattr(info, "revision", None) or ma.options.get("revision")
+    what = f"{ma.ref}" + (f" at revision {str(rev)[:40]}" if rev else "")
+    raise ParameterError(
+        f"{spec.source or 'spec'}: {spec_field(spec, index[b])}: model {b!r} is the same model as "
+        f"{spec_field(spec, index[a])} ({a!r}): {what}, same options; its tasks would be {a!r}'s tasks, "
+        "loaded and run twice; list it once (or give it different params)"
+    )
+
+
+def persistent_home() -> Path:
+    """Where sweeps inside a Ray job write relative output paths: ``$BIASAUDIT_HOME``, default
+    ``~/.biasaudit``."""
+    return Path(os.environ.get("BIASAUDIT_HOME") or "~/.biasaudit").expanduser()
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def job_output_dir(spec: SweepSpec, *, job: dict | None = None, cwd: Path | None = None) -> tuple[SweepSpec, str | None]:
+    """Keep a sweep run inside ``ray job submit`` from writing into Ray's temporary copy of the
+    working directory (deleted with the job, where nobody finds the results).
+
+    Inside a Ray job (``RAY_JOB_CONFIG_JSON_ENV_VAR`` set by Ray for the entrypoint) whose
+    working directory is such a copy (the job has a ``working_dir``, or the current directory
+    is under Ray's ``runtime_resources``): a relative ``output_dir`` (the spec's or
+    ``--output-dir``'s) is anchored at :func:`persistent_home`, so ``out/smoke`` becomes
+    ``~/.biasaudit/out/smoke``; an absolute one inside the copy, or a SQLite tracking URI
+    there, is refused. Returns the (possibly changed) spec and a line saying what changed
+    (``None`` when nothing did). Outside a job, or a job without a copy, nothing changes."""
+    job = in_ray_job() if job is None else job
+    if job is None:
+        return spec, None
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    copy = bool((job.get("runtime_env") or {}).get("working_dir")) or "runtime_resources" in cwd.resolve().parts
+    if not copy:
+        return spec, None
+    src = spec.source or "spec"
+    db = sqlite_path(spec.tracking_uri) if spec.tracking_uri else None
+    if db is not None and (not db.is_absolute() or _inside(db, cwd)):
+        raise ParameterError(f"{src}: tracking.uri: {spec.tracking_uri} lies in the Ray job's temporary copy of the "
+                             f"working directory ({cwd}), deleted after the job; give an absolute path on persistent "
+                             "storage or an MLflow server")
+    out = spec.output_dir
+    if out.is_absolute():
+        if _inside(out, cwd):
+            raise ParameterError(f"{src}: output_dir: {out} lies in the Ray job's temporary copy of the working directory "
+                                 f"({cwd}), deleted after the job; give a path on persistent storage (--output-dir)")
+        return spec, None
+    new = persistent_home() / out
+    note = (f"inside a Ray job: output directory {out} -> {new} (relative output paths are anchored at "
+            f"$BIASAUDIT_HOME, default ~/.biasaudit, not at the job's temporary copy {cwd}; see docs/service.md)")
+    return dataclasses.replace(spec, output_dir=new), note
+
+
 def dry_run(spec: SweepSpec) -> int:
     """Print the plan (task count per model and metric, dropped combinations); load nothing."""
     plan = plan_sweep(spec, build=False)
+    check_duplicate_models(plan)
     print(plan.describe())
     for name, info in plan.models.items():
         print(f"model {name}: {info.spec.ref} ({info.kind})")
@@ -315,24 +342,29 @@ def dry_run(spec: SweepSpec) -> int:
 
 
 def run_sweep(spec: SweepSpec, *, address: str | None = None, progress: bool = True,
-              on_outcome: Callable | None = None, server_cls: type | None = None) -> SweepOutcome:
+              on_outcome: Callable | None = None, server_cls: type | None = None,
+              progress_interval: float = 30.0) -> SweepOutcome:
     """Run a validated spec end to end (see the module docstring).
 
+    progress:   a bar when stderr is a terminal; otherwise (or ``False``) a plain progress line
+                every ``progress_interval`` seconds.
     on_outcome: called as ``on_outcome(task, outcome, ctx)`` after each task is recorded
-                (``ctx.actors`` holds the live model actors).
-    server_cls: a :class:`actors.model_actor.ModelServer` subclass to run as the model actor
+                (``ctx.actors`` holds the live model workers by model name).
+    server_cls: a :class:`actors.model_actor.ModelServer` subclass to run as the model worker
                 (tests inject slow or failing servers).
 
     Nothing computed is lost (``docs/failures.md``): each outcome goes to the write-ahead log
     ``<output_dir>/wal.jsonl`` before MLflow; results an earlier run could not log are uploaded
     first, and half-written runs of a dead driver are marked KILLED (their tasks are redone).
-    When the tracking store cannot be reached the sweep runs on: the reports come from the
-    write-ahead log and the exit status is 3 until ``audit sync`` uploads them.
+    When the tracking store cannot be reached, at any point (opening it included), the sweep
+    runs on: the reports come from the write-ahead log and the exit status is 3 until
+    ``audit sync`` uploads them.
     """
     from jobs.wal import mlflow_http_defaults
 
     with mlflow_http_defaults():
-        return _run_sweep(spec, address=address, progress=progress, on_outcome=on_outcome, server_cls=server_cls)
+        return _run_sweep(spec, address=address, progress=progress, on_outcome=on_outcome, server_cls=server_cls,
+                          progress_interval=progress_interval)
 
 
 def _connect(spec: SweepSpec, wal, spec_text: str | None, *, close_parents: bool = True):
@@ -352,10 +384,10 @@ def _connect(spec: SweepSpec, wal, spec_text: str | None, *, close_parents: bool
 
 
 def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outcome: Callable | None,
-               server_cls: type | None) -> SweepOutcome:
+               server_cls: type | None, progress_interval: float = 30.0) -> SweepOutcome:
     from jobs import report
     from jobs.plan import attach_keys
-    from jobs.tracker import redact_uri, tracking_env_note
+    from jobs.tracker import record_row, redact_uri, tracking_env_note
     from jobs.wal import Recorder, WriteAheadLog, wal_path
 
     t0 = time.perf_counter()
@@ -368,6 +400,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         plan = plan_sweep(spec)
         _say(plan.describe())
         attach_keys(plan)
+        check_duplicate_models(plan)
         wal = WriteAheadLog(wal_path(out_dir))
         spec_text = Path(spec.source).read_text(encoding="utf-8") if spec.source and Path(spec.source).is_file() else None
         tracker, so, offline = _connect(spec, wal, spec_text)
@@ -378,6 +411,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
                  f"{so.duplicates} duplicate(s) skipped; {so.reaped} half-written run(s) of a dead driver marked KILLED")
         parent_id = None
         resumed = False
+        invocation = 1
         if tracker is not None:
             try:
                 parent_id, resumed = tracker.start_parent(
@@ -385,6 +419,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
                     params={"spec": spec.source, "seed": spec.seed, "models": ",".join(m.name for m in spec.models),
                             "metrics": ",".join(m.name for m in spec.metrics), "tasks": len(plan.tasks)},
                 )
+                invocation = int(tracker.client.get_run(parent_id).data.tags.get("audit.invocations", "1"))
                 finished = set(tracker.finished_keys())
             except Exception as e:  # noqa: BLE001 - the store failed between two calls
                 tracker, offline = None, str(e)
@@ -402,13 +437,24 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         ctx = SweepContext(spec=spec)
         records: dict[int, dict] = {}
         load_ids: set[str] = set()
+        stuck: str | None = None
+        workers = 0
         if todo:
-            records, load_ids = _execute(plan, todo, recorder, ctx, address=address, progress=progress,
-                                         on_outcome=on_outcome, load_log=out_dir / "loads.jsonl",
-                                         server_cls=server_cls)
+            try:
+                res = _execute(plan, todo, recorder, ctx, address=address, progress=progress,
+                               progress_interval=progress_interval, on_outcome=on_outcome,
+                               load_log=out_dir / "loads.jsonl", server_cls=server_cls)
+                records, load_ids, stuck, workers = res.records, res.load_ids, res.stuck, res.workers_started
+                if res.prefetch is not None and (res.prefetch.fetched or res.prefetch.failed):
+                    _say(f"prefetched {res.prefetch.fetched} Hub snapshot(s) ({res.prefetch.bytes / 2**20:.1f} MiB) "
+                         f"while measuring; {res.prefetch.failed} prefetch(es) failed (those models downloaded at load)")
+            except SchedulingError as e:
+                stuck = str(e)
+                print(f"audit: error: {spec.source or spec.name}: {e}", file=sys.stderr, flush=True)
+                log.error("%s", e)
         else:
             _say("nothing to run: every task already has a finished run; no model loaded")
-        _say(f"models loaded: {len(load_ids)}")
+        _say(f"models loaded: {len(load_ids)}" + (f" by {workers} worker process(es)" if workers else ""))
         # --- the tracking store went away: one more try to upload before reporting
         rep_dir = out_dir / "reports"
         if not recorder.online and wal.pending():
@@ -439,16 +485,16 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         rows = []
         for i, t in enumerate(todo):
             if not t.key and i in records:
-                from jobs.tracker import record_row
-
                 rows.append(record_row(records[i]))
-        rows += [rows_by_key[t.key] for t in plan.tasks if t.key and t.key in rows_by_key]
+        # a key's run may come from another sweep (or name) in the experiment: report it under this plan's name
+        rows += [{**rows_by_key[t.key], "model": t.model} for t in plan.tasks if t.key and t.key in rows_by_key]
         rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
         df = report.results_frame(rows)
         failed = int((df["status"] != "finished").sum()) if len(df) else 0
         missing = len(plan.tasks) - len(df)
-        report.write_reports(df, rep_dir, model_order=[m.name for m in spec.models])
-        summary = report.summary_table(df)
+        model_order = [m.name for m in spec.models]
+        report.write_reports(df, rep_dir, model_order=model_order)
+        summary = report.summary_table(df, model_order=model_order)
         _say("summary:\n" + summary)
         if missing:
             _say(f"{missing} planned task(s) have no run in the tracking store")
@@ -460,6 +506,8 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
             _say(f"{pending} result(s) are not in the tracking store {redact_uri(uri)} ({recorder.error or 'upload incomplete'}); "
                  f"they are kept in {wal.path} and reports/results.parquet: run `audit sync {spec.source or 'SPEC'}` "
                  "when it is back (the next run of this spec uploads them too)")
+        if stuck:
+            _say(f"the sweep is stuck (exit status 4): {stuck}")
         handler.flush()
         import shutil
 
@@ -467,18 +515,19 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         if recorder.online and tracker.parent_id is not None:
             try:
                 tracker.end_parent(
-                    failed=failed + missing,
-                    summary={"tasks": len(plan.tasks), "tasks_run": len(todo), "tasks_resumed": done_before,
-                             "tasks_failed": failed, "models_loaded": len(load_ids), "seconds": seconds},
+                    failed=failed + missing, step=invocation, stuck_reason=stuck,
+                    summary=parent_summary(tracker, plan, df, ran=len(todo), resumed=done_before, loads=len(load_ids),
+                                           seconds=seconds, workers=workers, invocation=invocation),
                     report_dir=rep_dir,
                 )
             except Exception as e:  # noqa: BLE001 - the parent stays RUNNING; `audit sync` closes it
                 _say(f"warning: could not close the parent run: {e}")
-        code = 1 if (failed or missing) else (3 if pending else 0)
+        code = 4 if stuck else 1 if (failed or missing) else (3 if pending else 0)
         return SweepOutcome(
             exit_code=code, planned=len(plan.tasks), skipped_existing=done_before,
             ran=len(todo), failed=failed, loads=len(load_ids), parent_run_id=parent_id, results=df,
-            report_dir=rep_dir, seconds=seconds, pending=pending, synced=synced, reaped=reaped,
+            report_dir=rep_dir, seconds=seconds, pending=pending, synced=synced, reaped=reaped, stuck=stuck,
+            workers=workers,
         )
     except BaseException:
         if tracker is not None and tracker.parent_id is not None:
@@ -490,6 +539,29 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
     finally:
         logging.getLogger("jobs").removeHandler(handler)
         handler.close()
+
+
+def parent_summary(tracker, plan, df, *, ran: int, resumed: int, loads: int, seconds: float, workers: int,
+                   invocation: int) -> dict[str, float]:
+    """The parent run's metrics: the sweep as a whole across invocations.
+
+    ``tasks`` (planned now), ``tasks_finished``/``tasks_failed``/``tasks_missing`` (the best
+    result of each planned task, whichever invocation produced it); ``child_runs`` under the
+    parent over all invocations, by status, and ``child_runs_superseded`` (runs of tasks no
+    longer planned: an earlier commit of a moved branch); ``invocations``; this invocation's
+    ``tasks_run``, ``tasks_resumed``, ``models_loaded``, ``workers_started``, ``seconds``
+    (logged at step = invocation number, so their history lists every invocation) and the
+    running totals ``tasks_run_total``, ``models_loaded_total``, ``seconds_total``."""
+    n_ok = int((df["status"] == "finished").sum()) if len(df) else 0
+    totals = tracker.sweep_totals([t.key for t in plan.tasks if t.key])
+    prev = {k.split(".", 1)[1]: totals.pop(k) for k in list(totals) if k.startswith("previous.")}
+    return {
+        "tasks": len(plan.tasks), "tasks_finished": n_ok, "tasks_failed": len(df) - n_ok,
+        "tasks_missing": len(plan.tasks) - len(df), **totals, "invocations": invocation,
+        "tasks_run": ran, "tasks_resumed": resumed, "models_loaded": loads, "workers_started": workers,
+        "seconds": seconds, "tasks_run_total": prev["tasks_run_total"] + ran,
+        "models_loaded_total": prev["models_loaded_total"] + loads, "seconds_total": prev["seconds_total"] + seconds,
+    }
 
 
 # --------------------------------------------------------------------------------------
@@ -504,7 +576,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=None, help="override the spec's output_dir")
     p.add_argument("--tracking-uri", default=None, help="override the spec's tracking.uri (e.g. http://127.0.0.1:5000)")
     p.add_argument("--address", default=None, help="Ray address to connect to (default: local Ray, or the job's cluster)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar: plain progress lines instead (also when stderr is not a terminal)")
+    p.add_argument("--progress-interval", type=float, default=30.0, metavar="SECONDS",
+                   help="seconds between plain progress lines (default 30)")
     return p
 
 
@@ -513,10 +588,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     a = build_parser().parse_args(argv)
     try:
+        if a.progress_interval <= 0:
+            raise ParameterError(f"--progress-interval: expected a positive number of seconds, got {a.progress_interval:g}")
         spec = load_spec(a.spec, output_dir=a.output_dir, tracking_uri=a.tracking_uri)
+        spec, note = job_output_dir(spec)
+        if note:
+            print(note, flush=True)
         if a.dry_run:
             return dry_run(spec)
-        return run_sweep(spec, address=a.address, progress=not a.no_progress).exit_code
+        return run_sweep(spec, address=a.address, progress=not a.no_progress,
+                         progress_interval=a.progress_interval).exit_code
     except AuditError as e:
         print(f"audit: error: {e}", file=sys.stderr)
         return 2

@@ -42,6 +42,7 @@ plain file store), with artifacts under ``<output_dir>/mlartifacts``; ``mlflow u
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -51,9 +52,10 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pandas as pd
+from filelock import FileLock
 
 from audit import registry
 from audit.errors import AuditError, ParameterError
@@ -75,6 +77,41 @@ _LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
 class TrackingUnavailable(AuditError):
     """The tracking store cannot be reached or written (server down, network, locked store).
     The message names the (redacted) tracking URI."""
+
+
+#: Seconds a driver waits for another process that is creating or migrating the same SQLite
+#: store (a few seconds normally) before treating the store as unavailable.
+STORE_LOCK_TIMEOUT = 300.0
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI (``None`` for any other URI)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+@contextlib.contextmanager
+def store_lock(uri: str, timeout: float = STORE_LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold an inter-process file lock (``<db>.lock``, :mod:`filelock`) next to a SQLite store
+    while it is opened, so that exactly one process creates and migrates a new store.
+
+    MLflow creates a missing SQLite store, and migrates an old one, in the first
+    ``MlflowClient`` call of a process, without a lock: several drivers starting together on a
+    new store ran the same Alembic migrations at once and died (``table _alembic_tmp_experiments
+    already exists``, ``Online migration expected to match one row``), leaving a half-migrated
+    store. Under this lock the first process creates the store and the others wait, then find
+    it complete. Other URIs (an MLflow server, a database server) need no lock: a no-op. A
+    lock not obtained within ``timeout`` seconds raises :class:`filelock.Timeout`.
+    """
+    db = sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(db) + ".lock", timeout=timeout):
+        yield
 
 
 def redact_uri(uri: str) -> str:
@@ -215,23 +252,30 @@ class Tracker:
         self.experiment_name = experiment
         if uri.startswith("sqlite:///"):
             db = Path(uri[len("sqlite:///"):])
-            db.parent.mkdir(parents=True, exist_ok=True)
             if artifact_location is None:
                 artifact_location = db.parent / "mlartifacts"
-        self.client = MlflowClient(tracking_uri=uri)
         self.driver = driver_id()
         try:
-            exp = self.client.get_experiment_by_name(experiment)
-            if exp is None:
-                loc = Path(artifact_location).resolve().as_uri() if isinstance(artifact_location, Path) else artifact_location
-                self.experiment_id = self.client.create_experiment(experiment, artifact_location=loc)
-            else:
-                if exp.lifecycle_stage == "deleted":
-                    raise ParameterError(f"MLflow experiment {experiment!r} is deleted; restore it or choose another name")
-                self.experiment_id = exp.experiment_id
+            with store_lock(uri):  # create and migrate a new SQLite store once, whoever comes first
+                self.client = MlflowClient(tracking_uri=uri)
+                exp = self.client.get_experiment_by_name(experiment)
+                if exp is None:
+                    loc = Path(artifact_location).resolve().as_uri() if isinstance(artifact_location, Path) else artifact_location
+                    try:
+                        self.experiment_id = self.client.create_experiment(experiment, artifact_location=loc)
+                    except Exception as e:  # noqa: BLE001 - another writer created it just now
+                        if getattr(e, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
+                            raise
+                        exp = self.client.get_experiment_by_name(experiment)
+                        if exp is None:
+                            raise
+                if exp is not None:
+                    if exp.lifecycle_stage == "deleted":
+                        raise ParameterError(f"MLflow experiment {experiment!r} is deleted; restore it or choose another name")
+                    self.experiment_id = exp.experiment_id
         except AuditError:
             raise
-        except Exception as e:  # noqa: BLE001 - server down, refused, timeout, locked store ...
+        except Exception as e:  # noqa: BLE001 - server down, refused, timeout, locked or half-created store ...
             raise unavailable(uri, e) from None
         self.parent_id: str | None = None
 
@@ -277,12 +321,15 @@ class Tracker:
             n = int(found[0].data.tags.get("audit.invocations", "1")) + 1
             self.client.set_tag(run_id, "audit.invocations", str(n))
             self.client.set_tag(run_id, "audit.driver", self.driver)
+            self.client.set_tag(run_id, "audit.state", "running")
+            if "audit.stuck_reason" in found[0].data.tags:
+                self.client.delete_tag(run_id, "audit.stuck_reason")
             self.parent_id = run_id
             return run_id, True
         run = self.client.create_run(
             self.experiment_id, run_name=f"sweep:{sweep_name}",
             tags={"audit.role": ROLE_SWEEP, "audit.sweep_id": sweep_id, "audit.sweep": sweep_name,
-                  "audit.invocations": "1", "audit.driver": self.driver},
+                  "audit.invocations": "1", "audit.driver": self.driver, "audit.state": "running"},
         )
         self.parent_id = run.info.run_id
         if params:
@@ -294,17 +341,46 @@ class Tracker:
         return self.parent_id, False
 
     def end_parent(self, *, failed: int, summary: dict[str, float] | None = None,
-                   report_dir: Path | None = None) -> None:
-        from mlflow.entities import Metric
+                   report_dir: Path | None = None, step: int = 0, stuck_reason: str | None = None) -> None:
+        """Close the parent run: ``summary`` metrics (at ``step``: the invocation number), the
+        reports under ``reports/``, tag ``audit.state`` (``finished``, ``failed``, or ``stuck``
+        with ``audit.stuck_reason``: work waited longer than ``ray.pending_timeout_s`` for
+        resources, or the cluster cannot run the spec), status FINISHED or FAILED."""
+        from mlflow.entities import Metric, RunTag
 
         if self.parent_id is None:
             return
         ts = int(time.time() * 1000)
         if summary:
-            self.client.log_batch(self.parent_id, metrics=[Metric(_sanitize(k), float(v), ts, 0) for k, v in summary.items()])
+            self.client.log_batch(self.parent_id, metrics=[Metric(_sanitize(k), float(v), ts, step) for k, v in summary.items()])
         if report_dir is not None and Path(report_dir).is_dir():
             self.client.log_artifacts(self.parent_id, str(report_dir), "reports")
-        self.client.set_terminated(self.parent_id, "FAILED" if failed else "FINISHED")
+        state = "stuck" if stuck_reason else ("failed" if failed else "finished")
+        tags = [RunTag("audit.state", state)]
+        if stuck_reason:
+            tags.append(RunTag("audit.stuck_reason", stuck_reason.splitlines()[0][:_MAX_TAG]))
+        self.client.log_batch(self.parent_id, tags=tags)
+        self.client.set_terminated(self.parent_id, "FAILED" if (failed or stuck_reason) else "FINISHED")
+
+    def sweep_totals(self, plan_keys: Iterable[str], parent_id: str | None = None) -> dict[str, float]:
+        """The parent run's child runs over every invocation: ``child_runs``, by status
+        (``child_runs_finished``/``_failed``/``_killed``), and ``child_runs_superseded``: child
+        runs of tasks that are no longer in the plan (an earlier revision of a model whose branch
+        moved, a test since removed from the spec); with the previous totals of the parent's
+        cumulative metrics (``tasks_run_total``, ``models_loaded_total``, ``seconds_total``)
+        under ``previous.<name>``."""
+        pid = parent_id or self.parent_id
+        keys = {k for k in plan_keys if k}
+        runs = self._search(f"tags.`audit.role` = '{ROLE_TASK}' and tags.`mlflow.parentRunId` = '{pid}'")
+        out = {"child_runs": float(len(runs))}
+        for st in ("FINISHED", "FAILED", "KILLED"):
+            out[f"child_runs_{st.lower()}"] = float(sum(r.info.status == st for r in runs))
+        out["child_runs_superseded"] = float(sum(
+            not ({r.data.tags.get("audit.key"), r.data.tags.get("audit.plan_key")} & keys) for r in runs))
+        prev = self.client.get_run(pid).data.metrics
+        for k in ("tasks_run_total", "models_loaded_total", "seconds_total"):
+            out[f"previous.{k}"] = float(prev.get(k, 0.0))
+        return out
 
     # ------------------------------------------------------------------ children
     def log_task(self, task, *, sweep: str, model_spec, kind: str, plan_key: str | None,
@@ -470,7 +546,7 @@ def _json_default(x: Any) -> Any:
 
 
 def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None, outcome,
-                sweep_id: str = "") -> dict[str, Any]:
+                sweep_id: str = "", revision: str | None = None) -> dict[str, Any]:
     """Everything a task's child run consists of, as a JSON-ready dict (no I/O).
 
     Keys: ``id`` (a fresh UUID: the ``audit.record`` tag), ``time_ms``, ``sweep``,
@@ -479,6 +555,10 @@ def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None
     ``metrics`` (finite floats), ``items_json`` (the per-item table exactly as
     :meth:`mlflow.MlflowClient.log_table` writes ``items.json``, or ``None``), ``result_json``
     (the :class:`audit.result.Result` JSON) or ``error_text`` (reason and traceback).
+
+    ``revision``: the revision the planner resolved for the model, recorded when the outcome
+    has none (a model that could not be loaded), so a failed load still says which commit
+    was tried.
     """
     res = outcome.result
     desc = outcome.model or {}
@@ -507,7 +587,7 @@ def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None
     params: dict[str, Any] = {
         "model": model_spec.ref,
         "model_name": task.model,
-        "revision": desc.get("revision") or "",
+        "revision": desc.get("revision") or revision or "",
         "backend": desc.get("backend") or model_spec.options.get("backend") or "",
         "kind": desc.get("kind") or kind,
         "embedding": embedding_method(desc.get("kind") or kind, task.metric, task.params),
@@ -578,4 +658,5 @@ def tracking_env_note(uri: str) -> str:
 
 
 __all__ = ["Tracker", "TrackingUnavailable", "task_record", "record_row", "run_row", "result_metrics",
-           "embedding_method", "tracking_env_note", "redact_uri", "driver_id", "driver_alive"]
+           "embedding_method", "tracking_env_note", "redact_uri", "driver_id", "driver_alive", "store_lock",
+           "sqlite_path"]

@@ -33,7 +33,8 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
 from actors.model_actor import ModelServer  # noqa: E402
-from audit import runner
+from audit import runner  # noqa: E402
+from audit.backends import hf  # noqa: E402
 from jobs import cli  # noqa: E402
 from jobs.cluster import free_port, ray_env  # noqa: E402
 from jobs.plan import attach_keys, expand  # noqa: E402
@@ -351,6 +352,8 @@ def test_oom_batch_is_halved_and_an_unloadable_model_fails_alone(tmp_path, local
     for t in ("weat7", "weat8"):
         err = df.loc[("broken", f"en/{t}"), "error"]
         assert df.loc[("broken", f"en/{t}"), "status"] == "failed"
+        # a failed load records the revision the planner resolved (here the folder's digest), not ''
+        assert df.loc[("broken", f"en/{t}"), "revision"] == hf.dir_digest(broken)
         assert err.startswith(f"model '{broken}' could not be loaded: ModelError:") and "no weights" in err
         # the healthy model's numbers are those of the same task without any OOM
         assert df.loc[("bert", f"en/{t}"), "status"] == "finished"

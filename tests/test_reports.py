@@ -69,3 +69,34 @@ def test_summary_lists_counts_and_failure_reasons(df):
 
 def test_latex_escape():
     assert report.latex_escape("a_b & 50% #1 {x}") == r"a\_b \& 50\% \#1 \{x\}"
+
+
+def test_summary_headline_values_model_by_test_with_marks(df):
+    s = report.summary_table(df, model_order=["glove_6b", "minilm"])
+    lines = s.splitlines()
+    i = lines.index("weat (en): headline value per model and test; * p<0.05, ** p<0.01, *** p<0.001 (uncorrected)")
+    assert lines[i + 1].split() == ["weat1", "weat2", "weat10"]  # natural order, language prefix dropped
+    assert lines[i + 3].split() == ["glove_6b", "1.531***", "-0.250"]
+    assert lines[i + 4].split() == ["minilm", "0.610*", "fail", "0.200**"]
+    j = lines.index("same (en): headline value per model and test; * p<0.05, ** p<0.01, *** p<0.001 (uncorrected)")
+    assert lines[j + 3].split() == ["minilm", "0.120"]
+    # wide tables are split into blocks of at most max_columns tests
+    wide = report.results_frame([{"model": "m", "language": "en", "test": f"en/t{k}", "metric": "weat",
+                                  "status": "finished", "value": k / 10, "p_value": 0.5} for k in range(11)])
+    text = report.headline_tables(wide, max_columns=4)
+    assert [ln.split() for ln in text.splitlines() if ln.startswith("  ")] == [
+        ["t0", "t1", "t2", "t3"], ["t4", "t5", "t6", "t7"], ["t8", "t9", "t10"]]
+
+
+def test_summary_lists_each_distinct_failure_once_with_its_count():
+    rows = [{"model": "bert", "language": "en", "test": f"en/weat{k}", "metric": "seat", "status": "failed",
+             "error": "model 'x' could not be loaded: ModelError: no weights"} for k in (1, 2, 6, 7, 8)]
+    rows += [{"model": "ft", "language": "en", "test": "en/weat1", "metric": "weat", "status": "failed",
+              "error": "CoverageError: lost 40%"},
+             {"model": "ft", "language": "en", "test": "en/weat2", "metric": "weat", "status": "finished", "value": 0.5}]
+    s = report.summary_table(report.results_frame(rows))
+    assert "6 failed task(s), 2 distinct failure(s):" in s
+    assert ("  bert: 5 tasks (en/weat1 seat, en/weat2 seat, en/weat6 seat, +2 more): "
+            "model 'x' could not be loaded: ModelError: no weights") in s
+    assert s.count("could not be loaded") == 1
+    assert "  ft | en | en/weat1 | weat: CoverageError: lost 40%" in s

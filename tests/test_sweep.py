@@ -145,7 +145,17 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, local_ray, capsys
     ok = df[df["status"] == "finished"]
     assert set(ok["model"]) == {"ft"} and len(ok) == 2 and ok["value"].notna().all()
     printed = capsys.readouterr().out
-    assert "4 failed task(s):" in printed and "broken | en | en/weat1 | weat: model" in printed
+    summary = printed[printed.index("summary:"):]
+    # each distinct failure once, with its count: the load failure is not repeated per task
+    assert "4 failed task(s), 2 distinct failure(s):" in summary
+    assert f"  broken: 3 tasks (en/weat1 weat, en/weat2 weat, en/weat1 weat): model '{missing}' could not be loaded" in summary
+    assert summary.count("could not be loaded") == 1
+    assert "  ft | en | en/weat1 | weat: ParameterError: ddof" in summary
+    # the headline values, model x test, like the reports
+    ft_value = ok.set_index("test").loc["en/weat2", "value"]
+    assert "weat (en): headline value per model and test" in summary
+    ft_weat1 = ok.set_index("test").loc["en/weat1", "value"]  # and the ddof=7 task of the same cell failed
+    assert any(line.split()[:3] == ["ft", f"{ft_weat1:.3f}/fail", f"{ft_value:.3f}"] for line in summary.splitlines()), summary
     # a re-run retries only the failures, into new runs; nothing is overwritten
     n_runs = len(child_runs(spec))
     again = run_sweep(spec, progress=False)

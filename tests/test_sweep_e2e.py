@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,52 @@ def test_ray_job_submit_smoke_then_resume(tmp_path, monkeypatch):
         assert len(tr2.task_runs()) == 25
         parents2 = tr2.sweep_runs()
         assert len(parents2) == 1 and parents2[0].data.tags["audit.invocations"] == "2"
+
+
+def _submit(address: str, args: list[str], env_vars: dict[str, str], log: Path, extra: list[str] = ()) -> subprocess.CompletedProcess:
+    cmd = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", address, "--working-dir", ".",
+           "--runtime-env-json", json.dumps({"env_vars": env_vars}), *extra, "--", "python", "-m", "jobs.sweep", *args]
+    r = subprocess.run(cmd, cwd=REPO, env=ray_env(), capture_output=True, text=True, timeout=400)
+    log.write_text(r.stdout + "\n--- stderr ---\n" + r.stderr, encoding="utf-8")
+    return r
+
+
+def test_ray_job_submit_literal_output_location_and_impossible_resources(tmp_path):
+    """The README's ``ray job submit ... -- python -m jobs.sweep SPEC`` without ``--output-dir``:
+    the spec's relative output_dir is written under ``$BIASAUDIT_HOME``, not in Ray's temporary
+    copy of the working directory. A driver holding 1 of the head's 2 CPUs
+    (``--entrypoint-num-cpus 1``) with model workers asking for 2: refused at once, exit 4, one
+    line naming the resources and the driver's reservation (before: a silent wait forever)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_sweep_service import write_spec, write_vec
+
+    vec = write_vec(tmp_path / "m.vec", 0)
+    home = tmp_path / "home"
+    spec = write_spec(tmp_path, "literal", f'  - {{name: a, ref: "{vec}"}}', out=Path("out/literal"),
+                      ray="actor_num_cpus: 0.5, stats_num_cpus: 0.5, batch_size: 1")
+    big = write_spec(tmp_path, "toolarge", f'  - {{name: a, ref: "{vec}"}}', out=tmp_path / "big",
+                     ray="actor_num_cpus: 2, stats_num_cpus: 1")
+    env = {"BIASAUDIT_HOME": str(home), "TOKENIZERS_PARALLELISM": "false", "BIASAUDIT_DATA": str(SHARED)}
+    with local_head(num_cpus=2, log_path=tmp_path / "head.log") as address:
+        r = _submit(address, [str(spec), "--no-progress"], env, tmp_path / "literal.log")
+        assert r.returncode == 0 and "succeeded" in r.stdout, (r.stdout[-3000:], r.stderr[-3000:])
+        target = home / "out" / "literal"
+        assert f"inside a Ray job: output directory out/literal -> {target}" in r.stdout
+        assert (target / "reports" / "results.parquet").is_file() and (target / "mlflow.db").is_file()
+        tr = Tracker(f"sqlite:///{target}/mlflow.db", "biasaudit-literal")
+        assert len(tr.task_runs()) == 2 and {c.info.status for c in tr.task_runs()} == {"FINISHED"}
+        assert not (REPO / "out" / "literal").exists()
+
+        t0 = time.monotonic()
+        r2 = _submit(address, [str(big), "--no-progress"], env, tmp_path / "toolarge.log",
+                     extra=["--entrypoint-num-cpus", "1"])
+        seconds = time.monotonic() - t0
+        assert r2.returncode != 0, (r2.stdout[-3000:], r2.stderr[-3000:])
+        text = r2.stdout + r2.stderr
+        assert "exit code 4" in text or "exited with code 4" in text, text[-3000:]
+        lines = [x for x in text.splitlines() if "audit: error:" in x]
+        assert lines and ("cannot schedule: a model worker (ray.actor_num_cpus=2) needs {'CPU': 2} on one node, but no "
+                          "node offers it (node 127.0.0.1 has {'CPU': 2}, {'CPU': 1} of which this job's driver holds") in lines[0]
+        p = Tracker(f"sqlite:///{tmp_path / 'big'}/mlflow.db", "biasaudit-toolarge").sweep_runs()[0]
+        assert p.data.tags["audit.state"] == "stuck" and p.info.status == "FAILED"
+        print(f"\nimpossible spec refused in {seconds:.1f} s (job submission included)", file=sys.stderr)

@@ -142,3 +142,103 @@ def test_result_metrics_skip_non_finite_and_embedding_names(small_result):
     assert embedding_method("encoder", "weat", {}) == "target_pooled"
     assert embedding_method("mlm", "seat", {"embedding": "mean"}) == "mean"
     assert embedding_method("causal", "crows_pairs", {}) == "log-likelihood"
+
+
+# --------------------------------------------------------------------------------------
+# Several drivers opening one new SQLite store at the same moment
+# --------------------------------------------------------------------------------------
+
+_CHILD = r"""
+import json, sys, time
+from pathlib import Path
+from jobs.tracker import Tracker, TrackingUnavailable
+from jobs.wal import Recorder, WriteAheadLog
+import mlflow  # noqa: F401  (imported before the start signal: the processes then race on the store only)
+
+uri, exp, rec_path, wal_path, ready, go = sys.argv[1:7]
+rec = json.loads(Path(rec_path).read_text())
+Path(ready).touch()
+while not Path(go).exists():
+    time.sleep(0.002)
+error = None
+try:
+    tracker = Tracker(uri, exp)
+    tracker.start_parent(rec["sweep"], rec["sweep_id"])
+except TrackingUnavailable as e:
+    tracker, error = None, str(e)
+recorder = Recorder(WriteAheadLog(wal_path), tracker, uri)
+if tracker is None:
+    recorder.go_offline(RuntimeError(error))
+run_id = recorder.record(rec)
+print(json.dumps({"run_id": run_id, "error": recorder.error}))
+"""
+
+
+def test_five_drivers_create_one_new_sqlite_store_at_once(tmp_path, small_result):
+    """Five processes open the same *new* SQLite store at the same moment (the watcher's first
+    poll submits several sweeps): the store is created and migrated once (a file lock), every
+    process logs its result, each result is in the store exactly once. Before the lock, most of
+    them died in MLflow's migrations (``table ... already exists``) with a traceback."""
+    import subprocess
+    import sys
+    from collections import Counter
+
+    from jobs.tracker import task_record
+    from jobs.wal import WriteAheadLog
+
+    ref, _, _, res = small_result
+    repo = Path(__file__).resolve().parents[1]
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    n = 5
+    procs, recs = [], []
+    for i in range(n):
+        o = TaskOutcome(index=0, status="finished", result=res, model={"model": ref, "kind": "static",
+                        "backend": "fasttext-vec", "revision": res.provenance["revision"]})
+        task = _task(key=f"key-{i}")
+        rec = task_record(task, sweep=f"sweep{i}", sweep_id=f"sid{i}", model_spec=ModelSpec(ref=ref, name="tiny"),
+                          kind="static", plan_key=task.key, outcome=o)
+        recs.append(rec)
+        (tmp_path / f"rec{i}.json").write_text(json.dumps(rec))
+        args = [sys.executable, "-c", _CHILD, uri, "shared-experiment", str(tmp_path / f"rec{i}.json"),
+                str(tmp_path / f"wal{i}.jsonl"), str(tmp_path / f"ready{i}"), str(tmp_path / "go")]
+        procs.append(subprocess.Popen(args, cwd=repo, env={**__import__("os").environ, "PYTHONPATH": str(repo)},
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    import time
+
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not all((tmp_path / f"ready{i}").exists() for i in range(n)):
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
+        time.sleep(0.05)
+    (tmp_path / "go").touch()  # all five start at the same moment
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (so, se) in zip(procs, outs):
+        assert p.returncode == 0, se[-3000:]
+        d = json.loads(so.strip().splitlines()[-1])
+        assert d["error"] is None and d["run_id"], d  # online: no process fell back to its log
+    tr = Tracker(uri, "shared-experiment")
+    runs = tr.task_runs()
+    assert Counter(r.data.tags["audit.record"] for r in runs) == Counter({r["id"]: 1 for r in recs})
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert sorted(r.data.tags["audit.sweep"] for r in tr.sweep_runs()) == [f"sweep{i}" for i in range(n)]
+    for i in range(n):
+        assert WriteAheadLog(tmp_path / f"wal{i}.jsonl").pending() == []
+    for r in runs:
+        assert r.data.metrics["value"] == pytest.approx(res.value)
+
+
+def test_store_errors_at_construction_go_to_the_write_ahead_log_path(tmp_path, monkeypatch):
+    """Any error while opening the store, also one raised by ``MlflowClient(...)`` itself, is a
+    :class:`TrackingUnavailable` (the sweep then writes its write-ahead log), not a traceback."""
+    import mlflow
+
+    from jobs.tracker import TrackingUnavailable
+
+    class Broken:
+        def __init__(self, *a, **k):
+            import sqlite3
+
+            raise sqlite3.OperationalError("table _alembic_tmp_experiments already exists")
+
+    monkeypatch.setattr(mlflow, "MlflowClient", Broken)
+    with pytest.raises(TrackingUnavailable, match=r"unreachable \(OperationalError: table _alembic_tmp_experiments"):
+        Tracker(f"sqlite:///{tmp_path}/mlflow.db", "x")
