@@ -37,6 +37,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from audit.runner import load_model, measure
+
 
 @dataclasses.dataclass
 class MeasureRequest:
@@ -170,7 +172,6 @@ class ModelServer:
             raise self.load_error
         if self.ref is None:
             raise RuntimeError("no model assigned to this worker")
-        from audit.runner import load_model
 
         t0 = time.perf_counter()
         try:
@@ -212,7 +213,6 @@ class ModelServer:
             err = f"model {self.ref!r} could not be loaded: {format_error(e)}"
             tb = "".join(traceback.format_exception(e))
             return [MeasureOutcome(index=r.index, model=None, error=err, traceback=tb) for r in requests]
-        from audit.runner import measure
 
         out = []
         for r in requests:

@@ -26,16 +26,17 @@ from typing import Any, Iterable
 import pandas as pd
 
 from audit import registry
-from audit.naming import natural_key
 from audit.datasets import registry as dataset_registry
 from audit.datasets import stub_of
 from audit.datasets import test_type as dataset_test_type
 from audit.errors import AuditError, DataError, ParameterError
+from audit.naming import natural_key
 from audit.provenance import task_key
 from audit.runner import load_test, words_for
 from jobs.resolve import model_kind, probe_revision, resolve_ref
 from jobs.spec import ModelSpec, SweepSpec
 from jobs.validators import suggest
+
 
 def accepted_params(metric: str) -> frozenset[str]:
     """Every parameter a task of ``metric`` may set (:func:`audit.registry.accepted_params`)."""

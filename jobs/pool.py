@@ -59,18 +59,16 @@ from actors.stats import AnalyseRequest, TaskOutcome, stats_task
 from audit.errors import AuditError
 from jobs.prefetch import Prefetcher, hub_snapshot
 from jobs.progress import Progress
+from jobs.spec import RaySpec
 from jobs.tracker import task_record
 
 log = logging.getLogger("jobs.pool")
 
-#: Settings of the ``ray:`` section this module reads, with their defaults (read with
-#: :func:`ray_option`, so that a spec parser without them still works).
+#: Settings of the ``ray:`` section this module reads, with their defaults (those of
+#: :class:`jobs.spec.RaySpec`, where they are documented; read with :func:`ray_option`).
 RAY_DEFAULTS: dict[str, Any] = {
-    "pending_timeout_s": 600.0,   # work waiting longer than this for resources fails (exit 4)
-    "reuse_workers": True,        # long-lived workers serve one model after another
-    "max_workers": None,          # bound of the worker pool (None: what the cluster holds)
-    "prefetch": 2,                # Hub snapshots downloaded ahead of the pool (0: off)
-    "prefetch_disk_mb": 4096,     # disk those snapshots may take together
+    f.name: f.default for f in dataclasses.fields(RaySpec)
+    if f.name in ("pending_timeout_s", "reuse_workers", "max_workers", "prefetch", "prefetch_disk_mb")
 }
 
 #: Actor states in which a worker waits for a node (Ray's GCS actor table).

@@ -42,6 +42,9 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from audit.naming import natural_key
+from jobs.builders import ARTIFACT_MAX_BYTES
+
 COLUMNS = [
     "model", "language", "test", "metric", "status", "value", "effect_size", "p_value", "ci_low",
     "ci_high", "coverage_min", "n_items", "error", "key", "run_id", "model_ref", "revision", "backend",
@@ -103,8 +106,6 @@ def _order(values: Iterable[str], first: list[str] | None = None) -> list[str]:
     return vals
 
 
-def _natural(name: str):
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(name))]
 
 
 def latex_table(df: pd.DataFrame, metric: str, language: str, *, model_order: list[str] | None = None,
@@ -112,7 +113,7 @@ def latex_table(df: pd.DataFrame, metric: str, language: str, *, model_order: li
     """A booktabs table (models x tests) of one metric in one language."""
     sub = df[(df["metric"] == metric) & (df["language"] == language)]
     models = _order(sub["model"], model_order)
-    tests = sorted(dict.fromkeys(sub["test"]), key=_natural)
+    tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
     cells = {(r["model"], r["test"]): r for _, r in sub.iterrows()}
     short = [t.split("/", 1)[1] if t.startswith(f"{language}/") else t for t in tests]
     lines = [
@@ -146,7 +147,7 @@ def _plot_effects(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
     import matplotlib.pyplot as plt
 
     ok = sub[sub["status"] == "finished"]
-    tests = sorted(dict.fromkeys(ok["test"]), key=_natural)
+    tests = sorted(dict.fromkeys(ok["test"]), key=natural_key)
     models = _order(ok["model"], model_order)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(tests) + 2.5), 3.6), dpi=110, layout="constrained")
     width = 0.8 / max(1, len(models))
@@ -186,7 +187,7 @@ def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
     import matplotlib.pyplot as plt
 
     ok = sub[sub["status"] == "finished"]
-    tests = sorted(dict.fromkeys(sub["test"]), key=_natural)
+    tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
     models = _order(sub["model"], model_order)
     mat = np.full((len(models), len(tests)), np.nan)
     for _, r in ok.iterrows():
@@ -319,7 +320,7 @@ def before_after_frame(df: pd.DataFrame, mitigations: dict[str, dict]) -> pd.Dat
     if len(out):
         order = {n: i for i, n in enumerate(mitigations)}
         keys = sorted(range(len(out)), key=lambda i: (order[out["model"].iat[i]], out["metric"].iat[i],
-                                                       out["language"].iat[i], _natural(out["test"].iat[i])))
+                                                       out["language"].iat[i], natural_key(out["test"].iat[i])))
         out = out.iloc[keys]
     return out.reset_index(drop=True)
 
@@ -338,7 +339,7 @@ def before_after_latex(ba: pd.DataFrame, metric: str, language: str, *, digits: 
     significance marks of :func:`significance_mark`."""
     sub = ba[(ba["metric"] == metric) & (ba["language"] == language)]
     models = list(dict.fromkeys(sub["model"]))
-    tests = sorted(dict.fromkeys(sub["test"]), key=_natural)
+    tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
     cells = {(r["model"], r["test"]): r for _, r in sub.iterrows()}
     head1 = "Test & " + " & ".join(r"\multicolumn{3}{c}{" + latex_escape(m) + "}" for m in models) + r" \\"
     rules = " ".join(rf"\cmidrule(lr){{{2 + 3 * i}-{4 + 3 * i}}}" for i in range(len(models)))
@@ -377,7 +378,7 @@ def _plot_before_after(ba: pd.DataFrame, metric: str, language: str, path: Path)
     import matplotlib.pyplot as plt
 
     sub = ba[(ba["metric"] == metric) & (ba["language"] == language)]
-    tests = sorted(dict.fromkeys(sub["test"]), key=_natural)
+    tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
     models = list(dict.fromkeys(sub["model"]))
     fig, ax = plt.subplots(figsize=(max(4.0, 1.0 * len(tests) + 2.5), 3.6), dpi=110, layout="constrained")
     width = 0.8 / max(1, len(models))
@@ -413,7 +414,6 @@ def write_mitigation_reports(df: pd.DataFrame, out_dir: str | Path, mitigations:
     import json
     import shutil
 
-    from jobs.builders import ARTIFACT_MAX_BYTES
 
     out = Path(out_dir)
     mdir = out / "mitigation"
@@ -470,7 +470,7 @@ def headline_tables(df: pd.DataFrame, *, model_order: list[str] | None = None, d
     blocks = []
     for (metric, lang), sub in df.groupby(["metric", "language"], sort=True):
         models = _order(sub["model"], model_order)
-        tests = sorted(dict.fromkeys(sub["test"]), key=_natural)
+        tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
         cells = {}
         for _, r in sub.iterrows():
             if r["status"] != "finished":

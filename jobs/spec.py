@@ -55,9 +55,22 @@ from audit import registry
 from audit.errors import AuditError
 from audit.mitigation import get_mitigation, load_definitions
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
-from jobs.validators import (location_overrides, NAME_RE, Ctx, boolean, check_fields, expand_env, integer, mapping, number,
-                             plain_values, read_yaml, str_list, string, suggest)
-
+from jobs.validators import (
+    NAME_RE,
+    Ctx,
+    boolean,
+    check_fields,
+    expand_env,
+    integer,
+    location_overrides,
+    mapping,
+    number,
+    plain_values,
+    read_yaml,
+    str_list,
+    string,
+    suggest,
+)
 
 #: ISO 639-1 codes (the spec accepts any of them; a language without tests is dropped at planning).
 ISO_639_1 = frozenset(
@@ -114,6 +127,7 @@ _TRACKING_FIELDS = {"uri", "experiment"}
 _RAY_FIELDS = {
     "address", "num_cpus", "object_store_memory", "actor_num_cpus", "actor_num_gpus",
     "max_restarts", "max_task_retries", "batch_size", "stats_num_cpus", "exact_shards",
+    "pending_timeout_s", "reuse_workers", "max_workers", "prefetch", "prefetch_disk_mb",
 }
 _BUILD_FIELDS = {"kind", "dim", "epoch", "language", "seed"}
 _DTYPES = ("float32", "float16", "bfloat16", "auto")
@@ -213,6 +227,14 @@ class RaySpec:
     stats_num_cpus:     CPUs each statistics task reserves.
     exact_shards:       split an exact permutation test over this many statistics tasks when it
                         has more than 10**9 partitions (1: never split).
+    pending_timeout_s:  work that waits longer than this for resources, with no progress, fails
+                        naming the pending demand; the sweep exits with status 4 (stuck).
+    reuse_workers:      long-lived model workers serve one model after another, releasing each
+                        completely (``jobs/pool.py``); ``false``: a fresh process per model.
+    max_workers:        bound of that pool (``None``: as many as the cluster's CPUs/GPUs hold while
+                        one statistics task can still run).
+    prefetch:           Hub snapshots downloaded ahead of the workers (0: off).
+    prefetch_disk_mb:   disk those prefetched snapshots may take together.
     """
 
     address: str | None = None
@@ -225,6 +247,11 @@ class RaySpec:
     batch_size: int = 4
     stats_num_cpus: float = 1.0
     exact_shards: int = 1
+    pending_timeout_s: float = 600.0
+    reuse_workers: bool = True
+    max_workers: int | None = None
+    prefetch: int = 2
+    prefetch_disk_mb: float = 4096.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -502,9 +529,15 @@ def _ray(ctx: Ctx, v: Any) -> RaySpec:
             if g > 1 and g != int(g):
                 raise ctx.param("ray.actor_num_gpus", f"a model uses a fraction of one GPU or whole GPUs, got {g}")
         kw["actor_num_gpus"] = g
-    for k, lo in (("max_restarts", -1), ("max_task_retries", -1), ("batch_size", 1), ("exact_shards", 1)):
+    for k, lo in (("max_restarts", -1), ("max_task_retries", -1), ("batch_size", 1), ("exact_shards", 1),
+                  ("max_workers", 1), ("prefetch", 0)):
         if d.get(k) is not None:
             kw[k] = integer(ctx, f"ray.{k}", d[k], minimum=lo)
+    for k in ("pending_timeout_s", "prefetch_disk_mb"):
+        if d.get(k) is not None:
+            kw[k] = number(ctx, f"ray.{k}", d[k], strict=True)
+    if d.get("reuse_workers") is not None:
+        kw["reuse_workers"] = boolean(ctx, "ray.reuse_workers", d["reuse_workers"])
     return RaySpec(**kw)
 
 

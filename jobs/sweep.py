@@ -53,11 +53,22 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from audit.errors import AuditError, ParameterError
+from jobs import report
 from jobs.builders import build_models
-from jobs.plan import expand
-from jobs.pool import SchedulingError, in_ray_job
+from jobs.plan import attach_keys, expand, spec_field, words_for_tasks
+from jobs.pool import SchedulingError, in_ray_job, run_tasks
+from jobs.progress import Progress, use_bar
 from jobs.spec import SweepSpec, load_spec
-from jobs.tracker import sqlite_path
+from jobs.tracker import (
+    STUCK_EXIT_CODE,
+    Tracker,
+    TrackingUnavailable,
+    record_row,
+    redact_uri,
+    sqlite_path,
+    tracking_env_note,
+)
+from jobs.wal import Recorder, WriteAheadLog, mlflow_http_defaults, sync_records, wal_path
 
 log = logging.getLogger("jobs.sweep")
 
@@ -163,8 +174,6 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
 
 def _words_for(plan, tasks) -> list[str] | None:
     """Union of the words the association tasks of a static model need (``None``: keep all)."""
-    from jobs.plan import words_for_tasks
-
     words = words_for_tasks(plan, tasks)
     return sorted(words) if words else None
 
@@ -177,9 +186,6 @@ def _execute(plan, todo, recorder, ctx: SweepContext, *, address: str | None, pr
     :class:`jobs.pool.PoolResult`, its load ids completed from the load log. Raises
     :class:`jobs.pool.SchedulingError` when the cluster cannot run the spec."""
     import ray
-
-    from jobs.pool import run_tasks
-    from jobs.progress import Progress, use_bar
 
     spec = plan.spec
     log_start = load_log.stat().st_size if load_log.is_file() else 0
@@ -238,8 +244,6 @@ def check_duplicate_models(plan) -> None:
     twice, and reported under one name). Before keys are known (a dry run, a revision that
     cannot be probed) models with the same reference, options, parameters and build are the same.
     Raises :class:`audit.errors.ParameterError` naming both spec fields."""
-    from jobs.plan import spec_field
-
     spec = plan.spec
     index = {m.name: i for i, m in enumerate(spec.models)}
     owner: dict[str, str] = {}
@@ -334,7 +338,6 @@ def dry_run(spec: SweepSpec) -> int:
     print(plan.describe())
     for name, info in plan.models.items():
         print(f"model {name}: {info.spec.ref} ({info.kind})")
-    from jobs.tracker import redact_uri
 
     print(f"tracking: {redact_uri(spec.resolved_tracking_uri)} (experiment {spec.resolved_experiment}); "
           f"output: {spec.output_dir}")
@@ -360,8 +363,6 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, progress: bool = T
     runs on: the reports come from the write-ahead log and the exit status is 3 until
     ``audit sync`` uploads them.
     """
-    from jobs.wal import mlflow_http_defaults
-
     with mlflow_http_defaults():
         return _run_sweep(spec, address=address, progress=progress, on_outcome=on_outcome, server_cls=server_cls,
                           progress_interval=progress_interval)
@@ -370,9 +371,6 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, progress: bool = T
 def _connect(spec: SweepSpec, wal, spec_text: str | None, *, close_parents: bool = True):
     """Connect to the tracking store and upload what earlier runs left pending.
     Returns ``(tracker or None, sync outcome or None, reason when offline)``."""
-    from jobs.tracker import Tracker, TrackingUnavailable
-    from jobs.wal import sync_records
-
     try:
         tracker = Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
         so = sync_records(wal, tracker, spec_text=spec_text, close_parents=close_parents)
@@ -385,11 +383,6 @@ def _connect(spec: SweepSpec, wal, spec_text: str | None, *, close_parents: bool
 
 def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outcome: Callable | None,
                server_cls: type | None, progress_interval: float = 30.0) -> SweepOutcome:
-    from jobs import report
-    from jobs.plan import attach_keys
-    from jobs.tracker import record_row, redact_uri, tracking_env_note
-    from jobs.wal import Recorder, WriteAheadLog, wal_path
-
     t0 = time.perf_counter()
     out_dir = spec.output_dir.resolve()
     handler = _setup_logging(out_dir)
@@ -522,7 +515,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
                 )
             except Exception as e:  # noqa: BLE001 - the parent stays RUNNING; `audit sync` closes it
                 _say(f"warning: could not close the parent run: {e}")
-        code = 4 if stuck else 1 if (failed or missing) else (3 if pending else 0)
+        code = STUCK_EXIT_CODE if stuck else 1 if (failed or missing) else (3 if pending else 0)
         return SweepOutcome(
             exit_code=code, planned=len(plan.tasks), skipped_existing=done_before,
             ran=len(todo), failed=failed, loads=len(load_ids), parent_run_id=parent_id, results=df,

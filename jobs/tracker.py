@@ -59,10 +59,19 @@ from filelock import FileLock
 
 from audit import registry
 from audit.errors import AuditError, ParameterError
+from jobs.uris import redact_uri
 
 log = logging.getLogger("jobs.tracker")
 
 ROLE_SWEEP = "sweep"
+#: Parent-run tags of the contract with the watcher (:mod:`jobs.watch`): ``audit.state`` is
+#: ``running``, ``finished``, ``failed`` or ``stuck``; a sweep whose work waited too long for
+#: resources sets ``stuck`` with ``audit.stuck_reason`` (the pending demand) and exits with
+#: :data:`STUCK_EXIT_CODE`.
+STATE_TAG = "audit.state"
+STUCK_REASON_TAG = "audit.stuck_reason"
+STUCK = "stuck"
+STUCK_EXIT_CODE = 4
 ROLE_TASK = "task"
 _MAX_TAG = 5000
 _MAX_PARAM = 6000
@@ -114,12 +123,6 @@ def store_lock(uri: str, timeout: float = STORE_LOCK_TIMEOUT) -> Iterator[None]:
         yield
 
 
-def redact_uri(uri: str) -> str:
-    """A URI safe to print or log: user, password or token in ``scheme://user:secret@host``
-    become ``***`` (``http://u:p@h:5000`` -> ``http://***@h:5000``); query strings are dropped."""
-    s = str(uri)
-    s = re.sub(r"^([a-zA-Z][a-zA-Z0-9+.\-]*://)[^/@]*@", r"\1***@", s)
-    return s.split("?", 1)[0]
 
 
 def _proc_start(pid: int) -> str:
@@ -321,15 +324,15 @@ class Tracker:
             n = int(found[0].data.tags.get("audit.invocations", "1")) + 1
             self.client.set_tag(run_id, "audit.invocations", str(n))
             self.client.set_tag(run_id, "audit.driver", self.driver)
-            self.client.set_tag(run_id, "audit.state", "running")
-            if "audit.stuck_reason" in found[0].data.tags:
-                self.client.delete_tag(run_id, "audit.stuck_reason")
+            self.client.set_tag(run_id, STATE_TAG, "running")
+            if STUCK_REASON_TAG in found[0].data.tags:
+                self.client.delete_tag(run_id, STUCK_REASON_TAG)
             self.parent_id = run_id
             return run_id, True
         run = self.client.create_run(
             self.experiment_id, run_name=f"sweep:{sweep_name}",
             tags={"audit.role": ROLE_SWEEP, "audit.sweep_id": sweep_id, "audit.sweep": sweep_name,
-                  "audit.invocations": "1", "audit.driver": self.driver, "audit.state": "running"},
+                  "audit.invocations": "1", "audit.driver": self.driver, STATE_TAG: "running"},
         )
         self.parent_id = run.info.run_id
         if params:
@@ -355,10 +358,10 @@ class Tracker:
             self.client.log_batch(self.parent_id, metrics=[Metric(_sanitize(k), float(v), ts, step) for k, v in summary.items()])
         if report_dir is not None and Path(report_dir).is_dir():
             self.client.log_artifacts(self.parent_id, str(report_dir), "reports")
-        state = "stuck" if stuck_reason else ("failed" if failed else "finished")
-        tags = [RunTag("audit.state", state)]
+        state = STUCK if stuck_reason else ("failed" if failed else "finished")
+        tags = [RunTag(STATE_TAG, state)]
         if stuck_reason:
-            tags.append(RunTag("audit.stuck_reason", stuck_reason.splitlines()[0][:_MAX_TAG]))
+            tags.append(RunTag(STUCK_REASON_TAG, stuck_reason.splitlines()[0][:_MAX_TAG]))
         self.client.log_batch(self.parent_id, tags=tags)
         self.client.set_terminated(self.parent_id, "FAILED" if (failed or stuck_reason) else "FINISHED")
 

@@ -37,7 +37,9 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from jobs.tracker import Tracker, TrackingUnavailable, record_row, redact_uri
+from audit.errors import AuditError
+from jobs.spec import load_spec
+from jobs.tracker import Tracker, TrackingUnavailable, driver_alive, record_row, redact_uri, unavailable
 
 log = logging.getLogger("jobs.wal")
 
@@ -257,7 +259,6 @@ def sync_records(wal: WriteAheadLog, tracker: Tracker, *, spec_text: str | None 
     except TrackingUnavailable:
         raise
     except Exception as e:  # noqa: BLE001
-        from jobs.tracker import unavailable
 
         raise unavailable(tracker.uri, e) from None
     parents: dict[str, str] = {}
@@ -305,8 +306,6 @@ def _ensure_parent(tracker: Tracker, sweep: str, sweep_id: str, spec_text: str |
 
 def _close_parents(tracker: Tracker, wal: WriteAheadLog, parents: dict[str, str], report_dir: Path | None) -> None:
     """Close the parents left RUNNING by a dead driver (or just created by this sync)."""
-    from jobs.tracker import driver_alive
-
     latest: dict[str, dict[str, str]] = {}
     for r in wal.records():
         latest.setdefault(r.get("sweep_id") or "", {})[r.get("key") or r["id"]] = r.get("status")
@@ -351,9 +350,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status: 0 nothing left pending; 3 records still pending (store unreachable);
     2 invalid spec or option."""
-    from audit.errors import AuditError
-    from jobs.spec import load_spec
-
     a = build_parser().parse_args(argv)
     try:
         spec = load_spec(a.spec, output_dir=a.output_dir, tracking_uri=a.tracking_uri)

@@ -498,10 +498,8 @@ def test_a_stuck_sweep_is_reported_as_stuck_not_in_progress(tmp_path):
     assert sorted(sub) == ["ended", "exited", "waiting"]
     reason = "3 task(s) waited 600 s for {'CPU': 2.0} (cluster: {'CPU': 1.0} free of 2.0)"
     tr = Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
-    tr.start_parent(sub["ended"].sweep, "id-ended")  # the sweep tagged its run, ended it, exited 4
-    tr.client.set_tag(tr.parent_id, "audit.state", "stuck")
-    tr.client.set_tag(tr.parent_id, "audit.stuck_reason", reason)
-    tr.end_parent(failed=2, summary={"tasks_failed": 2})
+    tr.start_parent(sub["ended"].sweep, "id-ended")  # the sweep ended its run as stuck (the tags), exited 4
+    tr.end_parent(failed=2, summary={"tasks_failed": 2}, stuck_reason=reason)
     tr.start_parent(sub["exited"].sweep, "id-exited")  # exited 4, no tag (the store was unreachable)
     tr.end_parent(failed=1, summary={"tasks_failed": 1})
     tr.start_parent(sub["waiting"].sweep, "id-waiting")  # still running, tagged

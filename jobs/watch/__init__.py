@@ -107,12 +107,27 @@ from jobs.watch.cli import build_parser, main, run_spec_from_env
 from jobs.watch.decisions import ACTIONS, Decision, DecisionLog, PollReport
 from jobs.watch.index import STATE_TAG, STUCK, STUCK_EXIT_CODE, STUCK_REASON_TAG, AuditIndex, SweepRecord
 from jobs.watch.sources import HubSource, LocalSource, Source, backend_hint, iso_time, local_revision
-from jobs.watch.spec import (DEFAULT_ENTRYPOINT, SPEC_ENV, AuditTemplate, RaySubmit, WatchEntry, WatchSpec,
-                             deep_merge, load_watch_spec, parse_watch_spec)
-from jobs.watch.submit import (ACTIVE_STATES, AlreadySubmitted, JobState, RaySubmitter, SubmitError, Submitter,
-                               job_state)
-from jobs.watch.sweeps import (GeneratedSweep, Release, generate_sweep, safe_name, short_revision, spec_digest,
-                               submission_id)
+from jobs.watch.spec import (
+                             DEFAULT_ENTRYPOINT,
+                             SPEC_ENV,
+                             AuditTemplate,
+                             RaySubmit,
+                             WatchEntry,
+                             WatchSpec,
+                             deep_merge,
+                             load_watch_spec,
+                             parse_watch_spec,
+)
+from jobs.watch.submit import ACTIVE_STATES, AlreadySubmitted, JobState, RaySubmitter, SubmitError, Submitter, job_state
+from jobs.watch.sweeps import (
+                             GeneratedSweep,
+                             Release,
+                             generate_sweep,
+                             safe_name,
+                             short_revision,
+                             spec_digest,
+                             submission_id,
+)
 from jobs.watch.watcher import Watcher
 
 __all__ = [

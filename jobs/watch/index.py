@@ -7,18 +7,13 @@ import dataclasses
 from pathlib import Path
 
 from audit.errors import AuditError
+from jobs.tracker import STATE_TAG, STUCK, STUCK_EXIT_CODE, STUCK_REASON_TAG
 from jobs.uris import redact_uri
 from jobs.validators import first_line
 from jobs.watch.backoff import SourceUnavailable
 
-#: Parent-run tags of the contract with the sweep (:mod:`jobs.sweep`): a sweep whose tasks waited
-#: too long for resources sets ``audit.state=stuck`` and ``audit.stuck_reason=<pending demand>``
-#: and exits with :data:`STUCK_EXIT_CODE`.
-STATE_TAG = "audit.state"
-STUCK_REASON_TAG = "audit.stuck_reason"
-STUCK = "stuck"
-#: The exit status of a sweep whose tasks waited too long for resources.
-STUCK_EXIT_CODE = 4
+# The contract with the sweep (its parent-run tags and exit status) is defined by the tracker,
+# the writer of those tags: jobs.tracker.STATE_TAG, STUCK_REASON_TAG, STUCK, STUCK_EXIT_CODE.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,8 +74,13 @@ class HubSource:
         """Run a hub call; transient failures become :class:`SourceUnavailable`, permanent ones
         :class:`audit.errors.ModelError` naming ``what``."""
         from huggingface_hub import constants
-        from huggingface_hub.errors import (HFValidationError, HfHubHTTPError, OfflineModeIsEnabled,
-                                            RepositoryNotFoundError, RevisionNotFoundError)
+        from huggingface_hub.errors import (
+            HfHubHTTPError,
+            HFValidationError,
+            OfflineModeIsEnabled,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
 
         if constants.HF_HUB_OFFLINE:
             raise ModelError(f"{what}: HF_HUB_OFFLINE is set; the hub source needs the network "

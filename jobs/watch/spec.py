@@ -16,8 +16,19 @@ from typing import Any, Mapping
 
 from audit.errors import ParameterError
 from jobs.uris import resolve_tracking_uri, store_identity, tracking_uri_problem
-from jobs.validators import (location_overrides, Ctx, expand_env, given, integer, mapping, name, number, read_yaml, string,
-                             suggest)
+from jobs.validators import (
+    Ctx,
+    expand_env,
+    given,
+    integer,
+    location_overrides,
+    mapping,
+    name,
+    number,
+    read_yaml,
+    string,
+    suggest,
+)
 from jobs.watch.backoff import Backoff
 
 #: The runtime_env variable that carries a generated sweep spec (YAML) into the Ray job.

@@ -23,8 +23,7 @@ from jobs.watch.decisions import Decision, DecisionLog, PollReport
 from jobs.watch.index import STUCK_EXIT_CODE, AuditIndex, SweepRecord
 from jobs.watch.sources import HubSource, LocalSource, Source
 from jobs.watch.spec import SPEC_ENV, WatchEntry, WatchSpec
-from jobs.watch.submit import (ACTIVE_STATES, AlreadySubmitted, JobState, RaySubmitter, SubmitError, Submitter,
-                               job_state)
+from jobs.watch.submit import ACTIVE_STATES, AlreadySubmitted, JobState, RaySubmitter, SubmitError, Submitter, job_state
 from jobs.watch.sweeps import GeneratedSweep, Release, generate_sweep, submission_id
 
 
