@@ -264,7 +264,7 @@ def _medium_bert(root: Path) -> Path:
     """A BERT masked LM of ~10.7M parameters (~43 MB of float32 weights) with the tiny
     tokenizer: big enough that keeping it would show in the resident memory."""
     import torch
-    from tiny_models import tiny_model_dir
+    from audit.tiny_models import tiny_model_dir
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
     out = root / "medium-bert"
@@ -285,11 +285,11 @@ RELEASE_BOUND = 0.25
 
 
 def test_release_gives_the_models_memory_back(tmp_path):
-    from audit.runner import load_test_for
+    from audit.runner import load_test
 
     model_dir = _medium_bert(tmp_path)
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    test = load_test_for("seat", "weat7")
+    test = load_test("weat7")
     server = ModelServer(load_log=str(tmp_path / "loads.jsonl"))
     req = [MeasureRequest(index=0, test="t", metric="weat", params={"permutations": 10, "n_bootstrap": 5})]
     levels = []

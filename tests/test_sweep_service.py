@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from actors.model_actor import ModelServer
-from audit.runner import load_test_for
+from audit.runner import load_test
 from jobs import sweep
 from jobs.spec import load_spec
 
@@ -26,7 +26,7 @@ TESTS = ["weat1", "weat2"]
 
 def write_vec(path: Path, seed: int, tests=TESTS, dim: int = 8) -> Path:
     """A word2vec text file with random vectors for every word of ``tests``."""
-    words = sorted({w for t in tests for s in (*load_test_for("weat", t).targets, *load_test_for("weat", t).attributes)
+    words = sorted({w for t in tests for s in (*load_test(t).targets, *load_test(t).attributes)
                     for w in s.words})
     rng = np.random.default_rng(seed)
     lines = [f"{len(words)} {dim}"] + [w + " " + " ".join(f"{x:.5f}" for x in rng.normal(size=dim)) for w in words]
