@@ -85,7 +85,7 @@ def test_add_adjusted_pvalues_default_family_is_model_and_metric():
     np.testing.assert_allclose(out["p_holm"], [0.02, 0.04, np.nan, 0.03, 0.01, np.nan, 0.5])
     np.testing.assert_allclose(out["p_bh"], [0.02, 0.04, np.nan, 0.03, 0.01, np.nan, 0.5])
     assert out["n_family"].tolist() == [2, 2, 2, 1, 2, 2, 2]
-    assert out["p_value"].iloc[2] is None  # raw column untouched
+    pd.testing.assert_series_equal(out["p_value"], df["p_value"])  # raw column untouched
 
 
 def test_add_adjusted_pvalues_other_families_and_errors():
