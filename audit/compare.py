@@ -24,9 +24,12 @@ of each item are exchangeable, so swapping them in any subset of items gives an 
 data set. ``T`` is ``delta`` (``quantity="delta"``) or ``|headline(B)| - |headline(A)|``
 (``"delta_abs"``); a swap pattern counts as extreme when ``|T*| >= |T| - tol`` (two-sided,
 the observed pattern included), ``T* >= T - tol`` (``"greater"``: B more than A) or ``T* <=
-T + tol`` (``"less"``), ``tol = 1e-10 max(1, |T|)``. All ``2**n`` patterns are enumerated when
-``n <= EXACT_MAX_ITEMS`` (``p = k / 2**n``), otherwise ``n_permutations`` patterns are drawn
-(``p = (k + 1) / (n + 1)``, Phipson & Smyth 2010). For a proportion of 0/1 outcomes
+T + tol`` (``"less"``), ``tol = 1e-10 max(1, |T|)``. ``permutations="auto"`` (default) enumerates all ``2**n``
+patterns when ``n <= EXACT_MAX_ITEMS`` (``p = k / 2**n``; swapping the complement of a
+pattern exchanges the two models, ``T -> -T``, so half of them are evaluated) and otherwise
+draws :data:`DEFAULT_PERMUTATIONS` uniform random patterns (``p = (k + 1) / (N + 1)``,
+Phipson & Smyth 2010); an int draws that many; ``"exact"`` enumerates (up to
+``EXACT_LIMIT_ITEMS`` items). For a proportion of 0/1 outcomes
 (CrowS-Pairs) the label swap of ``delta`` is McNemar's exact test (McNemar 1947): only
 discordant pairs move, and their count for B is Binomial(n_discordant, 1/2) under H0; it is
 computed exactly with :func:`scipy.stats.binomtest`.
@@ -88,6 +91,7 @@ from audit.stats import (
 )
 
 __all__ = [
+    "DEFAULT_PERMUTATIONS",
     "EXACT_MAX_ITEMS",
     "Comparison",
     "compare_crows_pairs",
@@ -101,8 +105,13 @@ __all__ = [
     "paired_compare",
 ]
 
-#: Up to this many items all 2**n label-swap patterns are enumerated (65,536 at 16).
+#: ``permutations="auto"``: up to this many items all 2**n label-swap patterns are enumerated
+#: (65,536 at 16, half of them evaluated).
 EXACT_MAX_ITEMS = 16
+#: ``permutations="exact"`` refuses more items than this (2**22 patterns).
+EXACT_LIMIT_ITEMS = 22
+#: Random swap patterns drawn by ``permutations="auto"`` beyond EXACT_MAX_ITEMS.
+DEFAULT_PERMUTATIONS = 9999
 #: Swap patterns (or bootstrap resamples) evaluated per block.
 _BLOCK = 4096
 _ALTERNATIVES = ("two-sided", "greater", "less")
@@ -121,7 +130,7 @@ class Comparison:
     ci_method:       what was resampled; ``confidence``, ``n_bootstrap``, ``ci_degenerate``.
     p_value:         for "no difference" in ``quantity`` (``"delta"``/``"delta_abs"``) under
                      ``alternative``; ``p_method``: ``"exact label swap"``, ``"sampled label
-                     swap"`` or ``"exact McNemar"``; ``n_permutations``: patterns evaluated
+                     swap"`` or ``"exact McNemar"``; ``n_permutations``: patterns counted
                      (``2**n`` when exact; the discordant pairs for McNemar).
     n_items:         paired items; ``strata``: items per stratum.
     seed:            the task seed; ``random_streams``: procedure -> child of SeedSequence(seed).
@@ -163,7 +172,7 @@ def _check_int(v: Any, name: str, minimum: int) -> int:
 
 
 def _check_common(alternative: Any, quantity: Any, confidence: Any, n_bootstrap: Any,
-                  n_permutations: Any, seed: Any) -> tuple[str, str, float, int, int, int]:
+                  permutations: Any, seed: Any) -> tuple[str, str, float, int, str | int, int]:
     if alternative not in _ALTERNATIVES:
         raise ParameterError(f"alternative must be one of {', '.join(map(repr, _ALTERNATIVES))}, got {alternative!r}")
     if quantity not in _QUANTITIES:
@@ -173,11 +182,12 @@ def _check_common(alternative: Any, quantity: Any, confidence: Any, n_bootstrap:
     ):
         raise ParameterError(f"confidence must be a number in (0, 1), got {confidence!r}")
     n_bootstrap = _check_int(n_bootstrap, "n_bootstrap", 0)
-    n_permutations = _check_int(n_permutations, "n_permutations", 1)
+    if permutations not in ("auto", "exact"):
+        permutations = _check_int(permutations, "permutations", 1)
     if seed is None:
         seed = fresh_seed()
     seed = _check_int(seed, "seed", 0)
-    return str(alternative), str(quantity), float(confidence), n_bootstrap, n_permutations, seed
+    return str(alternative), str(quantity), float(confidence), n_bootstrap, permutations, seed
 
 
 def _paired_values(a: Any, b: Any, names: tuple[str, str] = ("a", "b")) -> tuple[np.ndarray, np.ndarray]:
@@ -250,7 +260,7 @@ def paired_compare(
     alternative: str = "two-sided",
     quantity: str = "delta",
     n_bootstrap: int = 1000,
-    n_permutations: int = 9999,
+    permutations: str | int = "auto",
     confidence: float = 0.95,
     seed: int | None = None,
     ci_method: str | None = None,
@@ -270,13 +280,13 @@ def paired_compare(
         each.
     swap_values : optional (a', b') used for the label swap instead of (a, b), e.g.
         standardised scores (the statistic must give the same headline on them).
-    alternative, quantity, n_bootstrap, n_permutations, confidence, seed :
+    alternative, quantity, n_bootstrap, permutations, confidence, seed :
         See the module docstring; ``seed`` is the task seed (its ``compare_bootstrap`` and
         ``compare_permutation`` streams are used), drawn from OS entropy when None.
     ci_method : description recorded in the result (default: "paired bootstrap ...").
     """
-    alternative, quantity, confidence, n_bootstrap, n_permutations, seed = _check_common(
-        alternative, quantity, confidence, n_bootstrap, n_permutations, seed
+    alternative, quantity, confidence, n_bootstrap, permutations, seed = _check_common(
+        alternative, quantity, confidence, n_bootstrap, permutations, seed
     )
     a, b = _paired_values(a, b)
     n = a.shape[0]
@@ -306,14 +316,22 @@ def paired_compare(
         ci_abs = percentile_interval(np.concatenate(abs_deltas)[ok], confidence)
 
     sa, sb = (a, b) if swap_values is None else _paired_values(*swap_values, names=("swap a", "swap b"))
-    exact = n <= EXACT_MAX_ITEMS
+    exact = permutations == "exact" or (permutations == "auto" and n <= EXACT_MAX_ITEMS)
+    if permutations == "exact" and n > EXACT_LIMIT_ITEMS:
+        raise ParameterError(
+            f"permutations='exact': {n} items have 2**{n} swap patterns, more than enumerated here "
+            f"(up to {EXACT_LIMIT_ITEMS} items); sample instead, e.g. permutations=9999"
+        )
     k = total = 0
     if exact:
-        masks = _swap_masks_exact(n)
+        # patterns with the last item unswapped; each one's complement gives -T
+        half = _swap_masks_exact(n - 1) if n > 1 else np.zeros((1, 0), dtype=bool)
+        masks = np.concatenate([half, np.zeros((half.shape[0], 1), dtype=bool)], axis=1)
         blocks = [masks[i : i + _BLOCK] for i in range(0, masks.shape[0], _BLOCK)]
     else:
+        n_draw = DEFAULT_PERMUTATIONS if permutations == "auto" else int(permutations)
         gen = np.random.Generator(np.random.PCG64(stream(seed, "compare_permutation")))
-        sizes = [min(_BLOCK, n_permutations - i) for i in range(0, n_permutations, _BLOCK)]
+        sizes = [min(_BLOCK, n_draw - i) for i in range(0, n_draw, _BLOCK)]
         blocks = (gen.integers(0, 2, size=(r, n)).astype(bool) for r in sizes)
     for m in blocks:
         mm = m.reshape(m.shape + (1,) * (sa.ndim - 1))
@@ -322,6 +340,9 @@ def paired_compare(
         t = _quantity(statistic(xa), statistic(xb), quantity)
         k += int(_extreme(t, obs, alternative).sum())
         total += m.shape[0]
+        if exact:
+            k += int(_extreme(-t, obs, alternative).sum())
+            total += m.shape[0]
     p = k / total if exact else (k + 1) / (total + 1)
     strata_desc = "" if len(strata_l) == 1 else f" within {len(strata_l)} strata"
     return Comparison(
@@ -411,7 +432,7 @@ def compare_weat(
     alternative: str = "two-sided",
     quantity: str = "delta",
     n_bootstrap: int = 1000,
-    n_permutations: int = 9999,
+    permutations: str | int = "auto",
     confidence: float = 0.95,
     seed: int | None = None,
 ) -> Comparison:
@@ -445,12 +466,12 @@ def compare_weat(
     if ci_method == "targets":
         return compare_effect_size(
             sxa, sya, sxb, syb, ddof=ddof, alternative=alternative, quantity=quantity,
-            n_bootstrap=n_bootstrap, n_permutations=n_permutations, confidence=confidence, seed=seed,
+            n_bootstrap=n_bootstrap, permutations=permutations, confidence=confidence, seed=seed,
             ci_method="targets: paired percentile bootstrap of X and Y words, jointly for both models",
         )
     res = compare_effect_size(
         sxa, sya, sxb, syb, ddof=ddof, alternative=alternative, quantity=quantity, n_bootstrap=0,
-        n_permutations=n_permutations, confidence=confidence, seed=seed,
+        permutations=permutations, confidence=confidence, seed=seed,
     )
     ci = ci_abs = None
     n_deg = 0
@@ -503,7 +524,7 @@ def compare_proportions(outcome_a: Any, outcome_b: Any, *, confidence: float = 0
     # the engine gives the interval (its label-swap p is replaced by McNemar's exact one)
     res = paired_compare(
         a, b, lambda v: 100.0 * v.mean(axis=1), family="proportion", n_bootstrap=n_bootstrap,
-        n_permutations=1, confidence=confidence, seed=seed, alternative=alternative,
+        permutations=1, confidence=confidence, seed=seed, alternative=alternative,
         ci_method="paired percentile bootstrap: items resampled jointly",
     )
     n01 = int(((a == 0) & (b == 1)).sum())

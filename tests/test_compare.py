@@ -101,7 +101,7 @@ def test_paired_bootstrap_interval_against_naive_loop():
     np.testing.assert_allclose(res.ci, np.quantile(deltas, [0.025, 0.975]), rtol=1e-10)
     assert res.ci_method.startswith("targets:") and res.random_streams == {"compare_bootstrap": 2,
                                                                             "compare_permutation": 3}
-    assert res.p_method == "sampled label swap" and res.n_permutations == 9999
+    assert res.p_method == "sampled label swap" and res.n_permutations == 9999  # DEFAULT_PERMUTATIONS
     again = compare_weat((X, Y, A, B), (Xb, Yb, A, B), seed=11, n_bootstrap=200)
     assert again == res
     assert res.ci[0] < res.delta < res.ci[1]
@@ -220,3 +220,21 @@ def test_errors():
         compare_effect_size([1.0, 2.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0])
     with pytest.raises(ParameterError, match="seed"):
         compare_effect_size([1.0, 2.0], [0.0, 1.0], [1.0, 2.0], [0.0, 1.0], seed=-1)
+
+
+def test_permutations_parameter():
+    rng = np.random.default_rng(12)
+    a = rng.normal(size=30)
+    b = a + rng.normal(0.3, 1, 30)
+    sampled = paired_compare(a, b, lambda v: v.mean(axis=1), permutations=999, seed=1, n_bootstrap=0)
+    assert sampled.p_method == "sampled label swap" and sampled.n_permutations == 999
+    assert paired_compare(a, b, lambda v: v.mean(axis=1), permutations=999, seed=1, n_bootstrap=0) == sampled
+    exact = paired_compare(a[:18], b[:18], lambda v: v.mean(axis=1), permutations="exact", n_bootstrap=0, seed=0)
+    assert exact.p_method == "exact label swap" and exact.n_permutations == 2**18
+    ref = _swap_p_brute_force(a[:12], b[:12], np.mean)
+    assert paired_compare(a[:12], b[:12], lambda v: v.mean(axis=1), n_bootstrap=0, seed=0).p_value == \
+        pytest.approx(ref, abs=1e-15)
+    with pytest.raises(ParameterError, match="permutations='exact': 30 items"):
+        paired_compare(a, b, lambda v: v.mean(axis=1), permutations="exact")
+    with pytest.raises(ParameterError, match="permutations"):
+        paired_compare(a, b, lambda v: v.mean(axis=1), permutations=0)
