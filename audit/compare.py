@@ -39,11 +39,18 @@ Families
 ============================  ======================  ==================  =======================================
 metric                        items (strata)          headline            test of "no difference"
 ============================  ======================  ==================  =======================================
-WEAT, SEAT                    target words or         effect size d       label swap of the per-item scores
-(:func:`compare_weat`,        sentences (X, Y)                            ``s(w, A, B)``, attribute sets fixed
-:func:`compare_effect_size`)                                              (as the permutation p-value), each
-                                                                          model's scores standardised first
-LPBS (:func:`compare_lpbs`)   attribute words (A, B)  d, ddof = 0         the same, targets/templates fixed
+WEAT, SEAT                    target words or         effect size d       :func:`compare_weat` on vectors in one
+(:func:`compare_weat`,        sentences (X, Y)                            space (revisions of a model): swap of
+:func:`compare_effect_size`)                                              every word's two vectors (targets and
+                                                                          attributes), cosines recomputed; else
+                                                                          (different spaces, per-item tables):
+                                                                          swap of the per-item scores
+                                                                          ``s(w, A, B)``, attribute sets
+                                                                          conditioned on, each model's scores
+                                                                          standardised first
+LPBS (:func:`compare_lpbs`)   attribute words (A, B)  d, ddof = 0         swap of the per-attribute scores
+                                                                          (targets, templates conditioned on),
+                                                                          standardised
 CrowS-Pairs                   sentence pairs          % pairs won by      exact McNemar (label swap of the 0/1
 (:func:`compare_crows_pairs`)                         ``sent_more``       outcomes), neutral pairs count as 0
 SAME, Direct Bias, RIPA,      scored words (sets)     mean of a per-item  label swap = sign flip of the per-item
@@ -56,9 +63,18 @@ ECT, RNSB, Cramér's V         --                      not item means      not o
 ============================  ======================  ==================  =======================================
 
 Effect sizes are invariant to a shift and a positive scaling of each model's scores, so for
-the label swap each model's item scores are standardised (mean 0, standard deviation 1 over
-its items): two models that differ only in the scale of their cosines have the same ``d`` and
-exchangeable standardised scores.
+the swap of item scores each model's scores are standardised (mean 0, standard deviation 1
+over its items): two models that differ only in the scale of their cosines have the same
+``d`` and exchangeable standardised scores.
+
+What a swap of item scores conditions on: the scores of WEAT target words (LPBS attribute
+words, SAME/Direct Bias scored words) were measured against sets of the same model (attribute
+words, templates, group words). Retraining noise in *those* words moves all item scores of a
+group together, which no per-item swap reproduces, so under "the two revisions are
+exchangeable draws" such a test rejects more often than alpha (about 0.065 at alpha = 0.05 in
+``benchmarks/regression_power.py``); it is exact for the narrower null "given each model's
+own attribute sets, the items are exchangeable". :func:`compare_weat` avoids this whenever
+the two models share a vector space by swapping every word.
 
 Random streams: the bootstrap draws from ``stream(seed, "compare_bootstrap")`` and the sampled
 label swaps from ``stream(seed, "compare_permutation")`` (children 2 and 3 of
@@ -91,6 +107,7 @@ from audit.stats import (
 )
 
 __all__ = [
+    "ALIGNED_MIN_COSINE",
     "DEFAULT_PERMUTATIONS",
     "EXACT_MAX_ITEMS",
     "Comparison",
@@ -130,7 +147,8 @@ class Comparison:
     ci_method:       what was resampled; ``confidence``, ``n_bootstrap``, ``ci_degenerate``.
     p_value:         for "no difference" in ``quantity`` (``"delta"``/``"delta_abs"``) under
                      ``alternative``; ``p_method``: ``"exact label swap"``, ``"sampled label
-                     swap"`` or ``"exact McNemar"``; ``n_permutations``: patterns counted
+                     swap"`` or ``"exact McNemar"``; ``null_hypothesis``: what is exchangeable
+                     under H0 (which items were swapped); ``n_permutations``: patterns counted
                      (``2**n`` when exact; the discordant pairs for McNemar).
     n_items:         paired items; ``strata``: items per stratum.
     seed:            the task seed; ``random_streams``: procedure -> child of SeedSequence(seed).
@@ -149,6 +167,7 @@ class Comparison:
     ci_degenerate: int
     p_value: float | None
     p_method: str
+    null_hypothesis: str
     alternative: str
     quantity: str
     n_permutations: int
@@ -249,6 +268,38 @@ def _quantity(ta: np.ndarray, tb: np.ndarray, quantity: str) -> np.ndarray:
     return tb - ta if quantity == "delta" else np.abs(tb) - np.abs(ta)
 
 
+def _swap_test(n: int, t_of: Callable[[np.ndarray], np.ndarray], obs: float, alternative: str,
+               permutations: str | int, seed: int) -> tuple[float, bool, int]:
+    """Label-swap p-value over swap patterns of ``n`` items (module docstring): ``t_of(masks)``
+    gives the statistic for a (R, n) boolean block of patterns (True: swapped). Returns
+    ``(p, exact, patterns counted)``."""
+    exact = permutations == "exact" or (permutations == "auto" and n <= EXACT_MAX_ITEMS)
+    if permutations == "exact" and n > EXACT_LIMIT_ITEMS:
+        raise ParameterError(
+            f"permutations='exact': {n} items have 2**{n} swap patterns, more than enumerated here "
+            f"(up to {EXACT_LIMIT_ITEMS} items); sample instead, e.g. permutations=9999"
+        )
+    k = total = 0
+    if exact:
+        # patterns with the last item unswapped; each one's complement exchanges the models: -T
+        half = _swap_masks_exact(n - 1) if n > 1 else np.zeros((1, 0), dtype=bool)
+        masks = np.concatenate([half, np.zeros((half.shape[0], 1), dtype=bool)], axis=1)
+        blocks: Any = [masks[i : i + _BLOCK] for i in range(0, masks.shape[0], _BLOCK)]
+    else:
+        n_draw = DEFAULT_PERMUTATIONS if permutations == "auto" else int(permutations)
+        gen = np.random.Generator(np.random.PCG64(stream(seed, "compare_permutation")))
+        sizes = [min(_BLOCK, n_draw - i) for i in range(0, n_draw, _BLOCK)]
+        blocks = (gen.integers(0, 2, size=(r, n)).astype(bool) for r in sizes)
+    for m in blocks:
+        t = t_of(m)
+        k += int(_extreme(t, obs, alternative).sum())
+        total += m.shape[0]
+        if exact:
+            k += int(_extreme(-t, obs, alternative).sum())
+            total += m.shape[0]
+    return (k / total if exact else (k + 1) / (total + 1)), exact, total
+
+
 def paired_compare(
     a: Any,
     b: Any,
@@ -264,6 +315,7 @@ def paired_compare(
     confidence: float = 0.95,
     seed: int | None = None,
     ci_method: str | None = None,
+    null_hypothesis: str | None = None,
 ) -> Comparison:
     """Paired bootstrap interval and label-swap test for any vectorised headline.
 
@@ -283,7 +335,7 @@ def paired_compare(
     alternative, quantity, n_bootstrap, permutations, confidence, seed :
         See the module docstring; ``seed`` is the task seed (its ``compare_bootstrap`` and
         ``compare_permutation`` streams are used), drawn from OS entropy when None.
-    ci_method : description recorded in the result (default: "paired bootstrap ...").
+    ci_method, null_hypothesis : descriptions recorded in the result.
     """
     alternative, quantity, confidence, n_bootstrap, permutations, seed = _check_common(
         alternative, quantity, confidence, n_bootstrap, permutations, seed
@@ -316,34 +368,14 @@ def paired_compare(
         ci_abs = percentile_interval(np.concatenate(abs_deltas)[ok], confidence)
 
     sa, sb = (a, b) if swap_values is None else _paired_values(*swap_values, names=("swap a", "swap b"))
-    exact = permutations == "exact" or (permutations == "auto" and n <= EXACT_MAX_ITEMS)
-    if permutations == "exact" and n > EXACT_LIMIT_ITEMS:
-        raise ParameterError(
-            f"permutations='exact': {n} items have 2**{n} swap patterns, more than enumerated here "
-            f"(up to {EXACT_LIMIT_ITEMS} items); sample instead, e.g. permutations=9999"
-        )
-    k = total = 0
-    if exact:
-        # patterns with the last item unswapped; each one's complement gives -T
-        half = _swap_masks_exact(n - 1) if n > 1 else np.zeros((1, 0), dtype=bool)
-        masks = np.concatenate([half, np.zeros((half.shape[0], 1), dtype=bool)], axis=1)
-        blocks = [masks[i : i + _BLOCK] for i in range(0, masks.shape[0], _BLOCK)]
-    else:
-        n_draw = DEFAULT_PERMUTATIONS if permutations == "auto" else int(permutations)
-        gen = np.random.Generator(np.random.PCG64(stream(seed, "compare_permutation")))
-        sizes = [min(_BLOCK, n_draw - i) for i in range(0, n_draw, _BLOCK)]
-        blocks = (gen.integers(0, 2, size=(r, n)).astype(bool) for r in sizes)
-    for m in blocks:
+
+    def t_of(m: np.ndarray) -> np.ndarray:
         mm = m.reshape(m.shape + (1,) * (sa.ndim - 1))
         xa = np.where(mm, sb[None], sa[None])
         xb = np.where(mm, sa[None], sb[None])
-        t = _quantity(statistic(xa), statistic(xb), quantity)
-        k += int(_extreme(t, obs, alternative).sum())
-        total += m.shape[0]
-        if exact:
-            k += int(_extreme(-t, obs, alternative).sum())
-            total += m.shape[0]
-    p = k / total if exact else (k + 1) / (total + 1)
+        return _quantity(statistic(xa), statistic(xb), quantity)
+
+    p, exact, total = _swap_test(n, t_of, obs, alternative, permutations, seed)
     strata_desc = "" if len(strata_l) == 1 else f" within {len(strata_l)} strata"
     return Comparison(
         family=family, value_a=va, value_b=vb, delta=vb - va, delta_abs=abs(vb) - abs(va),
@@ -351,6 +383,7 @@ def paired_compare(
         ci_method=ci_method or f"paired percentile bootstrap: items resampled jointly{strata_desc}",
         confidence=confidence, n_bootstrap=n_bootstrap, ci_degenerate=n_deg,
         p_value=float(p), p_method="exact label swap" if exact else "sampled label swap",
+        null_hypothesis=null_hypothesis or "each item's two measurements are exchangeable between the models",
         alternative=alternative, quantity=quantity, n_permutations=int(total), n_items=int(n),
         strata=strata_l, seed=seed,
         random_streams={s: STREAMS.index(s) for s in ("compare_bootstrap", "compare_permutation")},
@@ -408,6 +441,11 @@ def compare_effect_size(
     if a.size - ddof <= 0 or xa.size == 0 or ya.size == 0:
         raise DataError("effect size comparison: need items in both groups")
     kwargs.setdefault("ci_method", "paired percentile bootstrap: items resampled jointly within X and within Y")
+    kwargs.setdefault(
+        "null_hypothesis",
+        "each X/Y item's standardised score is exchangeable between the models "
+        "(what the scores were measured against, e.g. the attribute sets, conditioned on)",
+    )
     return paired_compare(
         a, b, effect_size_statistic(xa.size, ddof), strata=[xa.size, ya.size], family="effect_size",
         swap_values=(_standardise(a), _standardise(b)), **kwargs,
@@ -423,12 +461,26 @@ def _weat_blocks(sets: Sequence[Any], name: str) -> tuple[np.ndarray, ...]:
     return ux @ ua.T, ux @ ub.T, uy @ ua.T, uy @ ub.T
 
 
+#: ``swap="auto"`` treats the two models' vectors as one space (swaps whole words) when their
+#: dimensions agree and the median cosine between a word's two vectors is at least this.
+ALIGNED_MIN_COSINE = 0.5
+
+
+def _unit_sets(sets: Sequence[Any], name: str) -> list[np.ndarray]:
+    if isinstance(sets, np.ndarray) or not isinstance(sets, Sequence) or len(sets) != 4:
+        raise ParameterError(f"{name}: expected the four word sets (X, Y, A, B) as 2-D arrays")
+    arrs = [as_vectors(v, f"{name}[{i}]", nonzero=True) for i, v in enumerate(sets)]
+    check_same_dim([(f"{name}[{i}]", v) for i, v in enumerate(arrs)])
+    return [unit_rows(v) for v in arrs]
+
+
 def compare_weat(
     sets_a: Sequence[Any],
     sets_b: Sequence[Any],
     *,
     ddof: int = 1,
     ci_method: str = "targets",
+    swap: str = "auto",
     alternative: str = "two-sided",
     quantity: str = "delta",
     n_bootstrap: int = 1000,
@@ -440,44 +492,78 @@ def compare_weat(
     (or sentences).
 
     ``sets_a = (X, Y, A, B)``: model A's vectors, rows = words; ``sets_b`` model B's for the
-    same words in the same order (the dimensions of the two models may differ). The test is
-    the label swap of the per-target-word scores (attribute sets fixed). ``ci_method``:
-    ``"targets"`` (default, as :func:`audit.metrics.weat.weat`) resamples X and Y jointly for
-    both models; ``"targets_attributes"`` also resamples A and B (the same words for both
-    models) and recomputes every score.
+    same words in the same order.
+
+    Test (``swap``):
+
+    * ``"words"``: every word -- targets *and* attributes -- is an item whose two vectors are
+      swapped between the models, and all cosines are recomputed (from the four precomputed
+      blocks ``cos(T_a|T_b, Att_a|Att_b)``). Exact under "the two revisions are exchangeable
+      draws of every word" (e.g. retraining noise), including noise in the attribute words,
+      which shifts all X scores against all Y scores at once and which a swap of target
+      scores alone cannot reproduce (its false-positive rate then exceeds alpha:
+      ``benchmarks/regression_power.py``). Needs vectors in one space: the same dimension and
+      comparable coordinates (revisions of one model; not two independently trained models).
+    * ``"targets"``: :func:`compare_effect_size` on the per-target scores ``s(w, A, B)``: only
+      target words are swapped, each model's attribute sets conditioned on, as in the
+      single-model permutation test. For models in different spaces.
+    * ``"auto"`` (default): ``"words"`` when the dimensions agree and the median cosine
+      between a word's vectors in the two models is >= :data:`ALIGNED_MIN_COSINE`, else
+      ``"targets"``; the choice is in ``null_hypothesis``.
+
+    ``ci_method``: ``"targets"`` (default, as :func:`audit.metrics.weat.weat`) resamples X and
+    Y jointly for both models; ``"targets_attributes"`` also resamples A and B (the same words
+    for both models) and recomputes every score.
     """
     if ci_method not in ("targets", "targets_attributes"):
         raise ParameterError(f"ci_method must be 'targets' or 'targets_attributes', got {ci_method!r}")
+    if swap not in ("auto", "words", "targets"):
+        raise ParameterError(f"swap must be 'auto', 'words' or 'targets', got {swap!r}")
     ddof = _check_ddof(ddof)
-    blocks_a = _weat_blocks(sets_a, "sets_a")
-    blocks_b = _weat_blocks(sets_b, "sets_b")
-    for i, (p, q) in enumerate(zip(blocks_a, blocks_b)):
-        if p.shape != q.shape:
+    ua = _unit_sets(sets_a, "sets_a")
+    ub = _unit_sets(sets_b, "sets_b")
+    for i, (p, q) in enumerate(zip(ua, ub)):
+        if p.shape[0] != q.shape[0]:
             raise DataError(
-                f"sets_a and sets_b must hold the same words: cosine block {i} has shape {p.shape} for A, "
-                f"{q.shape} for B (word counts of X, Y, A, B must match)"
+                f"sets_a and sets_b must hold the same words: set {'XYAB'[i]} has {p.shape[0]} words in "
+                f"model A and {q.shape[0]} in model B"
             )
+    same_dim = ua[0].shape[1] == ub[0].shape[1]
+    if swap == "words" and not same_dim:
+        raise DataError(
+            f"swap='words' needs both models' vectors in one space; dimensions {ua[0].shape[1]} and "
+            f"{ub[0].shape[1]} differ (use swap='targets')"
+        )
+    if swap == "auto":
+        agree = same_dim and float(np.median(np.concatenate(
+            [(p * q).sum(axis=1) for p, q in zip(ua, ub)]))) >= ALIGNED_MIN_COSINE
+        swap = "words" if agree else "targets"
+
+    def blocks(u: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+        x, y, a, b = u
+        return x @ a.T, x @ b.T, y @ a.T, y @ b.T
+
+    blocks_a, blocks_b = blocks(ua), blocks(ub)
+    n_x, n_a = blocks_a[0].shape
+    n_y, n_b = blocks_a[3].shape
 
     def scores(bl: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
         xa, xb, ya, yb = bl
         return xa.mean(axis=1) - xb.mean(axis=1), ya.mean(axis=1) - yb.mean(axis=1)
 
     (sxa, sya), (sxb, syb) = scores(blocks_a), scores(blocks_b)
-    if ci_method == "targets":
-        return compare_effect_size(
-            sxa, sya, sxb, syb, ddof=ddof, alternative=alternative, quantity=quantity,
-            n_bootstrap=n_bootstrap, permutations=permutations, confidence=confidence, seed=seed,
-            ci_method="targets: paired percentile bootstrap of X and Y words, jointly for both models",
-        )
+    ci_desc = {
+        "targets": "targets: paired percentile bootstrap of X and Y words, jointly for both models",
+        "targets_attributes": "targets_attributes: paired percentile bootstrap of X, Y, A and B words, "
+                              "jointly for both models",
+    }[ci_method]
     res = compare_effect_size(
-        sxa, sya, sxb, syb, ddof=ddof, alternative=alternative, quantity=quantity, n_bootstrap=0,
-        permutations=permutations, confidence=confidence, seed=seed,
+        sxa, sya, sxb, syb, ddof=ddof, alternative=alternative, quantity=quantity,
+        n_bootstrap=n_bootstrap if ci_method == "targets" else 0,
+        permutations=permutations if swap == "targets" else 1, confidence=confidence, seed=seed,
+        ci_method=ci_desc,
     )
-    ci = ci_abs = None
-    n_deg = 0
-    if n_bootstrap > 0:
-        n_x, n_a = blocks_a[0].shape
-        n_y, n_b = blocks_a[3].shape
+    if ci_method == "targets_attributes" and n_bootstrap > 0:
         gen = np.random.Generator(np.random.PCG64(stream(res.seed, "compare_bootstrap")))
         idx = bootstrap_indices([n_x, n_y, n_a, n_b], int(n_bootstrap), gen)
         c_x, c_y, c_a, c_b = (resample_counts(i, m) for i, m in zip(idx, (n_x, n_y, n_a, n_b)))
@@ -491,12 +577,40 @@ def compare_weat(
         ea, eb = es(blocks_a), es(blocks_b)
         d = eb - ea
         ok = np.isfinite(d)
-        n_deg = int(d.size - ok.sum())
-        ci = percentile_interval(d[ok], confidence)
-        ci_abs = percentile_interval((np.abs(eb) - np.abs(ea))[ok], confidence)
+        res = dataclasses.replace(
+            res, ci=percentile_interval(d[ok], confidence),
+            ci_abs=percentile_interval((np.abs(eb) - np.abs(ea))[ok], confidence),
+            n_bootstrap=int(n_bootstrap), ci_degenerate=int(d.size - ok.sum()),
+        )
+    if swap == "targets":
+        return res
+
+    # swap every word: cell (i, j) of a mixed model comes from the revision of target i and of
+    # attribute j; four precomputed blocks, rows = X then Y, columns = A then B
+    t_a, t_b = np.concatenate(ua[:2]), np.concatenate(ub[:2])
+    at_a, at_b = np.concatenate(ua[2:]), np.concatenate(ub[2:])
+    c_aa, c_ab, c_ba, c_bb = t_a @ at_a.T, t_a @ at_b.T, t_b @ at_a.T, t_b @ at_b.T
+    w = np.concatenate([np.full(n_a, 1.0 / n_a), np.full(n_b, -1.0 / n_b)])
+    base_a, base_b = c_aa @ w, c_ba @ w  # scores with model A's attributes, targets from A / B
+    d_a, d_b = (c_ab - c_aa).T, (c_bb - c_ba).T  # (n_att, n_t): switching attribute j to B
+    n_t = n_x + n_y
+    stat = effect_size_statistic(n_x, ddof)
+
+    def mixed(rows_b: np.ndarray, cols_b: np.ndarray) -> np.ndarray:
+        mw = cols_b * w
+        return np.where(rows_b, base_b + mw @ d_b, base_a + mw @ d_a)
+
+    def t_of(m: np.ndarray) -> np.ndarray:
+        rows, cols = m[:, :n_t], m[:, n_t:]
+        return _quantity(stat(mixed(rows, cols)), stat(mixed(~rows, ~cols)), quantity)
+
+    p, exact, total = _swap_test(n_t + n_a + n_b, t_of, float(_quantity(
+        np.array([res.value_a]), np.array([res.value_b]), quantity)[0]), alternative, permutations, res.seed)
     return dataclasses.replace(
-        res, ci=ci, ci_abs=ci_abs, n_bootstrap=int(n_bootstrap), ci_degenerate=n_deg,
-        ci_method="targets_attributes: paired percentile bootstrap of X, Y, A and B words, jointly for both models",
+        res, p_value=float(p), p_method="exact label swap" if exact else "sampled label swap",
+        n_permutations=int(total),
+        null_hypothesis="every word's (X, Y, A, B) two vectors are exchangeable between the models "
+                        "(one vector space; all cosines recomputed)",
     )
 
 
@@ -530,7 +644,8 @@ def compare_proportions(outcome_a: Any, outcome_b: Any, *, confidence: float = 0
     n01 = int(((a == 0) & (b == 1)).sum())
     n10 = int(((a == 1) & (b == 0)).sum())
     p = 1.0 if n01 + n10 == 0 else float(binomtest(n01, n01 + n10, 0.5, alternative=alternative).pvalue)
-    return dataclasses.replace(res, p_value=p, p_method="exact McNemar", n_permutations=n01 + n10)
+    return dataclasses.replace(res, p_value=p, p_method="exact McNemar", n_permutations=n01 + n10,
+                               null_hypothesis="each pair's two outcomes are exchangeable between the models")
 
 
 def _join_items(items_a: pd.DataFrame, items_b: pd.DataFrame, keys: Sequence[str], value: str,

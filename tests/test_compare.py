@@ -134,13 +134,45 @@ def test_per_item_tables_match_the_array_functions():
     words = [f"x{i}" for i in range(9)] + [f"y{i}" for i in range(9)]
     ia, ib = out_a.items.assign(word=words), out_b.items.assign(word=words)
     via_items = compare_weat_items(ia, ib.iloc[::-1], seed=5)  # order of B's table does not matter
-    direct = compare_weat((X, Y, A, B), (Xb, Y, A, B), seed=5)
+    direct = compare_weat((X, Y, A, B), (Xb, Y, A, B), seed=5, swap="targets")
     assert via_items.p_value == direct.p_value and via_items.ci == pytest.approx(direct.ci)
     assert via_items.delta == pytest.approx(out_b.value - out_a.value)
     with pytest.raises(DataError, match=r"1 item\(s\) measured on one model only, first \('X', 'x0'\)"):
         compare_weat_items(ia, ib.iloc[1:], seed=5)
     with pytest.raises(DataError, match="lacks column.*score"):
         compare_weat_items(ia, ib.drop(columns="score"))
+
+
+def test_word_swap_is_exact_enumeration_of_mixed_models():
+    """swap="words": every word's two vectors are exchangeable; the p-value is the share of
+    the 2**8 mixed models (recomputed here with weat() on the mixed vectors) at least as far
+    from 0 as the observed change."""
+    rng = np.random.default_rng(21)
+    base = [rng.normal(size=(2, 6)) + s * np.eye(6)[0] for s in (1.0, -1.0, 2.0, -2.0)]
+    va = [v + 0.4 * rng.normal(size=v.shape) for v in base]
+    vb = [v + 0.4 * rng.normal(size=v.shape) for v in base]
+    vb[0] = vb[0] + 0.5 * np.eye(6)[0]
+    res = compare_weat(va, vb, swap="words", n_bootstrap=0, seed=0)
+    assert res.p_method == "exact label swap" and res.n_permutations == 2**8
+    assert res.null_hypothesis.startswith("every word's")
+
+    def d(sets):
+        return weat(*sets, n_bootstrap=0, permutations=2).value
+
+    obs = d(vb) - d(va)
+    k = 0
+    for mask in itertools.product([False, True], repeat=8):
+        m = np.array(mask).reshape(4, 2)
+        ma = [np.where(m[i][:, None], vb[i], va[i]) for i in range(4)]
+        mb = [np.where(m[i][:, None], va[i], vb[i]) for i in range(4)]
+        k += abs(d(mb) - d(ma)) >= abs(obs) - 1e-10 * max(1, abs(obs))
+    assert res.p_value == pytest.approx(k / 256, abs=1e-15)
+    assert res.delta == pytest.approx(obs)
+    # auto: the same space (a word's vectors agree) -> words; unrelated spaces -> targets
+    assert compare_weat(va, vb, n_bootstrap=0, seed=0).p_value == res.p_value
+    rot = np.linalg.qr(rng.normal(size=(6, 6)))[0]
+    other = compare_weat(va, [v @ rot for v in vb], n_bootstrap=0, seed=0)
+    assert other.null_hypothesis.startswith("each X/Y item") and other.delta == pytest.approx(obs)
 
 
 def test_proportions_are_mcnemar_and_match_the_exact_label_swap():
@@ -206,8 +238,12 @@ def test_item_means_same_and_gweat():
 
 def test_errors():
     X, Y, A, B = _vectors(0)
-    with pytest.raises(DataError, match="same words: cosine block 0"):
+    with pytest.raises(DataError, match="same words: set X has 6 words in model A and 5 in model B"):
         compare_weat((X, Y, A, B), (X[:5], Y, A, B))
+    with pytest.raises(DataError, match="swap='words' needs both models' vectors in one space"):
+        compare_weat((X, Y, A, B), (X[:, :5], Y[:, :5], A[:, :5], B[:, :5]), swap="words")
+    with pytest.raises(ParameterError, match="swap must be"):
+        compare_weat((X, Y, A, B), (X, Y, A, B), swap="all")
     with pytest.raises(ParameterError, match="ci_method"):
         compare_weat((X, Y, A, B), (X, Y, A, B), ci_method="all")
     with pytest.raises(ParameterError, match="alternative"):
