@@ -289,7 +289,11 @@ def _swap_test(n: int, t_of: Callable[[np.ndarray], np.ndarray], obs: float, alt
         n_draw = DEFAULT_PERMUTATIONS if permutations == "auto" else int(permutations)
         gen = np.random.Generator(np.random.PCG64(stream(seed, "compare_permutation")))
         sizes = [min(_BLOCK, n_draw - i) for i in range(0, n_draw, _BLOCK)]
-        blocks = (gen.integers(0, 2, size=(r, n)).astype(bool) for r in sizes)
+        # each pattern: n independent fair bits (the bits of uniform random bytes)
+        blocks = (
+            np.unpackbits(gen.integers(0, 256, size=(r, -(-n // 8)), dtype=np.uint8), axis=1, count=n).astype(bool)
+            for r in sizes
+        )
     for m in blocks:
         t = t_of(m)
         k += int(_extreme(t, obs, alternative).sum())
