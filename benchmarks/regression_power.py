@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/regression_power.py            # about 2 minutes on 2 quiet cores
+    .venv/bin/python benchmarks/regression_power.py            # 14 min here under load (load average 11)
     .venv/bin/python benchmarks/regression_power.py --quick    # a smaller grid, ~15 s
 
 Simulation (static vectors, :func:`simulate_pair`): a "base" model has, in ``dim``
