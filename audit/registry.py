@@ -106,7 +106,7 @@ def _weat_sharded(m: Measurement, params: dict[str, Any], shards: int, map_fn) -
 
 
 _WEAT_PARAMS = {"ddof": 1, "alternative": "greater", "permutations": "auto", "seed": None,
-                "n_bootstrap": 1000, "confidence": 0.95}
+                "n_bootstrap": 1000, "confidence": 0.95, "ci_method": "targets"}
 _WEAT_REF = "Caliskan, Bryson & Narayanan (2017), Science 356:183-186"
 
 
@@ -133,16 +133,17 @@ _ENTRIES: tuple[Metric, ...] = (
     ),
     Metric(
         name="lpbs", family=LPBS_SCORES, analyse=lambda m, **p: lpbs_metric(m.table, **p),
-        params={"permutations": "auto", "seed": None, "alternative": "two-sided"},
-        headline="LPBS effect size over attribute words (ddof=0), two-sided permutation p",
+        params={"permutations": "auto", "seed": None, "alternative": "two-sided", "n_bootstrap": 1000,
+                "confidence": 0.95},
+        headline="LPBS effect size over attribute words (ddof=0), two-sided permutation p, bootstrap CI",
         reference="Kurita, Vyas, Pareek, Black & Tsvetkov (2019), Measuring Bias in Contextualized Word "
                   "Representations, GeBNLP; BIAS Detection Framework",
         n_targets=(2, 2), n_attributes=(2, 2), items="one row per attribute word: its log bias score",
     ),
     Metric(
-        name="same", family=ASSOCIATION, analyse=_on_sets(same_sets), params={"combine": "sum", "groups": None},
-        headline="SAME: mean over the attribute words of |cos(w, a_X - a_Y)|, a_i = mean unit vector of group i "
-                 "(> 2 groups: Gram-Schmidt components combined)",
+        name="same", family=ASSOCIATION, analyse=_on_sets(same_sets), params={"combine": "norm", "groups": None},
+        headline="SAME: mean over the measured words of the length of their cosines with the orthonormalised "
+                 "bias directions a_0 - a_j (two groups: |cos(w, a_X - a_Y)|), in [0, 1]",
         reference="Schröder, Schulz & Hammer (2024), The SAME score, IJCNN (arXiv:2203.14603); "
                   "HammerLabML/EmbeddingBiasScores",
         n_targets=(2, None), n_attributes=(1, None), roles=True,
@@ -206,8 +207,9 @@ _ENTRIES: tuple[Metric, ...] = (
     ),
     Metric(
         name="crows_pairs", family=PAIR_SCORES, analyse=lambda m, **p: crows_pairs_metric(m.table, **p),
-        params={"decimals": "auto"},
-        headline="% of pairs whose more stereotypical sentence scores higher (50 = no preference)",
+        params={"decimals": "auto", "confidence": 0.95},
+        headline="% of pairs whose more stereotypical sentence scores higher (50 = no preference), with stderr "
+                 "and Wilson CI",
         reference="Nangia, Vania, Bhalerao & Bowman (2020), CrowS-Pairs, EMNLP; lm-evaluation-harness "
                   "(causal LMs)",
         result_names={"causal": "crows_pairs_causal"},

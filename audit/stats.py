@@ -68,7 +68,33 @@ smaller group (Bentley & Floyd 1987), which draws ``m`` integers instead of ``N`
 drawn in chunks of :data:`SAMPLE_CHUNK`; chunk ``c`` uses
 ``numpy.random.Generator(PCG64(seed).jumped(c))`` (chunk 0 is ``Generator(PCG64(seed))``
 itself), so the same seed gives the same partitions and p-value whatever the number of
-threads.
+threads. ``seed`` may be an int or a :class:`numpy.random.SeedSequence` (a task's stream,
+below); ``PCG64(int)`` is ``PCG64(SeedSequence(int))``.
+
+Random streams of a task
+------------------------
+A task has one integer ``seed``. Every random procedure of the task draws from its own
+stream, child ``i`` of ``numpy.random.SeedSequence(seed)``: ``SeedSequence(seed).spawn(n)[i]``,
+which is ``SeedSequence(seed, spawn_key=(i,))`` (:func:`stream`). The index of each procedure
+is fixed by :data:`STREAMS`:
+
+=====  ======================  ==============================================================
+child  procedure               used by
+=====  ======================  ==============================================================
+0      ``permutation``         sampled permutation tests (WEAT/SEAT, LPBS)
+1      ``bootstrap``           bootstrap confidence intervals (WEAT/SEAT, LPBS)
+2      ``compare_bootstrap``   paired bootstrap of a difference between two models
+3      ``compare_permutation`` label-swap test of "no difference" between two models
+4      ``subsets``             random training subsets (Cramér's V test cases)
+5      ``classifier``          integer ``random_state`` of scikit-learn estimators
+                               (Cramér's V cases, RNSB iterations: one 32-bit word each)
+=====  ======================  ==============================================================
+
+SeedSequence hashes the seed and the spawn key into the generator state, so the streams are
+independent (no shared or overlapping draws), and the same seed gives the same results. The
+table is append-only: renumbering a procedure changes every result that uses it. Before
+this scheme the bootstrap and the sampled permutation test both used ``PCG64(seed)``
+(``jumped(0)`` is the identity), i.e. the same draws.
 """
 
 from __future__ import annotations
@@ -93,8 +119,16 @@ __all__ = [
     "SAMPLE_CHUNK",
     "TIE_ATOL",
     "TIE_RTOL",
+    "DEGENERATE_STD",
+    "STREAMS",
     "PermutationResult",
     "bootstrap_indices",
+    "effect_size_bootstrap",
+    "fresh_seed",
+    "percentile_interval",
+    "resample_counts",
+    "stream",
+    "stream_seeds",
     "exact_count_greater",
     "exact_feasible",
     "extreme_thresholds",
@@ -104,6 +138,7 @@ __all__ = [
     "sample_partitions",
     "sampled_count_greater",
     "tie_tolerance",
+    "weighted_effect_sizes",
 ]
 
 ALTERNATIVES = ("greater", "less", "two-sided")
@@ -124,6 +159,17 @@ MAX_EXACT_SUMS = 80_000_000
 #: Rows per chunk of sampled partitions (one random stream per chunk).
 SAMPLE_CHUNK = 1 << 15
 
+#: The random procedures of a task, in child order of ``SeedSequence(seed)`` (see the module
+#: docstring). Append only.
+STREAMS = (
+    "permutation",
+    "bootstrap",
+    "compare_bootstrap",
+    "compare_permutation",
+    "subsets",
+    "classifier",
+)
+
 # Below this many sorted sums the exact count runs in the calling thread.
 _THREAD_MIN_WORK = 1 << 17
 
@@ -137,8 +183,10 @@ class PermutationResult:
     alternative:  ``"greater"``, ``"less"`` or ``"two-sided"``.
     n_partitions: exact: ``C(N, n_x)``; sampled: the number of random partitions drawn.
     n_extreme:    ``k``, the partitions counted as extreme (see the module conventions).
-    seed:         the seed of the random partitions (drawn from OS entropy and recorded when
-                  none was given); ``None`` for an exact test, which draws nothing.
+    seed:         the seed of the random partitions as given (an int, or the task's
+                  ``permutation`` :class:`numpy.random.SeedSequence`), or drawn from OS
+                  entropy and recorded when none was given; ``None`` for an exact test,
+                  which draws nothing.
     """
 
     p_value: float
@@ -146,7 +194,7 @@ class PermutationResult:
     alternative: str
     n_partitions: int
     n_extreme: int
-    seed: int | None
+    seed: int | np.random.SeedSequence | None
 
 
 # --------------------------------------------------------------------------- validation
@@ -203,12 +251,46 @@ def _as_thresholds(thresholds: Any) -> np.ndarray:
     return t
 
 
-def _check_seed(seed: Any) -> int | None:
-    if seed is None:
-        return None
+def _check_seed(seed: Any) -> int | np.random.SeedSequence | None:
+    if seed is None or isinstance(seed, np.random.SeedSequence):
+        return seed
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ParameterError(f"seed={seed!r}: expected a non-negative integer or None")
     return int(seed)
+
+
+# --------------------------------------------------------------------------- random streams
+
+
+def fresh_seed() -> int:
+    """A seed from OS entropy, in ``[0, 2**31)`` (recorded by callers so a run can be repeated)."""
+    return int(np.random.SeedSequence().generate_state(1, np.uint32)[0] >> np.uint32(1))
+
+
+def stream(seed: int, name: str) -> np.random.SeedSequence:
+    """The independent stream of procedure ``name`` of a task with seed ``seed``:
+    ``SeedSequence(seed).spawn(n)[i]`` with ``i = STREAMS.index(name)`` (module docstring)."""
+    if name not in STREAMS:
+        raise ParameterError(f"unknown random stream {name!r}; streams: {', '.join(STREAMS)}")
+    s = _check_seed(seed)
+    if not isinstance(s, int):
+        raise ParameterError(f"seed={seed!r}: a task's streams derive from a non-negative integer seed")
+    return np.random.SeedSequence(s, spawn_key=(STREAMS.index(name),))
+
+
+def stream_seeds(seed: int, name: str, n: int) -> list[int]:
+    """``n`` 32-bit integer seeds from stream ``name`` of ``seed``, for libraries that take an
+    integer ``random_state`` (scikit-learn): ``stream(seed, name).generate_state(n, uint32)``.
+    Prefix-stable: the first ``k`` seeds do not depend on ``n``."""
+    n = _check_count(n, "n")
+    return [int(v) for v in stream(seed, name).generate_state(n, np.uint32)]
+
+
+def _generator(seed: Any) -> np.random.Generator:
+    """``Generator(PCG64(seed))`` for an int, None or SeedSequence; a Generator is used as is."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    return np.random.Generator(np.random.PCG64(_check_seed(seed)))
 
 
 def _check_count(n: Any, name: str) -> int:
@@ -782,7 +864,7 @@ def sampled_count_greater(
     thresholds: Any,
     n: int,
     *,
-    seed: int | None,
+    seed: int | np.random.SeedSequence | None,
     threads: int | None = None,
 ) -> np.ndarray:
     """Number of ``n`` i.i.d. uniform random partitions whose X-subset sum is ``> t``.
@@ -790,7 +872,8 @@ def sampled_count_greater(
     Each partition is a uniform random size-``n_x`` subset of the ``N`` items (no item twice
     within a partition); partitions are independent (the same one may recur). The random
     stream is described in the module docstring: chunk ``c`` of :data:`SAMPLE_CHUNK` rows uses
-    ``Generator(PCG64(seed).jumped(c))``; ``seed=None`` takes fresh OS entropy.
+    ``Generator(PCG64(seed).jumped(c))``; ``seed=None`` takes fresh OS entropy; a
+    :class:`numpy.random.SeedSequence` (a task's ``permutation`` stream) may replace the int.
 
     Parameters
     ----------
@@ -798,8 +881,8 @@ def sampled_count_greater(
         As for :func:`exact_count_greater` (compare with :func:`extreme_thresholds`).
     n : int
         Number of random partitions, ``>= 1``.
-    seed : int or None
-        Non-negative seed of the partition stream.
+    seed : int, SeedSequence or None
+        Non-negative seed (or SeedSequence) of the partition stream.
     threads : int, optional
         Threads drawing chunks in parallel (default as in :func:`exact_count_greater`); the
         result does not depend on it.
@@ -823,7 +906,9 @@ def sampled_count_greater(
     return np.sum(_map(chunk, _chunks(n), th), axis=0, dtype=np.int64)
 
 
-def sample_partitions(n_items: int, n_x: int, n: int, *, seed: int | None) -> Iterator[np.ndarray]:
+def sample_partitions(
+    n_items: int, n_x: int, n: int, *, seed: int | np.random.SeedSequence | None
+) -> Iterator[np.ndarray]:
     """The random partitions :func:`sampled_count_greater` draws for the same arguments, as
     boolean X-membership masks of shape ``(rows, n_items)``, one chunk at a time."""
     n_items = int(n_items)
@@ -866,7 +951,7 @@ def permutation_test(
     *,
     alternative: str = "greater",
     permutations: str | int = "auto",
-    seed: int | None = None,
+    seed: int | np.random.SeedSequence | None = None,
 ) -> PermutationResult:
     """Permutation test of ``sum_X s - sum_Y s`` (or any statistic increasing in it).
 
@@ -884,9 +969,10 @@ def permutation_test(
         :func:`exact_feasible` says no); an int draws that many uniform random partitions;
         ``"auto"`` is exact when feasible (25+25 items and more), else
         :data:`DEFAULT_PERMUTATIONS` random partitions.
-    seed : int, optional
-        Seed of the random partitions. When sampling without one, a seed is drawn from OS
-        entropy and recorded in the result so the run can be repeated.
+    seed : int or SeedSequence, optional
+        Seed of the random partitions (a metric passes its task's ``permutation`` stream,
+        :func:`stream`). When sampling without one, a seed is drawn from OS entropy and
+        recorded in the result so the run can be repeated.
 
     Returns
     -------
@@ -916,7 +1002,7 @@ def permutation_test(
         k = n_extreme(counts, total, alt)
         return PermutationResult(k / total, "exact", alt, total, k, None)
     if seed is None:
-        seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1))
+        seed = fresh_seed()
     k = n_extreme(sampled_count_greater(s, n, ts, total, seed=seed), total, alt)
     return PermutationResult((k + 1) / (total + 1), "sampled", alt, total, k, seed)
 
@@ -924,15 +1010,19 @@ def permutation_test(
 # --------------------------------------------------------------------------- bootstrap
 
 
-def bootstrap_indices(sizes: Sequence[int], n_resamples: int, seed: int | None) -> list[np.ndarray]:
+def bootstrap_indices(
+    sizes: Sequence[int], n_resamples: int, seed: int | np.random.SeedSequence | np.random.Generator | None
+) -> list[np.ndarray]:
     """Stratified bootstrap resamples: for each group size ``m``, an int array of shape
     ``(n_resamples, m)`` of indices drawn uniformly with replacement from ``range(m)``.
 
-    Groups are resampled independently (stratified, as scipy.stats.bootstrap does for several
-    samples) from one ``Generator(PCG64(seed))``, group after group.
+    Groups are resampled independently (stratified, as :func:`scipy.stats.bootstrap` does
+    for several samples with ``paired=False``) from one ``Generator(PCG64(seed))`` (or the
+    given Generator), group after group, ``integers(0, m, size=(n_resamples, m))`` each: the
+    draws scipy makes from the same Generator.
     """
     n_resamples = _check_count(n_resamples, "n_resamples")
-    gen = np.random.Generator(np.random.PCG64(_check_seed(seed)))
+    gen = _generator(seed)
     out = []
     for m in sizes:
         if isinstance(m, (bool, np.bool_)) or not isinstance(m, numbers.Integral) or m < 1:
@@ -991,3 +1081,99 @@ def sharded_exact_p_value(
     k = n_extreme(np.sum(counts, axis=0), total, alternative)
     return {"p_value": k / total, "p_method": "exact", "n_partitions": total, "n_extreme": k,
             "exact_shards": int(shards)}
+
+
+def resample_counts(idx: np.ndarray, m: int) -> np.ndarray:
+    """Per-resample counts (shape (B, m)) of bootstrap indices ``idx`` (shape (B, m))."""
+    b = idx.shape[0]
+    flat = (idx + m * np.arange(b)[:, None]).ravel()
+    return np.bincount(flat, minlength=b * m).reshape(b, m)
+
+
+def percentile_interval(values: Any, confidence: float) -> list[float] | None:
+    """Percentile bootstrap interval (Efron & Tibshirani 1993, ch. 13): the
+    ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of the finite ``values``
+    (``numpy.quantile``, linear interpolation, as :func:`scipy.stats.bootstrap`'s
+    ``method="percentile"``); ``None`` when no value is finite."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return None
+    alpha = 1.0 - float(confidence)
+    lo, hi = np.quantile(v, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return [float(lo), float(hi)]
+
+
+#: At or below this pooled standard deviation a resampled effect size is undefined (absolute:
+#: WEAT scores are differences of mean cosines, |s| <= 2).
+DEGENERATE_STD = 1e-12
+
+
+def weighted_effect_sizes(
+    s_x: np.ndarray, s_y: np.ndarray, c_x: np.ndarray, c_y: np.ndarray, ddof: int
+) -> np.ndarray:
+    """Effect sizes ``(mean_x - mean_y) / std_pooled`` of resamples given by counts.
+
+    ``s_x`` (shape (n_x,) or (B, n_x)) and ``s_y`` are the item scores (per resample when
+    2-D), ``c_x`` (B, n_x) and ``c_y`` (B, n_y) how often each item was drawn. Means are
+    count-weighted; the pooled standard deviation is over the ``n = n_x + n_y`` drawn items
+    with ``ddof``. Resamples whose standard deviation is ``<= 1e-12`` give NaN.
+    """
+    s_x = np.broadcast_to(s_x, c_x.shape)
+    s_y = np.broadcast_to(s_y, c_y.shape)
+    n_x, n_y = c_x.shape[1], c_y.shape[1]
+    mean_x = (c_x * s_x).sum(axis=1) / n_x
+    mean_y = (c_y * s_y).sum(axis=1) / n_y
+    n = n_x + n_y
+    pooled = (mean_x * n_x + mean_y * n_y) / n
+    ss = (c_x * (s_x - pooled[:, None]) ** 2).sum(axis=1) + (c_y * (s_y - pooled[:, None]) ** 2).sum(axis=1)
+    std = np.sqrt(ss / (n - ddof))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        es = (mean_x - mean_y) / std
+    es[~(std > DEGENERATE_STD)] = np.nan
+    return es
+
+
+def effect_size_bootstrap(
+    s_x: Any,
+    s_y: Any,
+    *,
+    ddof: int,
+    n_resamples: int,
+    confidence: float = 0.95,
+    seed: int | np.random.SeedSequence | np.random.Generator | None = None,
+) -> tuple[list[float] | None, int, np.ndarray]:
+    """Percentile bootstrap interval of a two-group effect size, item scores held fixed.
+
+    ``d = (mean(s_x) - mean(s_y)) / std(s_x u s_y, ddof)`` (WEAT's effect size over target
+    words, LPBS's over attribute words). Each resample draws ``|X|`` items with replacement
+    from X and ``|Y|`` from Y (stratified, :func:`bootstrap_indices`, X then Y) and recomputes
+    ``d``; the scores themselves are not recomputed, so whatever they were computed from
+    (WEAT: the attribute sets) is conditioned on, as in the permutation test of the same
+    items. Resamples with a pooled standard deviation ``<= 1e-12`` (``d`` undefined) are
+    dropped and counted. With none dropped the interval is :func:`scipy.stats.bootstrap`'s
+    ``method="percentile"`` with ``paired=False`` on ``(s_x, s_y)`` and the same Generator.
+
+    Returns ``(ci, n_degenerate, effect_sizes)``: ``ci`` = :func:`percentile_interval` of the
+    finite effect sizes (``None`` if every resample was degenerate).
+    """
+    s_x = _as_scores_1d(s_x, "s_x")
+    s_y = _as_scores_1d(s_y, "s_y")
+    ix, iy = bootstrap_indices([s_x.size, s_y.size], n_resamples, seed)
+    es = weighted_effect_sizes(
+        s_x, s_y, resample_counts(ix, s_x.size), resample_counts(iy, s_y.size), int(ddof)
+    )
+    ok = np.isfinite(es)
+    return percentile_interval(es[ok], confidence), int(es.size - ok.sum()), es[ok]
+
+
+def _as_scores_1d(x: Any, name: str) -> np.ndarray:
+    try:
+        s = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{name}: cannot be read as numbers ({exc})") from None
+    if s.ndim != 1 or s.size < 1:
+        raise DataError(f"{name}: expected a non-empty 1-D array of item scores, got shape {s.shape}")
+    if not np.isfinite(s).all():
+        raise DataError(f"{name}: non-finite score at index {int(np.flatnonzero(~np.isfinite(s))[0])}")
+    return s

@@ -78,6 +78,10 @@ def test_seed_reproducibility():
     assert a.items.equals(b.items)
     assert a.fields["v_per_case"] != c.fields["v_per_case"]
     assert len(set(a.fields["v_per_case"])) > 1  # the cases differ (random training subsets)
+    # documented streams: children 4 (subsets) and 5 (classifier seeds) of SeedSequence(123)
+    assert a.fields["random_streams"] == {"subsets": 4, "classifier": 5}
+    want = np.random.SeedSequence(123, spawn_key=(5,)).generate_state(6, np.uint32).tolist()
+    assert a.fields["classifier_seeds"] == want
     unseeded = cramers_v(protected, stereotyped, n_cases=3, train_fraction=0.5)
     again = cramers_v(protected, stereotyped, n_cases=3, train_fraction=0.5, seed=unseeded.fields["seed"])
     assert again.fields == unseeded.fields

@@ -114,17 +114,23 @@ def test_bootstrap_ci_contains_effect_and_is_reproducible():
     json.dumps(_jsonable(out.fields), allow_nan=False)
 
 
-def test_bootstrap_matches_naive_recomputation():
-    """The count-weighted bootstrap equals recomputing WEAT on each resample of the words."""
+@pytest.mark.parametrize("method", ["targets", "targets_attributes"])
+def test_bootstrap_matches_naive_recomputation(method):
+    """The count-weighted bootstrap equals recomputing WEAT on each resample of the words
+    (targets: X and Y resampled, A and B as given; targets_attributes: all four resampled)."""
     X, Y, A, B = _clear_effect(6, n=6)
     X = X[:5]
     n_boot, seed, ddof = 60, 3, 1
     unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)  # noqa: E731
     ux, uy, ua, ub = map(unit, (X, Y, A, B))
     ci, n_deg, es = weat_bootstrap_ci(
-        ux @ ua.T, ux @ ub.T, uy @ ua.T, uy @ ub.T, ddof=ddof, n_bootstrap=n_boot, seed=seed
+        ux @ ua.T, ux @ ub.T, uy @ ua.T, uy @ ub.T, method=method, ddof=ddof, n_bootstrap=n_boot, seed=seed
     )
-    ix, iy, ia, ib = bootstrap_indices([5, 6, 6, 6], n_boot, seed)
+    if method == "targets":
+        ix, iy = bootstrap_indices([5, 6], n_boot, seed)
+        ia = ib = np.tile(np.arange(6), (n_boot, 1))
+    else:
+        ix, iy, ia, ib = bootstrap_indices([5, 6, 6, 6], n_boot, seed)
     naive = []
     for r in range(n_boot):
         sx = weat_scores(X[ix[r]], A[ia[r]], B[ib[r]])
@@ -145,8 +151,9 @@ def test_degenerate_resamples_are_dropped_and_counted():
     assert np.isfinite(lo) and np.isfinite(hi)
     # every resample degenerate: no interval (None), never NaN
     c = np.full((2, 1), 0.5)
-    ci, n_deg, es = weat_bootstrap_ci(c, c, c, c, n_bootstrap=20, seed=0)
-    assert ci is None and n_deg == 20 and es.size == 0
+    for method in ("targets", "targets_attributes"):
+        ci, n_deg, es = weat_bootstrap_ci(c, c, c, c, method=method, n_bootstrap=20, seed=0)
+        assert ci is None and n_deg == 20 and es.size == 0
 
 
 def test_undefined_effect_size_raises():
@@ -170,6 +177,7 @@ def test_undefined_effect_size_raises():
         (dict(confidence=1.5), ParameterError, "confidence"),
         (dict(n_bootstrap=-1), ParameterError, "n_bootstrap"),
         (dict(seed=-3), ParameterError, "seed"),
+        (dict(ci_method="attributes"), ParameterError, "ci_method must be one of 'targets', 'targets_attributes'"),
     ],
 )
 def test_errors_name_the_argument(kwargs, exc, match):
@@ -200,26 +208,107 @@ def test_registry_weat():
         assert s.name == name and s.headline and s.reference
 
 
+def _bootstrap_generator(seed: int) -> np.random.Generator:
+    """The documented bootstrap stream of a task, derived here independently of audit.stats:
+    child 1 of SeedSequence(seed)."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed).spawn(2)[1]))
+
+
 def test_bootstrap_ci_equals_scipy_percentile_bootstrap():
-    """Without degenerate resamples our interval is scipy.stats.bootstrap's percentile interval
-    over the four index samples (same PCG64 stream, same draws)."""
+    """Without degenerate resamples each interval is scipy.stats.bootstrap's percentile interval
+    on the same Generator: over (s_X, s_Y) for "targets" (the default), over the four index
+    samples for "targets_attributes"."""
     from scipy.stats import bootstrap
 
     X, Y, A, B = _clear_effect(9, n=9)
     A = A[:7]
-    out = weat(X, Y, A, B, n_bootstrap=300, seed=5, permutations=10)
     unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)  # noqa: E731
     ux, uy, ua, ub = map(unit, (X, Y, A, B))
     cxa, cxb, cya, cyb = ux @ ua.T, ux @ ub.T, uy @ ua.T, uy @ ub.T
 
-    def stat(ix, iy, ia, ib, axis=-1):
-        sx = cxa[ix[..., :, None], ia[..., None, :]].mean(-1) - cxb[ix[..., :, None], ib[..., None, :]].mean(-1)
-        sy = cya[iy[..., :, None], ia[..., None, :]].mean(-1) - cyb[iy[..., :, None], ib[..., None, :]].mean(-1)
+    def d(sx, sy):
         return (sx.mean(-1) - sy.mean(-1)) / np.concatenate([sx, sy], -1).std(-1, ddof=1)
 
+    def stat4(ix, iy, ia, ib, axis=-1):
+        sx = cxa[ix[..., :, None], ia[..., None, :]].mean(-1) - cxb[ix[..., :, None], ib[..., None, :]].mean(-1)
+        sy = cya[iy[..., :, None], ia[..., None, :]].mean(-1) - cyb[iy[..., :, None], ib[..., None, :]].mean(-1)
+        return d(sx, sy)
+
+    out = weat(X, Y, A, B, n_bootstrap=300, seed=5, permutations=10)
+    assert out.fields["ci_method"] == "targets"
+    s_x, s_y = cxa.mean(1) - cxb.mean(1), cya.mean(1) - cyb.mean(1)
+    ref = bootstrap((s_x, s_y), lambda a, b, axis=-1: d(a, b), n_resamples=300, vectorized=True,
+                    paired=False, method="percentile", rng=_bootstrap_generator(5))
+    np.testing.assert_allclose(out.fields["ci"], [ref.confidence_interval.low, ref.confidence_interval.high],
+                               rtol=1e-10)
+
+    both = weat(X, Y, A, B, n_bootstrap=300, seed=5, permutations=10, ci_method="targets_attributes")
+    assert both.fields["ci_method"] == "targets_attributes"
     ref = bootstrap(
-        [np.arange(9), np.arange(9), np.arange(7), np.arange(9)], stat,
-        n_resamples=300, vectorized=True, paired=False, method="percentile", rng=5,
+        [np.arange(9), np.arange(9), np.arange(7), np.arange(9)], stat4,
+        n_resamples=300, vectorized=True, paired=False, method="percentile", rng=_bootstrap_generator(5),
     )
-    expected = [ref.confidence_interval.low, ref.confidence_interval.high]
-    np.testing.assert_allclose(out.fields["ci"], expected, rtol=1e-10)
+    np.testing.assert_allclose(both.fields["ci"], [ref.confidence_interval.low, ref.confidence_interval.high],
+                               rtol=1e-10)
+
+
+def _attribute_driven_effect(seed: int = 6, n: int = 8, dim: int = 40):
+    """Targets split along the direction of the *first* word of A (e0) and of B (e1); the
+    other attribute words are random. Given A and B every x scores above every y (exact p = 0),
+    but a resample of A and B that drops those two words measures the targets against random
+    words, and d takes either sign."""
+    rng = np.random.default_rng(seed)
+    e = np.eye(dim)
+    A = np.vstack([e[0], rng.normal(size=(n - 1, dim))])
+    B = np.vstack([e[1], rng.normal(size=(n - 1, dim))])
+    X = 3.0 * e[0] + 0.5 * rng.normal(size=(n, dim))
+    Y = 3.0 * e[1] + 0.5 * rng.normal(size=(n, dim))
+    return X, Y, A, B
+
+
+def test_default_interval_is_coherent_with_the_permutation_test():
+    """Issue 15, fix 2: the default interval conditions on the attribute sets, as the exact
+    permutation test does. On data whose effect rests on one word of A and one of B, the old
+    interval (resampling A and B too) reached down to 0 next to p < 1e-3; the default one does
+    not, and the old one stays available by name."""
+    X, Y, A, B = _attribute_driven_effect()
+    out = weat(X, Y, A, B, seed=0)
+    assert out.fields["p_method"] == "exact" and out.fields["p_value"] < 1e-3
+    assert out.fields["ci_method"] == "targets"
+    lo, hi = out.fields["ci"]
+    assert 0 < lo < out.value < hi
+    old = weat(X, Y, A, B, seed=0, ci_method="targets_attributes")
+    assert old.fields["ci_method"] == "targets_attributes"
+    assert old.fields["ci"][0] < 0 < old.fields["ci"][1]
+    assert old.value == out.value and old.fields["p_value"] == out.fields["p_value"]
+    assert json.loads(json.dumps(_jsonable(out.fields)))["ci_method"] == "targets"
+
+
+def test_permutation_and_bootstrap_draw_from_independent_streams():
+    """Issue 15, fix 3: the sampled permutation test and the bootstrap used to draw from the same
+    PCG64(seed) stream (jumped(0) is the identity). Now they use children 0 and 1 of
+    SeedSequence(seed), derived here independently of audit.stats."""
+    X, Y, A, B = _clear_effect(12, n=9)
+    out = weat(X, Y, A, B, seed=21, permutations=3000, n_bootstrap=200)
+    scores = out.items["score"].to_numpy()
+    children = np.random.SeedSequence(21).spawn(2)
+    perm = permutation_test(scores, 9, permutations=3000, seed=np.random.SeedSequence(21, spawn_key=(0,)))
+    assert out.fields["p_method"] == "sampled" and out.fields["p_value"] == perm.p_value
+    ci, _, _ = weat_bootstrap_ci(
+        *(u @ v.T for u in (X / np.linalg.norm(X, axis=1, keepdims=True), Y / np.linalg.norm(Y, axis=1, keepdims=True))
+          for v in (A / np.linalg.norm(A, axis=1, keepdims=True), B / np.linalg.norm(B, axis=1, keepdims=True))),
+        n_bootstrap=200, seed=np.random.Generator(np.random.PCG64(children[1])),
+    )
+    assert out.fields["ci"] == ci
+    assert out.fields["random_streams"] == {"permutation": 0, "bootstrap": 1}
+    # the two streams share no draws, where the old ones were identical
+    a = np.random.Generator(np.random.PCG64(children[0])).integers(0, 2**63, 1000)
+    b = np.random.Generator(np.random.PCG64(children[1])).integers(0, 2**63, 1000)
+    assert np.intersect1d(a, b).size == 0
+    old_a = np.random.Generator(np.random.PCG64(21).jumped(0)).integers(0, 2**63, 1000)
+    old_b = np.random.Generator(np.random.PCG64(21)).integers(0, 2**63, 1000)
+    assert (old_a == old_b).all()
+    # bootstrap draws do not move with the number of permutations (they used to share a stream;
+    # now they are separate streams, so the interval is identical whatever the permutations)
+    again = weat(X, Y, A, B, seed=21, permutations=500, n_bootstrap=200)
+    assert again.fields["ci"] == out.fields["ci"] and again.fields["p_value"] != out.fields["p_value"]

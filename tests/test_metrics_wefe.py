@@ -113,12 +113,15 @@ def test_mac_matches_wefe(seed, sizes, dim):
 @pytest.mark.parametrize("holdout", [False, True])
 @pytest.mark.parametrize("seed,sizes,dim", CASES[:3])
 def test_rnsb_matches_wefe_with_same_seed(seed, sizes, dim, holdout):
-    """WEFE's RNSB is deterministic given random_state, so ours must match it exactly."""
+    """WEFE's RNSB is deterministic given random_state, so ours must match it exactly: our
+    iteration runs with random_state = word 0 of SeedSequence(seed, spawn_key=(5,))."""
     sets = _random_sets(seed, dict(sizes, Z=3), dim)
     model, w, arr = _model(sets)
     q = Query([w["X"], w["Y"], w["Z"]], [w["A"], w["B"]])
-    theirs = RNSB().run_query(q, model, random_state=seed + 7, holdout=holdout)
     out = rnsb([arr["X"], arr["Y"], arr["Z"]], arr["A"], arr["B"], holdout=holdout, seed=seed + 7)
+    it_seed = int(np.random.SeedSequence(seed + 7, spawn_key=(5,)).generate_state(1, np.uint32)[0])
+    assert out.fields["iteration_seeds"] == [it_seed]
+    theirs = RNSB().run_query(q, model, random_state=it_seed, holdout=holdout)
     _close(out.value, theirs["rnsb"])
     probs = dict(zip(w["X"] + w["Y"] + w["Z"], out.items["negative_probability"]))
     for word, p in theirs["negative_sentiment_probabilities"].items():
@@ -131,6 +134,20 @@ def test_rnsb_several_iterations_close_to_wefe_average():
     theirs = RNSB().run_query(Query([w["X"], w["Y"]], [w["A"], w["B"]]), model, n_iterations=200)
     out = rnsb([arr["X"], arr["Y"]], arr["A"], arr["B"], n_iterations=200, seed=3)
     assert out.value == pytest.approx(theirs["rnsb"], rel=0.15)
+
+
+def test_rnsb_neighbouring_seeds_share_no_iteration():
+    """Issue 15, fix 3: iterations used seeds seed, seed + 1, ..., so seed 0's second and third
+    runs were seed 1's first and second. Now each task's iteration seeds come from its own
+    SeedSequence stream."""
+    model, w, arr = _model(_random_sets(8, {"X": 6, "Y": 6, "A": 12, "B": 12}, 8))
+    a = rnsb([arr["X"], arr["Y"]], arr["A"], arr["B"], n_iterations=3, seed=0)
+    b = rnsb([arr["X"], arr["Y"]], arr["A"], arr["B"], n_iterations=2, seed=1)
+    assert not set(a.fields["iteration_seeds"]) & set(b.fields["iteration_seeds"])
+    assert a.fields["kl_per_iteration"][1:] != b.fields["kl_per_iteration"]
+    # prefix-stable: more iterations keep the first ones
+    longer = rnsb([arr["X"], arr["Y"]], arr["A"], arr["B"], n_iterations=5, seed=0)
+    assert longer.fields["kl_per_iteration"][:3] == a.fields["kl_per_iteration"]
 
 
 def test_registry_rnd_uses_union_of_attribute_sets():

@@ -416,3 +416,22 @@ def test_bootstrap_indices():
 
 def test_docstring_examples():
     assert doctest.testmod(stats, raise_on_error=False).failed == 0
+
+
+def test_task_streams_are_seedsequence_children():
+    """stats.stream(seed, name) is child STREAMS.index(name) of SeedSequence(seed); children
+    share no draws; stream_seeds is prefix-stable."""
+    from audit.stats import STREAMS, stream, stream_seeds
+
+    kids = np.random.SeedSequence(42).spawn(len(STREAMS))
+    draws = []
+    for i, name in enumerate(STREAMS):
+        s = stream(42, name)
+        assert s.spawn_key == (i,) and (s.generate_state(4) == kids[i].generate_state(4)).all()
+        draws.append(np.random.Generator(np.random.PCG64(s)).integers(0, 2**63, 500))
+    assert len(np.unique(np.concatenate(draws))) == 500 * len(STREAMS)
+    assert stream_seeds(42, "classifier", 5)[:2] == stream_seeds(42, "classifier", 2)
+    with pytest.raises(ParameterError, match="unknown random stream 'boot'"):
+        stream(42, "boot")
+    with pytest.raises(ParameterError, match="seed"):
+        stream(-1, "bootstrap")

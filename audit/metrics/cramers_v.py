@@ -22,6 +22,13 @@ Method
    (``train_fraction`` of each protected class, drawn without replacement); reported as the
    mean and standard deviation (``ddof=0``) of V over the cases and the averaged table.
 
+Random streams (:mod:`audit.stats`): the training subsets are drawn from
+``Generator(PCG64(stream(seed, "subsets")))`` (child 4 of ``SeedSequence(seed)``; per case,
+per protected class in order, ``choice(n_k, size, replace=False)``), and case ``c``'s
+classifier gets ``random_state = classifier_seeds[c]`` from ``stream(seed, "classifier")``
+(child 5; :func:`audit.stats.stream_seeds`). LinearSVC with ``dual=False`` and lbfgs
+LogisticRegression are deterministic, so only the subsets make the cases differ.
+
 Conventions
 -----------
 * Default classifier: ``"svm"`` = :class:`sklearn.svm.LinearSVC` (``penalty="l2"``,
@@ -49,6 +56,7 @@ from audit.errors import ParameterError
 from audit.metrics.weat import as_vectors, check_same_dim
 from audit.metrics.wefe_family import _check_seed
 from audit.result import MetricOutput
+from audit.stats import STREAMS, fresh_seed, stream, stream_seeds
 
 __all__ = ["contingency_association", "cramers_v"]
 
@@ -98,7 +106,8 @@ def cramers_v(
     train_fraction : float in (0, 1], default=0.8
         Fraction of each protected class used for training in a case (at least one word).
     seed : int or None
-        Seed of the subset draws (``numpy.random.default_rng``) and of the classifiers.
+        Seed of the task: the subset draws and the classifiers use its independent streams
+        ``subsets`` and ``classifier`` (module docstring).
 
     Returns
     -------
@@ -106,7 +115,8 @@ def cramers_v(
         ``value`` = mean V over the cases. ``fields``: ``cramers_v`` (mean), ``cramers_v_std``,
         ``v_per_case``, ``chi2_mean``, ``p_values``, ``contingency`` (M x K mean table, rows =
         stereotype classes, columns = protected classes), ``degenerate_cases``, ``classifier``,
-        ``n_cases``, ``train_fraction``, ``seed``. ``items``: one row per stereotyped word:
+        ``n_cases``, ``train_fraction``, ``seed``, ``classifier_seeds``, ``random_streams``.
+        ``items``: one row per stereotyped word:
         ``set`` ("target<j>"), ``index``, ``predicted`` (most frequent predicted protected
         class, ties to the lower index) and ``share_class<k>`` (fraction of cases predicting
         class k).
@@ -129,8 +139,9 @@ def cramers_v(
     )
 
     if seed is None:
-        seed = int(np.random.SeedSequence().generate_state(1)[0] % (2**31))
-    rng = np.random.default_rng(seed)
+        seed = fresh_seed()
+    rng = np.random.Generator(np.random.PCG64(stream(seed, "subsets")))
+    classifier_seeds = stream_seeds(seed, "classifier", int(n_cases))
     K, M = len(P), len(S)
     S_all = np.concatenate(S)
     s_labels = np.concatenate([np.full(s.shape[0], j) for j, s in enumerate(S)])
@@ -143,7 +154,7 @@ def cramers_v(
             idx = rng.choice(p.shape[0], size=n_train, replace=False)
             Xs.append(p[idx])
             ys.append(np.full(n_train, k))
-        clf = _make_classifier(classifier, (seed + case) % 2**32)
+        clf = _make_classifier(classifier, classifier_seeds[case])
         clf.fit(np.concatenate(Xs), np.concatenate(ys))
         pred = clf.predict(S_all).astype(np.int64)
         votes[np.arange(pred.size), pred] += 1
@@ -177,6 +188,8 @@ def cramers_v(
         "n_cases": int(n_cases),
         "train_fraction": float(train_fraction),
         "seed": seed,
+        "classifier_seeds": classifier_seeds,
+        "random_streams": {k: STREAMS.index(k) for k in ("subsets", "classifier")},
     }
     return MetricOutput(value=value, fields=fields, items=items)
 

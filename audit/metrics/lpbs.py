@@ -62,6 +62,7 @@ import pandas as pd
 
 from audit.errors import DataError
 from audit.result import MetricOutput
+from audit.stats import STREAMS, effect_size_bootstrap, fresh_seed, permutation_test, stream
 
 __all__ = ["lpbs_attribute_scores", "lpbs_metric"]
 
@@ -113,8 +114,10 @@ def lpbs_attribute_scores(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def lpbs_metric(table: pd.DataFrame, *, permutations: str | int = "auto", seed: int | None = None,
-                alternative: str = "two-sided") -> MetricOutput:
-    """LPBS effect size and permutation p-value from the measurement table (pure analysis).
+                alternative: str = "two-sided", n_bootstrap: int = 1000,
+                confidence: float = 0.95) -> MetricOutput:
+    """LPBS effect size, permutation p-value and bootstrap CI from the measurement table (pure
+    analysis).
 
     Parameters
     ----------
@@ -123,15 +126,31 @@ def lpbs_metric(table: pd.DataFrame, *, permutations: str | int = "auto", seed: 
     permutations : "auto", "exact" or int
         Passed to :func:`audit.stats.permutation_test` (auto: exact when feasible).
     seed : int, optional
-        Seed of sampled permutations.
+        Seed of the task: the sampled permutations and the bootstrap draw from its
+        independent streams ``permutation`` and ``bootstrap`` (children 0 and 1 of
+        ``SeedSequence(seed)``, :func:`audit.stats.stream`); drawn from OS entropy and
+        reported when None.
     alternative : {"two-sided", "greater", "less"}, default "two-sided".
+    n_bootstrap : int, default 1000
+        Resamples of the percentile bootstrap interval of ``d``; 0 disables it.
+    confidence : float, default 0.95
+        Level of the interval.
+
+    The interval (``ci_method = "attributes"``) resamples the attribute words with
+    replacement within A and within B, each keeping its ``score(a)``
+    (:func:`audit.stats.effect_size_bootstrap`, ``ddof=0``): the target words and templates
+    are held fixed, as in the permutation test, which re-partitions the attribute words.
+    Resamples whose scores are all equal (``d`` undefined) are dropped and counted in
+    ``ci_degenerate``.
 
     Returns
     -------
     MetricOutput
         ``value`` = effect size ``d``; ``fields``: ``effect_size``, ``statistic`` (mean_A -
         mean_B), ``mean_a``, ``mean_b``, ``std`` (ddof=0), ``ddof``, ``p_value``,
-        ``permutation`` (method, alternative, n_partitions, n_extreme, seed), ``n_attributes``,
+        ``permutation`` (method, alternative, n_partitions, n_extreme, seed: the task seed when
+        sampled, else None), ``ci`` ([low, high] or None), ``ci_method``, ``ci_degenerate``,
+        ``n_bootstrap``, ``confidence``, ``seed``, ``random_streams``, ``n_attributes``,
         ``n_cells``; ``items`` = per-attribute scores (``set`` = ``A``/``B``).
 
     Raises
@@ -140,10 +159,14 @@ def lpbs_metric(table: pd.DataFrame, *, permutations: str | int = "auto", seed: 
         See :func:`lpbs_attribute_scores`; all attribute scores equal (std 0: effect size
         undefined).
     ParameterError
-        Bad ``permutations``/``alternative``/``seed`` (from :mod:`audit.stats`).
+        Bad ``permutations``/``alternative``/``seed``/``n_bootstrap``/``confidence``.
     """
-    from audit.stats import permutation_test
-
+    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, (int, np.integer)) or n_bootstrap < 0:
+        raise ParameterError(f"n_bootstrap must be an integer >= 0 (0 disables the CI), got {n_bootstrap!r}")
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float, np.floating)) or not (
+        0.0 < float(confidence) < 1.0
+    ):
+        raise ParameterError(f"confidence must be a number in (0, 1), got {confidence!r}")
     items = lpbs_attribute_scores(table)
     sa = items.loc[items["attribute_set"] == 0, "score"].to_numpy(dtype=np.float64)
     sb = items.loc[items["attribute_set"] == 1, "score"].to_numpy(dtype=np.float64)
@@ -154,7 +177,16 @@ def lpbs_metric(table: pd.DataFrame, *, permutations: str | int = "auto", seed: 
         raise DataError("LPBS: every attribute word has the same score; the effect size is undefined "
                         f"(score {allv[0]!r})")
     d = (mean_a - mean_b) / std
-    perm = permutation_test(allv, len(sa), alternative=alternative, permutations=permutations, seed=seed)
+    if seed is None:
+        seed = fresh_seed()
+    perm = permutation_test(allv, len(sa), alternative=alternative, permutations=permutations,
+                            seed=stream(seed, "permutation"))
+    ci, n_degenerate = None, 0
+    if n_bootstrap > 0:
+        ci, n_degenerate, _ = effect_size_bootstrap(
+            sa, sb, ddof=0, n_resamples=int(n_bootstrap), confidence=float(confidence),
+            seed=stream(seed, "bootstrap"),
+        )
     items = items.assign(set=np.where(items["attribute_set"] == 0, "A", "B"))
     fields = {
         "effect_size": d,
@@ -166,7 +198,14 @@ def lpbs_metric(table: pd.DataFrame, *, permutations: str | int = "auto", seed: 
         "p_value": float(perm.p_value),
         "permutation": {"method": perm.method, "alternative": perm.alternative,
                         "n_partitions": int(perm.n_partitions), "n_extreme": int(perm.n_extreme),
-                        "seed": perm.seed},
+                        "seed": seed if perm.method == "sampled" else None},
+        "ci": ci,
+        "ci_method": "attributes" if n_bootstrap > 0 else None,
+        "ci_degenerate": n_degenerate,
+        "n_bootstrap": int(n_bootstrap),
+        "confidence": float(confidence),
+        "seed": seed,
+        "random_streams": {k: STREAMS.index(k) for k in ("permutation", "bootstrap")},
         "n_attributes": [int(len(sa)), int(len(sb))],
         "n_cells": int(items["n_cells"].max()),
     }

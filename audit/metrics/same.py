@@ -3,10 +3,10 @@
 References
 ----------
 * SAME: Schröder, S., Schulz, A., Kenneweg, P., Feldhans, R., Hinder, F. & Hammer, B. (2021).
-  Evaluating Metrics for Bias in Word Embeddings. arXiv:2111.07864; and Schröder, Schulz &
-  Hammer, "The SAME score: Improved cosine based measure for semantic bias", IJCNN 2024
-  (arXiv:2203.14603). Reference implementation: HammerLabML/EmbeddingBiasScores,
-  ``geometrical_bias/same.py``.
+  Evaluating Metrics for Bias in Word Embeddings. arXiv:2111.07864 (SAME for several groups:
+  eqs. 14-16; boundedness in [0, 1]: Theorem 2); and Schröder, Schulz & Hammer, "The SAME
+  score: Improved cosine based measure for semantic bias", IJCNN 2024 (arXiv:2203.14603).
+  Reference implementation: HammerLabML/EmbeddingBiasScores, ``geometrical_bias/same.py``.
 * Generalised WEAT: Swinger, N., De-Arteaga, M., Heffernan, N. T., Leiserson, M. D. M. &
   Kalai, A. T. (2019). What are the biases in my word embedding? AIES 2019; implemented as in
   HammerLabML/EmbeddingBiasScores ``geometrical_bias/generalized_weat.py``.
@@ -30,7 +30,16 @@ from audit.errors import DataError, ParameterError
 from audit.metrics.weat import as_vectors, check_same_dim, unit_rows
 from audit.result import MetricOutput
 
-__all__ = ["same_directions", "same_scores", "same", "gweat", "bias_subspace", "direct_bias"]
+__all__ = [
+    "SAME_COMBINE",
+    "same_directions",
+    "same_scores",
+    "same",
+    "gweat",
+    "bias_subspace",
+    "paired_defining_sets",
+    "direct_bias",
+]
 
 #: A difference of group means (of unit vectors) with norm <= _ZERO_TOL is zero; a Gram-Schmidt
 #: residual <= max(_ZERO_TOL, _RANK_TOL * ||d_j||) means a linearly dependent direction.
@@ -111,28 +120,37 @@ def same_scores(T: Any, U: np.ndarray) -> np.ndarray:
     return unit_rows(T) @ U.T
 
 
-def same(targets: Sequence[Any], attributes: Sequence[Any], *, combine: str = "sum") -> MetricOutput:
+#: How SAME combines the per-direction cosines of a target when J > 2 (only the paper's norm).
+SAME_COMBINE = ("norm",)
+
+
+def same(targets: Sequence[Any], attributes: Sequence[Any], *, combine: str = "norm") -> MetricOutput:
     """SAME score (Scoring Association Means of word Embeddings; Schröder et al.).
 
-    Binary case (2 attribute groups): per target ``b(t) = cos(t, a_0 - a_1)`` with ``a_j`` the
-    mean of group j's unit vectors; ``SAME = mean_t |b(t)|`` over all target words; in [0, 1];
-    0 when every target is orthogonal to the bias direction. Positive ``b(t)``: ``t`` is
-    closer to attribute group 0 (e.g. A / male) than to group 1. Also reported:
-    ``skew = mean_t b(t)`` and ``stereotype = std_t b(t)`` (``ddof=0``), the paper's
+    With ``a_j`` the mean of attribute group j's unit vectors (j = 0..J-1, not re-normalised),
+    the bias directions ``d_j = a_0 - a_j`` (j = 1..J-1) are made orthonormal by Gram-Schmidt
+    in that order (:func:`same_directions`), giving ``u_1..u_{J-1}``. The per-target score is
+    the length of the vector of its cosines with the bias directions (Schröder et al. 2021,
+    eqs. 14-16)::
+
+        b(t) = || ( cos(t, u_1), ..., cos(t, u_{J-1}) ) ||_2
+
+    which is the cosine between ``t`` and the bias subspace ``span(d_1..d_{J-1})`` (the length
+    of the projection of ``t / ||t||`` onto it). Hence ``b(t)`` is in [0, 1] (their Theorem 2),
+    0 exactly when ``t`` is orthogonal to every ``a_0 - a_j``, 1 exactly when ``t`` lies in the
+    subspace, and independent of the order of the groups and of the choice of orthonormal
+    basis. ``SAME = mean_t b(t)`` over all target words.
+
+    Binary case (J = 2): ``b(t) = |cos(t, a_0 - a_1)|``. The signed ``cos(t, a_0 - a_1)`` is
+    reported per word (positive: ``t`` is closer to group 0, e.g. A / male), with
+    ``skew = mean_t cos`` and ``stereotype = std_t cos`` (``ddof=0``), the paper's
     decomposition into a systematic shift and a spread.
 
-    Several groups (J > 2): directions ``d_j = a_0 - a_j`` orthonormalised by Gram-Schmidt
-    (:func:`same_directions`) give per-group components ``c_j(t) = cos(t, u_j)``, j = 1..J-1,
-    combined per target as
-
-    * ``combine="sum"`` (default, the reference implementation's sum over bias directions):
-      ``b(t) = sum_j |c_j(t)|``, in [0, sqrt(J-1)]; depends on the order of the groups;
-    * ``combine="norm"``: ``b(t) = sqrt(sum_j c_j(t)^2)``, the cosine between ``t`` and the
-      bias subspace; in [0, 1] and independent of the group order.
-
-    For J = 2 both equal ``|b(t)|``. Deviation from the reference code
-    (EmbeddingBiasScores@ef1c49f): it multiplies the components j >= 2 by the norm of the
-    un-normalised Gram-Schmidt residual, so that they are not cosines; we do not.
+    ``combine`` accepts only ``"norm"`` (the definition above). The former ``"sum"``
+    (``sum_j |cos(t, u_j)|``, up to ``sqrt(J-1)``: 1.414 for a target in the plane of three
+    group means, where the paper gives 1.0) is removed: it is neither the paper's score nor
+    the reference code's, whose ``individual_bias`` (EmbeddingBiasScores@ef1c49f) weights the
+    components j >= 2 by the norm of the un-normalised Gram-Schmidt residual.
 
     Parameters
     ----------
@@ -140,20 +158,24 @@ def same(targets: Sequence[Any], attributes: Sequence[Any], *, combine: str = "s
         One or more target sets; SAME is over their union, with per-set values in fields.
     attributes : list of array-like (m_j, dim)
         Two or more attribute groups.
-    combine : {"sum", "norm"}
-        How the components are combined when J > 2 (ignored for J = 2).
+    combine : {"norm"}
+        How the components are combined when J > 2 (recorded in the fields).
 
     Returns
     -------
     MetricOutput
         ``value`` = SAME. ``fields``: ``same``, ``per_set`` (SAME of each target set), ``n_groups``,
-        ``combine``, and for J = 2 ``skew`` and ``stereotype`` (for J > 2 ``skew`` is the list
-        of mean components). ``items``: ``set`` ("target<i>"), ``index``, ``score`` (signed
-        ``b(t)`` for J = 2, the combined ``b(t)`` otherwise), ``bias`` (what is averaged) and, for
-        J > 2, ``component<j>`` = ``c_j(t)``.
+        ``combine`` (None for J = 2), and for J = 2 ``skew`` and ``stereotype`` (for J > 2
+        ``skew`` is the list of mean components). ``items``: ``set`` ("target<i>"), ``index``,
+        ``score`` (signed cosine for J = 2, ``b(t)`` otherwise), ``bias`` (``b(t)``, what is
+        averaged) and, for J > 2, ``component<j>`` = ``cos(t, u_j)``.
     """
-    if combine not in ("sum", "norm"):
-        raise ParameterError(f"combine must be 'sum' or 'norm', got {combine!r}")
+    if combine not in SAME_COMBINE:
+        why = (
+            " ('sum' was removed: it is not the SAME score of Schröder et al., which is the norm "
+            "of the cosines with the bias directions, in [0, 1])" if combine == "sum" else ""
+        )
+        raise ParameterError(f"combine must be 'norm', got {combine!r}{why}")
     T = _vector_sets(targets, "targets", minimum=1)
     U = same_directions(attributes)
     _check_dim(T, U.shape[1])
@@ -163,9 +185,6 @@ def same(targets: Sequence[Any], attributes: Sequence[Any], *, combine: str = "s
     if n_groups == 2:
         signed = c[:, 0]
         bias = np.abs(signed)
-    elif combine == "sum":
-        bias = np.abs(c).sum(axis=1)
-        signed = bias
     else:
         bias = np.sqrt((c**2).sum(axis=1))
         signed = bias
@@ -244,24 +263,73 @@ def gweat(targets: Sequence[Any], attributes: Sequence[Any]) -> MetricOutput:
 
 
 def bias_subspace(
-    attributes: Sequence[Any], *, k: int = 1, normalize: bool = True
+    defining_sets: Sequence[Any],
+    k: int = 1,
+    *,
+    normalize: bool = False,
+    require_rank: bool = False,
+    name: str = "defining_sets",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Bias subspace of Bolukbasi et al. (2016) from J >= 2 paired defining sets.
+    """Bias subspace from defining sets: the one implementation (Direct Bias and the
+    mitigation methods, :mod:`audit.mitigation`, both use it).
 
-    The defining sets must have equal lengths: row i of every set forms one defining tuple
-    (e.g. ``she``/``he``). Each tuple is centred on its own mean, the centred vectors are
-    stacked and their first ``k`` principal components (:class:`sklearn.decomposition.PCA`)
-    span the subspace. With ``normalize=True`` (Bolukbasi et al.: unit-length embeddings) the
-    defining vectors are scaled to unit length first; the EmbeddingBiasScores reference code
-    uses raw vectors (``normalize=False``). Each component is oriented so that the mean over
-    tuples of ``(v_0 - v_1) . g`` is >= 0, i.e. positive cosines lean towards defining set 0.
+    Bolukbasi et al. (2016, Sec. 6 "Identify gender subspace"; ``debiaswe/we.py:doPCA``) and
+    Manzini et al. (2019, Eq. 1): each defining set ``D_i`` (e.g. ``(she, he)``, or ``(jew,
+    christian, muslim)``) is centred on its own mean, the centred vectors ``w - mean(D_i)``
+    of all sets are stacked, and their first principal components span the subspace
+    (:class:`sklearn.decomposition.PCA`, ``svd_solver="full"``; the stacked rows already have
+    zero mean, so its own centring changes nothing).
+
+    Conventions
+    -----------
+    * ``defining_sets``: a sequence of 2-D arrays, one per defining set, rows = its words;
+      sets may differ in size. Row 0 of a set is its word of the *first* group (e.g. the
+      female word when the groups are female, male).
+    * ``normalize=True`` scales every defining vector to unit length first (Bolukbasi et al.
+      work with unit-length embeddings; the mitigation methods normalise before calling);
+      ``False`` uses them as given (the EmbeddingBiasScores code).
+    * Orientation: each component ``g`` is flipped so that ``mean_i (D_i[0] - mean(D_i)) . g
+      >= 0``, i.e. it points towards the first group's words (for pairs, equivalently
+      ``mean_i (D_i[0] - D_i[1]) . g >= 0``); exact ties keep the PCA sign.
+    * At most ``min(k, n_rows, dim)`` components are returned. With ``require_rank=True`` a
+      :class:`DataError` is raised when the centred vectors span fewer than ``k`` dimensions;
+      otherwise the caller checks ``explained_variance_ratio`` (components beyond the rank
+      carry a ratio of ~0).
 
     Returns
     -------
-    G : ndarray (k, dim), orthonormal rows.
-    explained_variance_ratio : ndarray (k,).
+    G : ndarray (k', dim), orthonormal rows.
+    explained_variance_ratio : ndarray (k',).
     """
-    sets = _vector_sets(attributes, "attributes", minimum=2, nonzero=normalize)
+    if isinstance(defining_sets, np.ndarray) or not isinstance(defining_sets, Sequence) or not defining_sets:
+        raise ParameterError(f"{name}: expected a non-empty list of 2-D arrays (one per defining set)")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ParameterError(f"k must be a positive integer (number of bias components), got {k!r}")
+    sets = [as_vectors(d, f"{name}[{i}]", nonzero=normalize) for i, d in enumerate(defining_sets)]
+    check_same_dim([(f"{name}[{i}]", d) for i, d in enumerate(sets)])
+    if normalize:
+        sets = [unit_rows(d) for d in sets]
+    rows = np.concatenate([d - d.mean(axis=0, keepdims=True) for d in sets], axis=0)
+    if require_rank:
+        rank = int(np.linalg.matrix_rank(rows))
+        if rank < k:
+            raise DataError(
+                f"{name}: the centred defining sets span {rank} dimension(s); cannot take k={k} "
+                "bias components (are the defining sets' words identical?)"
+            )
+    n_comp = int(min(k, rows.shape[0], rows.shape[1]))
+    pca = PCA(n_components=n_comp, svd_solver="full").fit(rows)
+    G = np.array(pca.components_, dtype=np.float64)
+    firsts = np.stack([d[0] - d.mean(axis=0) for d in sets])
+    G[firsts.mean(axis=0) @ G.T < 0] *= -1.0
+    return G, np.asarray(pca.explained_variance_ratio_, dtype=np.float64)
+
+
+def paired_defining_sets(attributes: Sequence[Any], *, nonzero: bool = True) -> list[np.ndarray]:
+    """The defining sets of a test written as J paired word sets of equal length (row i of
+    every set forms defining set i, e.g. she/he, woman/man): ``[stack(S_0[i], ..., S_{J-1}[i])]``,
+    so row j of each defining set is group j's word (:func:`bias_subspace`'s convention)."""
+    sets = _vector_sets(attributes, "attributes", minimum=2, nonzero=nonzero)
     check_same_dim([(f"attributes[{j}]", s) for j, s in enumerate(sets)])
     n = sets[0].shape[0]
     for j, s in enumerate(sets[1:], start=1):
@@ -270,21 +338,8 @@ def bias_subspace(
                 f"attributes[{j}]: Direct Bias needs paired defining sets of equal length "
                 f"(row i of each set forms a tuple); got {s.shape[0]} words, attributes[0] has {n}"
             )
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ParameterError(f"k must be a positive integer (number of bias components), got {k!r}")
-    stack = np.stack([unit_rows(s) if normalize else s for s in sets])  # (J, n, dim)
-    centred = (stack - stack.mean(axis=0, keepdims=True)).reshape(-1, stack.shape[2])
-    rank = int(np.linalg.matrix_rank(centred))
-    if rank < k:
-        raise DataError(
-            f"attributes: the centred defining sets span {rank} dimension(s); cannot take k={k} "
-            "bias components (are the defining sets identical?)"
-        )
-    pca = PCA(n_components=int(k), svd_solver="full").fit(centred)
-    G = pca.components_.copy()
-    orient = (stack[0] - stack[1]).mean(axis=0) @ G.T
-    G[orient < 0] *= -1.0
-    return G, pca.explained_variance_ratio_.copy()
+    stack = np.stack(sets, axis=1)  # (n, J, dim)
+    return [stack[i] for i in range(n)]
 
 
 def direct_bias(
@@ -293,7 +348,8 @@ def direct_bias(
     """Direct Bias (Bolukbasi et al. 2016): ``DB_c = mean_{w in N} |cos(w, g)|^c``.
 
     ``g`` is the first principal component of the centred, paired defining sets
-    (:func:`bias_subspace`); ``N`` is the union of the target sets (the gender-neutral words).
+    (:func:`paired_defining_sets`, :func:`bias_subspace` with ``require_rank=True``; oriented
+    towards ``attributes[0]``); ``N`` is the union of the target sets (the gender-neutral words).
     ``c`` (strictness, default 1) must be >= 0. With ``k > 1`` components the per-word
     quantity is the norm of the projection of the unit word vector on the k-dimensional
     subspace, ``||G w / ||w|| ||`` (the cosine between ``w`` and the subspace), so
@@ -311,8 +367,13 @@ def direct_bias(
     """
     if isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating)) or not np.isfinite(c) or c < 0:
         raise ParameterError(f"c (strictness) must be a finite number >= 0, got {c!r}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ParameterError(f"k must be a positive integer (number of bias components), got {k!r}")
     T = _vector_sets(targets, "targets", minimum=1)
-    G, evr = bias_subspace(attributes, k=k, normalize=normalize)
+    G, evr = bias_subspace(
+        paired_defining_sets(attributes, nonzero=normalize), k, normalize=normalize, require_rank=True,
+        name="attributes",
+    )
     _check_dim(T, G.shape[1])
     proj = np.concatenate([unit_rows(t) @ G.T for t in T])  # (n, k)
     norm = np.clip(np.sqrt((proj**2).sum(axis=1)), 0.0, 1.0)

@@ -25,6 +25,7 @@ from sklearn.model_selection import train_test_split
 from audit.errors import DataError, ParameterError
 from audit.metrics.weat import as_vectors, check_same_dim, cosine_matrix
 from audit.result import MetricOutput
+from audit.stats import fresh_seed, stream_seeds
 
 __all__ = ["rnd", "rnsb", "mac", "ect", "ripa"]
 
@@ -273,17 +274,21 @@ def rnsb(
     :func:`scipy.stats.entropy`). 0 when every target word gets the same probability; larger
     means some targets are much more "negative" than others.
 
-    ``n_iterations`` runs use seeds ``seed, seed + 1, ...``; the result is the mean of their
-    KL divergences (WEFE), and the per-word probabilities are averaged. With ``seed=None`` a
-    base seed is drawn from fresh entropy and reported in ``fields["seed"]`` so the run can be
-    repeated; ``n_iterations=1`` with an integer ``seed`` is WEFE's
-    ``RNSB().run_query(..., random_state=seed, holdout=holdout)``.
+    ``n_iterations`` runs; the result is the mean of their KL divergences (WEFE), and the
+    per-word probabilities are averaged. Iteration ``i`` uses the integer seed
+    ``iteration_seeds[i]`` = word ``i`` of ``stream(seed, "classifier").generate_state(n,
+    uint32)`` (:func:`audit.stats.stream_seeds`: child 5 of ``SeedSequence(seed)``) for both
+    the split and the classifier, exactly as WEFE passes one ``random_state`` to both, so
+    iteration ``i`` is WEFE's ``RNSB().run_query(..., random_state=iteration_seeds[i],
+    holdout=holdout)``. (The former ``seed, seed + 1, ...`` made the runs of neighbouring
+    seeds share iterations: seed 0's second run was seed 1's first.) With ``seed=None`` a seed
+    is drawn from fresh entropy and reported in ``fields["seed"]`` so the run can be repeated.
 
     Returns
     -------
     MetricOutput
         ``value`` = RNSB; ``fields``: ``rnsb``, ``kl_per_iteration``, ``accuracy`` (mean),
-        ``n_iterations``, ``holdout``, ``seed``. ``items``: one row per target word
+        ``n_iterations``, ``holdout``, ``seed``, ``iteration_seeds``. ``items``: one row per target word
         (``set``, ``index``, ``negative_probability``, ``negative_share`` = its share of the
         summed mean probabilities).
     """
@@ -297,16 +302,15 @@ def rnsb(
         raise ParameterError(f"n_iterations must be a positive integer, got {n_iterations!r}")
     seed = _check_seed(seed)
     if seed is None:
-        seed = int(np.random.SeedSequence().generate_state(1)[0] % (2**31))
-    if seed + n_iterations > 2**32:
-        raise ParameterError(f"seed + n_iterations must stay below 2**32, got seed={seed}")
+        seed = fresh_seed()
+    iteration_seeds = stream_seeds(seed, "classifier", int(n_iterations))
 
     X = np.concatenate([A0, A1])
     y = np.concatenate([np.ones(A0.shape[0]), -np.ones(A1.shape[0])])
     allt = np.concatenate(T)
     probs, kls, accs = [], [], []
-    for i in range(int(n_iterations)):
-        p, acc = _rnsb_iteration(X, y, allt, holdout=bool(holdout), seed=seed + i)
+    for it_seed in iteration_seeds:
+        p, acc = _rnsb_iteration(X, y, allt, holdout=bool(holdout), seed=it_seed)
         dist = p / p.sum()
         kls.append(float(entropy(dist, np.full(dist.size, 1.0 / dist.size))))
         probs.append(p)
@@ -328,5 +332,6 @@ def rnsb(
         "n_iterations": int(n_iterations),
         "holdout": bool(holdout),
         "seed": seed,
+        "iteration_seeds": iteration_seeds,
     }
     return MetricOutput(value=value, fields=fields, items=items)

@@ -1,5 +1,13 @@
 """Shared pieces of the mitigation methods: the estimator base class and small pure functions
-on arrays (row normalisation, bias subspace by PCA, projection removal)."""
+on arrays (row normalisation, projection removal).
+
+The bias subspace (PCA of the defining sets, each centred on its own mean) has one
+implementation, :func:`audit.metrics.same.bias_subspace`, re-exported here for the methods:
+``bias_subspace(groups, n_components)`` with ``groups`` the defining sets (one 2-D array per
+set, row 0 = the first group's word; the methods pass unit-length rows) returns at most
+``min(n_components, n_rows, dim)`` orthonormal components, each oriented towards the first
+word of the sets (with the shipped ``en/gender`` lists, female first, towards *female*), and
+their explained variance ratios; the methods check the rank themselves."""
 
 from __future__ import annotations
 
@@ -11,8 +19,20 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from audit.errors import CoverageError, ParameterError
+from audit.metrics.same import bias_subspace
 from audit.mitigation.definitions import BiasDefinitions, load_definitions, resolve_word
 from audit.mitigation.matrix import EmbeddingMatrix, as_matrix
+
+__all__ = [
+    "Mitigation",
+    "bias_subspace",
+    "check_float",
+    "check_int",
+    "drop_subspace",
+    "normalize_rows",
+    "resolve_sets",
+    "scope_mask",
+]
 
 # --------------------------------------------------------------------------------------
 # Pure functions
@@ -26,31 +46,6 @@ def normalize_rows(X: np.ndarray) -> np.ndarray:
     np.divide(X, n, out=X, where=n > 0)
     return X
 
-
-
-def bias_subspace(groups: Sequence[np.ndarray], n_components: int) -> tuple[np.ndarray, np.ndarray]:
-    """Principal components of the defining sets, each centred on its own mean.
-
-    Bolukbasi et al. (2016, Sec. 6 "Identify gender subspace") and Manzini et al. (2019,
-    Eq. 1): stack ``w - mean(D_i)`` for every word ``w`` of every defining set ``D_i`` and run a
-    PCA (scikit-learn ``PCA``, ``svd_solver="full"``; the stacked rows already have zero mean, so
-    its own centring changes nothing). Returns ``(components, explained_variance_ratio)``
-    with at most ``min(n_components, n_rows, dim)`` orthonormal rows.
-
-    The sign of each component is fixed so that the first word of the sets lies on its positive
-    side on average (``mean_i (D_i[0] - mean(D_i)) . c >= 0``); with the shipped ``en/gender``
-    lists (female first) the first component points towards *female*.
-    """
-    from sklearn.decomposition import PCA
-
-    rows = np.concatenate([g - g.mean(axis=0, keepdims=True) for g in groups], axis=0)
-    k = int(min(n_components, rows.shape[0], rows.shape[1]))
-    pca = PCA(n_components=k, svd_solver="full").fit(rows)
-    comps = np.array(pca.components_, dtype=np.float64)
-    firsts = np.stack([g[0] - g.mean(axis=0) for g in groups])
-    signs = np.sign(firsts.mean(axis=0) @ comps.T)
-    signs[signs == 0] = 1.0
-    return comps * signs[:, None], np.asarray(pca.explained_variance_ratio_, dtype=np.float64)
 
 
 # --------------------------------------------------------------------------------------
