@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from audit.errors import DataError, ParameterError
 from audit.datasets.crows_pairs import DIRECTIONS
+from audit.errors import DataError, ParameterError
 from audit.result import MetricOutput
 
 __all__ = ["VARIANTS", "crows_pairs_metric"]

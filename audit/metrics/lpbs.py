@@ -60,7 +60,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from audit.errors import DataError
+from audit.errors import DataError, ParameterError
 from audit.result import MetricOutput
 from audit.stats import STREAMS, effect_size_bootstrap, fresh_seed, permutation_test, stream
 
