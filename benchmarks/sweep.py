@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     if args.metrics:
         keep = set(args.metrics.split(","))
         spec = dataclasses.replace(spec, metrics=tuple(m for m in spec.metrics if m.name in keep))
-    build_models(spec)  # not timed: both legs use the same built files
+    build_models(spec, expand(spec))  # not timed: both legs use the same built files
     plan = expand(spec)
     print(f"spec {spec.name}: {len(plan.tasks)} tasks over {len(plan.models)} models; load average {os.getloadavg()[0]:.2f}")
 

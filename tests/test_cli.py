@@ -209,16 +209,17 @@ def test_same_and_direct_bias_on_the_real_minilm_encoder():
     assert res.provenance["kind"] == "encoder" and res.provenance["revision"].startswith("sha256:")
     assert 0.0 < res.value < 1.0
     assert res.coverage == {"math": 1.0, "arts": 1.0, "male_terms": 1.0, "female_terms": 1.0}
-    # SAME is a mean of |cos(w, a_X - a_Y)|: swapping the two target groups leaves it unchanged
-    # and flips every per-word signed score.
-    swapped = dataclasses.replace(test, targets=test.targets[::-1])
+    # SAME is a mean of |cos(w, a_X - a_Y)|: swapping the two groups (WEAT 7's male/female terms,
+    # its attribute sets) leaves it unchanged and flips every per-word signed score.
+    assert test.groups == "attributes" and res.fields["groups"] == "attributes"
+    swapped = dataclasses.replace(test, attributes=test.attributes[::-1])
     res2 = runner.score(model, swapped, "same", seed=0)
-    assert res2.value == pytest.approx(res.value, rel=1e-9)
+    assert res2.value == pytest.approx(res.value, rel=1e-6)  # float32 embeddings, other batch order
     signed = [c for c in res.items.columns if c not in ("word", "set_name", "set", "index") and
               res.items[c].dtype.kind == "f"][0]
-    assert np.allclose(res2.items[signed].to_numpy(), -res.items[signed].to_numpy(), atol=1e-9)
-    db = runner.score(model, test, "direct_bias", {"groups": "attributes"}, seed=0)
-    assert 0.0 < db.value < 1.0
+    assert np.allclose(res2.items[signed].to_numpy(), -res.items[signed].to_numpy(), atol=1e-6)
+    db = runner.score(model, test, "direct_bias", seed=0)  # the test's groups: the gendered pairs
+    assert 0.0 < db.value < 1.0 and db.fields["groups_source"] == "test"
 
 
 # ------------------------------------------------------------------ issue 11: command-line gaps

@@ -248,7 +248,7 @@ def test_sweep_audits_original_and_debiased_side_by_side_and_resumes(tmp_path, s
     from jobs.builders import build_models
 
     shutil.rmtree(mdir)
-    build_models(spec)
+    build_models(spec, expand(spec))
     assert json.loads((mdir / "mitigation.json").read_text())["revision"] == man["revision"]
     plan = attach_keys(expand(spec))
     assert {t.key for t in plan.tasks} <= set(tr.finished_keys())
@@ -298,7 +298,7 @@ def test_scope_tests_changes_only_the_test_words_and_build_errors_name_the_step(
     d["models"][0]["ref"] = small_glove
     d["output_dir"] = str(tmp_path / "out")
     spec = parse_spec(d, "my.yaml")
-    paths = build_models(spec)
+    paths = build_models(spec, expand(spec))
     orig, full, part = (load_static(r) for r in (small_glove, str(paths["g-all"]), str(paths["g-tests"])))
     man = json.loads((paths["g-tests"].parent / "mitigation.json").read_text())
     assert man["scope"] == "tests" and 50 < man["n_words_changed"] < 200
@@ -316,4 +316,5 @@ def test_scope_tests_changes_only_the_test_words_and_build_errors_name_the_step(
                                "definitional_sets": [["qqzzx", "zzqqy"], ["xqzq", "zqxq"]]}))
     d["models"][0]["mitigation"] = {"method": "hd", "definitions": str(bad)}
     with pytest.raises(CoverageError, match=r"^model 'glove\+hard_debias' \(hard_debias of 'glove'\): .*qqzzx"):
-        build_models(parse_spec(d, "my.yaml"))
+        s = parse_spec(d, "my.yaml")
+        build_models(s, expand(s))
