@@ -56,7 +56,13 @@ class LoadedModel:
     cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def describe(self) -> dict[str, str]:
-        return {"model": self.ref, "backend": self.backend, "revision": self.revision, "kind": self.kind}
+        """Model, backend, resolved revision, kind and, for Hugging Face models, how the weights
+        were loaded (dtype, device or device map, chat template present but not applied)."""
+        d = {"model": self.ref, "backend": self.backend, "revision": self.revision, "kind": self.kind}
+        load_info = getattr(self.handle, "load_info", None)
+        if callable(load_info):
+            d.update(load_info())
+        return d
 
 
 HF_BACKENDS = {"hf-encoder": "encoder", "hf-mlm": "mlm", "hf-causal": "causal"}
@@ -119,6 +125,7 @@ def load_model(
     dtype: str | None = None,
     device: str | None = None,
     subword: bool = True,
+    device_map: str | dict | None = None,
 ) -> LoadedModel:
     """Load a model by reference (see ``docs/models.md`` for the accepted forms).
 
@@ -126,6 +133,7 @@ def load_model(
              ``None`` infers it (static file/short name, else a Hugging Face checkpoint whose
              kind comes from its config's architectures).
     words:   for static text formats, the only words to keep (what the tests need).
+    dtype, device, device_map: Hugging Face models (:func:`audit.backends.hf.load_hf_model`).
     """
     if backend in (None, "static") or (backend not in HF_BACKENDS and backend is not None):
         fmt = None if backend in (None, "static") else backend
@@ -153,6 +161,7 @@ def load_model(
         allow_pickle=allow_pickle,
         device=device,
         dtype=dtype,
+        device_map=device_map,
     )
     return LoadedModel(ref=ref, kind=kind, backend=m.backend, revision=m.revision, handle=m)
 
