@@ -50,6 +50,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from audit.backends.hf import run_batched
 from audit.errors import DataError, ModelError, ParameterError
 
 __all__ = [
@@ -306,8 +307,6 @@ def masked_token_logprobs(model: Any, tokenizer: Any, queries: Sequence[MaskedQu
     beyond float rounding.
     """
     import torch
-
-    from audit.backends.hf import run_batched
 
     if not queries:
         return []
@@ -585,8 +584,6 @@ def causal_token_logprobs(model: Any, sequences: Sequence[tuple[Sequence[int], i
     positions that predict a scored token (see :func:`_target_logprobs`).
     """
     import torch
-
-    from audit.backends.hf import run_batched
 
     if padding_side not in PADDING_SIDES:
         raise ParameterError(f"padding_side: {padding_side!r} is not one of {', '.join(PADDING_SIDES)}")
