@@ -266,6 +266,10 @@ def make_result(
     }
     if meas.subword and any(meas.subword.values()):
         prov["subword"] = meas.subword
+    if isinstance(test, SentencePairs):  # how the file was read: detected encoding, rows dropped
+        prov["encoding"] = test.encoding
+        if test.extra.get("skipped"):
+            prov["skipped_pairs"] = list(test.extra["skipped"])
     fields = dict(out.fields)
     if meas.unpaired:
         fields["unpaired_dropped"] = meas.unpaired
