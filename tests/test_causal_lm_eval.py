@@ -105,7 +105,7 @@ def test_registered_sets_end_to_end_with_encoding_recorded(models):
     fr = score(lm, "fr/crows_pairs", "crows_pairs", {"limit": 10})
     assert fr.metric == "crows_pairs_causal" and fr.fields["n_pairs"] == 10
     assert fr.provenance["encoding"] == "utf-8"
-    assert fr.provenance["skipped_pairs"] == [{"pair_id": 128, "row": 129, "reason": "column 'sent_less' is empty"}]
+    assert fr.provenance["skipped_pairs"] == [{"pair_id": "129", "row": 129, "reason": "column 'sent_less' is empty"}]
     nl = score(lm, "nl/crows_pairs", "crows_pairs", {"limit": 10})
     assert nl.provenance["encoding"] == "mac_roman (detected; 1 line UTF-8)"
     assert nl.provenance["language"] == "nl" and nl.fields["n_pairs"] == 10

@@ -13,7 +13,8 @@ One loader (:func:`load_crows_pairs`) for every published layout:
   ends, an ``id`` first column, and **Mac Roman** text, with one line in UTF-8.
 
 Delimiter: a tab when the header line has one, else a comma. Index column: a first column named
-``""``, ``Unnamed: 0`` or ``id`` becomes ``pair_id`` (integers), else ``pair_id`` is the row
+``""``, ``Unnamed: 0`` or ``id`` becomes ``pair_id`` (integers when every id is one; the French
+set's ids are strings, its 210 new pairs being ``LA0``, ``LA1``, ...), else ``pair_id`` is the row
 number. Encoding (:func:`decode_text`): given, or detected -- UTF-8 when the whole file is UTF-8,
 otherwise each line that is valid UTF-8 is read as UTF-8 and every other line in the legacy
 encoding (Mac Roman, Windows-1252 or Latin-1) whose decoding looks most like European text; the
@@ -167,9 +168,12 @@ def load_crows_pairs(path: str | os.PathLike, *, bias_types: Sequence[str] | Non
     first = df.columns[0]
     if first in _INDEX_COLUMNS or str(first).startswith("Unnamed"):
         df = df.rename(columns={first: "pair_id"})
-        try:
-            df["pair_id"] = df["pair_id"].astype(int)
-        except ValueError:
+        ids = df["pair_id"].astype(str).str.strip()
+        if ids.str.fullmatch(r"-?\d+").all():
+            df["pair_id"] = ids.astype(int)
+        elif ids.is_unique and (ids != "").all():  # the French set's 210 new pairs are LA0, LA1, ...
+            df["pair_id"] = ids.astype(object)
+        else:
             df["pair_id"] = np.arange(len(df))
     elif "pair_id" not in df.columns:
         df.insert(0, "pair_id", np.arange(len(df)))
@@ -183,6 +187,11 @@ def load_crows_pairs(path: str | os.PathLike, *, bias_types: Sequence[str] | Non
 
 
 INVALID_MODES = ("error", "skip")
+
+
+def _plain(v):
+    """A pair id as a plain Python int or str (JSON-able provenance)."""
+    return int(v) if isinstance(v, (int, np.integer)) else str(v)
 
 
 def _validate_rows(df: pd.DataFrame, where: str, invalid: str = "error") -> pd.DataFrame:
@@ -203,7 +212,7 @@ def _validate_rows(df: pd.DataFrame, where: str, invalid: str = "error") -> pd.D
     if reasons and invalid == "error":
         i = min(reasons)
         raise DataError(f"{where}: {reasons[i]} in row {i + 1} (pair_id {df.loc[i, 'pair_id']})")
-    skipped = [{"pair_id": int(df.loc[i, "pair_id"]), "row": i + 1, "reason": r} for i, r in sorted(reasons.items())]
+    skipped = [{"pair_id": _plain(df.loc[i, "pair_id"]), "row": i + 1, "reason": r} for i, r in sorted(reasons.items())]
     df = df.assign(stereo_antistereo=d, bias_type=df["bias_type"].astype(str).str.strip())
     df = df.drop(index=sorted(reasons)).reset_index(drop=True)
     df.attrs["skipped"] = skipped
