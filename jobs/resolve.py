@@ -33,7 +33,7 @@ from audit.errors import AuditError, ModelError, ParameterError
 
 _KIND_OF_BACKEND = {"hf-encoder": "encoder", "hf-mlm": "mlm", "hf-causal": "causal"}
 _KIND_OF_BUILD = {"fasttext": "static", "bert": "mlm", "roberta": "mlm", "gpt2": "causal",
-                  "mitigation": "static"}
+                  "llama": "causal", "qwen2": "causal", "mistral": "causal", "mitigation": "static"}
 
 
 def resolve_ref(ref: str, *, output_dir: Path | None = None, build: dict | None = None) -> str:
