@@ -399,6 +399,10 @@ CAUSAL_FAMILIES: dict[str, dict] = {
     "mistral": {"bos": "<s>", "eos": "</s>", "pad": None, "unk": "<unk>", "add_bos": True, "chat": False},
 }
 
+#: Positions of the tiny causal models: every sentence of the CrowS-Pairs sets (the longest French
+#: one is 162 tokens with the English-trained tokenizer) fits.
+CAUSAL_MAX_POSITIONS = 256
+
 #: A minimal ChatML template (Qwen2's format) for the tiny Qwen2 tokenizer.
 _CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
                   "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -441,7 +445,7 @@ def _causal_tokenizer(corpus: list[str], family: str, vocab_size: int):
         tk.post_processor = processors.ByteLevel(trim_offsets=False)
     tk.add_special_tokens(specials)
     kw = {k + "_token": f[k] for k in ("bos", "eos", "pad", "unk") if f[k]}
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, model_max_length=MAX_POSITIONS, **kw)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, model_max_length=CAUSAL_MAX_POSITIONS, **kw)
     if f["chat"]:
         tok.chat_template = _CHAT_TEMPLATE
     return tok, vocab
@@ -480,8 +484,9 @@ def build_tiny_causal(directory: str | os.PathLike, family: str = "llama", *, tr
     """Write a tiny decoder-only model of ``family`` (``llama``: ``LlamaForCausalLM``,
     ``qwen2``: ``Qwen2ForCausalLM``, ``mistral``: ``MistralForCausalLM``) with a byte-level BPE
     tokenizer trained on the tiny corpus (``languages``: on those languages' shipped-test text
-    too, :func:`_causal_corpus`). Rotary positions, no token type ids, grouped-query attention
-    (2 query heads, 1 key/value head); Qwen2 ties its input and output embeddings."""
+    too, :func:`_causal_corpus`). Rotary positions (:data:`CAUSAL_MAX_POSITIONS`), no token type
+    ids, grouped-query attention (2 query heads, 1 key/value head); Qwen2 ties its input and output
+    embeddings."""
     import transformers
 
     if family not in CAUSAL_FAMILIES:
@@ -495,7 +500,7 @@ def build_tiny_causal(directory: str | os.PathLike, family: str = "llama", *, tr
     common = dict(
         vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=1,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=CAUSAL_MAX_POSITIONS,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )

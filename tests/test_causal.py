@@ -6,6 +6,7 @@ decoder embeddings and causal LPBS, each against a one-item-at-a-time reference 
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -162,8 +163,8 @@ def test_chat_template_is_never_applied(causal):
 
 def test_past_the_context_window_is_refused_with_the_item(causal):
     hm = causal["llama"]
-    long = "money " * 130
-    with pytest.raises(DataError, match=r"sentence 1 \('money money.*the model accepts at most 128"):
+    long = "money " * 300
+    with pytest.raises(DataError, match=r"sentence 1 \('money money.*the model accepts at most 256"):
         causal_loglik(hm.model, hm.tokenizer, ["he is", long])
     with pytest.raises(DataError, match="more than model"):
         embed_sentences(hm, [long], method="mean")
@@ -405,3 +406,35 @@ def test_registry_applies_every_family_to_causal_models():
     assert registry.get("seat").family.method("causal", {}) == "weighted_mean"
     assert registry.get("weat").family.method("causal", {}) == "target_pooled"
     assert registry.get("lpbs").family.method("causal", {}) == "causal-lm-continuation-probability"
+
+
+def test_multi_word_entries_in_context(causal):
+    """A multi-word entry (Turkish CW1 'bebek bezi') is the mean of its parts, each embedded in the
+    entry's own template sentences (this failed with a CoverageError before: the parts had no
+    contexts)."""
+    from audit.datasets import load_test
+
+    hm = causal["llama"]
+    lm = LoadedModel(ref="tiny-llama", kind="causal", backend="hf-causal", revision="x", handle=hm)
+    test = load_test("tr/cw1")
+    meas = measure(lm, test, "weat")
+    assert meas.coverage["children"] == 1.0
+    items = seat_vectors(hm, test, method="target_pooled")[2]
+
+    def part_vector(part: str) -> np.ndarray:
+        vecs = []
+        for r in items.drop_duplicates(["sentence", "span_start"]).itertuples():
+            if part not in str(r.word).split():
+                continue
+            k = str(r.word).split().index(part)
+            words = list(re.finditer(r"\S+", r.sentence[int(r.span_start):int(r.span_end)]))
+            a, b = int(r.span_start) + words[k].start(), int(r.span_start) + words[k].end()
+            vecs.append(ref_embedding(hm, r.sentence, "target_pooled", (a, b)))
+        return np.mean(vecs, axis=0)
+
+    mats = dict(zip(["target0", "target1", "attribute0", "attribute1"], [*meas.targets, *meas.attributes]))
+    where = [(lab, words.index("bebek bezi")) for lab, words in meas.labels.items() if "bebek bezi" in words]
+    assert len(where) == 1
+    lab, i = where[0]
+    want = (part_vector("bebek") + part_vector("bezi")) / 2
+    np.testing.assert_allclose(mats[lab][i], want, atol=1e-5, rtol=1e-5)

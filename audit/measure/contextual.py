@@ -488,15 +488,32 @@ class ContextualWordVectors:
 
 
 def _test_word_contexts(test: WordTest) -> dict[str, list[tuple[str, tuple[int, int]]]]:
-    """word -> its distinct (sentence, span) SEAT template fillings in the test, in order."""
+    """word -> its distinct (sentence, span) SEAT template fillings in the test, in order.
+
+    A multi-word entry (``bebek arabası``) is looked up part by part by
+    :func:`audit.vocab.resolve_sets` (the mean of its parts' vectors), so each part is also
+    registered with the entry's sentences and the part's own span there (a part shared by several
+    entries gets the sentences of each)."""
     out: dict[str, list[tuple[str, tuple[int, int]]]] = {}
+
+    def add(word: str, sentence: str, span: tuple[int, int]) -> None:
+        ctx = out.setdefault(word, [])
+        if (sentence, span) not in ctx:
+            ctx.append((sentence, span))
+
     filled = _filled_templates(test)
     for key in ("targets", "attributes"):
         for entries in filled[key]:
             for sentence, word, span in entries:
-                ctx = out.setdefault(word, [])
-                if (sentence, span) not in ctx:
-                    ctx.append((sentence, span))
+                add(word, sentence, span)
+                parts = word.split()
+                if len(parts) < 2:
+                    continue
+                a, b = span
+                pieces = [(m.start() + a, m.end() + a) for m in re.finditer(r"\S+", sentence[a:b])]
+                if len(pieces) == len(parts):
+                    for part, sp in zip(parts, pieces):
+                        add(part, sentence, sp)
     return out
 
 
