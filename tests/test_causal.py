@@ -438,3 +438,42 @@ def test_multi_word_entries_in_context(causal):
     lab, i = where[0]
     want = (part_vector("bebek") + part_vector("bezi")) / 2
     np.testing.assert_allclose(mats[lab][i], want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shared_prefixes_give_the_same_numbers(causal, family):
+    """Contexts shared by several requests run once, on a key/value cache: same numbers as one
+    plain pass per sequence and as the one-request-at-a-time reference."""
+    from audit.measure import lm_scoring
+
+    hm = causal[family]
+    model, tok = hm.model, hm.tokenizer
+    reqs = [(ctx, c) for ctx in ("he is", "Bij het woord kunst denk ik aan", "The poor are really ignorant about how to")
+            for c in (" a doctor.", " hij", " handle the money they do have.", " x")]
+    reqs += [("", "she likes art."), ("he is", " kind")]
+    seqs = lm_scoring.encode_requests(tok, reqs)
+    plain = lm_scoring.causal_token_logprobs(model, seqs, share_prefixes=False, batch_size=3)
+    shared = lm_scoring.causal_token_logprobs(model, seqs, share_prefixes=True, batch_size=3)
+    assert lm_scoring._SHARE_OK.get(model) is True  # verified against the plain pass, then used
+    for (ids, n_ctx), a, b in zip(seqs, plain, shared):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(a, ref_token_logprobs(model, ids)[n_ctx - 1:].double().numpy(), atol=1e-4, rtol=0)
+    auto, _ = continuation_loglik(model, tok, reqs, batch_size=2)
+    np.testing.assert_allclose(auto, [float(v.sum()) for v in plain], atol=1e-5, rtol=0)
+
+
+def test_shared_prefixes_fall_back_when_unverified(causal, monkeypatch):
+    """A model whose cached pass was not verified runs every sequence the plain way."""
+    from audit.measure import lm_scoring
+
+    hm = causal["llama"]
+    reqs = [("he is", c) for c in (" a doctor.", " kind", " here")]
+    want, n = continuation_loglik(hm.model, hm.tokenizer, reqs, batch_size=8)
+    monkeypatch.setitem(lm_scoring._SHARE_OK, hm.model, False)
+    plain_rows = []
+    original = lm_scoring._target_logprobs
+    monkeypatch.setattr(lm_scoring, "_target_logprobs",
+                        lambda *a, **k: plain_rows.append(len(a[3])) or original(*a, **k))
+    got, _ = continuation_loglik(hm.model, hm.tokenizer, reqs, batch_size=8)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    assert plain_rows == [int(n.sum())]  # every scored token ran the plain path, in one batch
