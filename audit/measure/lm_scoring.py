@@ -212,8 +212,9 @@ def _gather_chunked(rows_logits: Callable[[Any], Any], n_rows: int, targets: Any
     for a in range(0, n_rows, HEAD_CHUNK_ROWS):
         sl = slice(a, min(n_rows, a + HEAD_CHUNK_ROWS))
         logits = rows_logits(sl).float()
-        out.append(logits.gather(1, targets[sl, None])[:, 0] - torch.logsumexp(logits, dim=-1))
-    return torch.cat(out) if out else torch.zeros(0)
+        t = targets[sl, None].to(logits.device)  # the head may sit on another device (device_map)
+        out.append(logits.gather(1, t)[:, 0] - torch.logsumexp(logits, dim=-1))
+    return torch.cat([o.cpu() for o in out]) if out else torch.zeros(0)
 
 
 def _split_verified(model: Any, input_ids: Any, attention_mask: Any, **kw: Any) -> tuple[Callable, Callable] | None:
@@ -232,8 +233,11 @@ def _split_verified(model: Any, input_ids: Any, attention_mask: Any, **kw: Any) 
         b = torch.zeros(n, dtype=torch.long, device=input_ids.device)
         p = torch.arange(n, device=input_ids.device)
         one = {k: (v[:1] if hasattr(v, "shape") else v) for k, v in kw.items()}
-        got = head(encoder(input_ids[:1], attention_mask[:1], **one)[b, p]).float()
-        ref = model(input_ids=input_ids[:1], attention_mask=attention_mask[:1], **one).logits[b, p].float()
+        hid = encoder(input_ids[:1], attention_mask[:1], **one)
+        got = head(hid[b.to(hid.device), p.to(hid.device)]).float()
+        logits = model(input_ids=input_ids[:1], attention_mask=attention_mask[:1], **one).logits
+        ref = logits[b.to(logits.device), p.to(logits.device)].float()
+        got = got.to(ref.device)
         tol = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
         ok = got.shape == ref.shape and bool(
             torch.allclose(got, ref, atol=tol * (1.0 + float(ref.abs().max())), rtol=0.0))
@@ -252,9 +256,11 @@ def _target_logprobs(model: Any, input_ids: Any, attention_mask: Any, b_idx: Any
     split = _split_verified(model, input_ids, attention_mask, **kw)
     if split is not None:
         encoder, head = split
-        hidden = encoder(input_ids, attention_mask, **kw)[b_idx, p_idx]
+        hidden = encoder(input_ids, attention_mask, **kw)
+        hidden = hidden[b_idx.to(hidden.device), p_idx.to(hidden.device)]
         return _gather_chunked(lambda sl: head(hidden[sl]), len(b_idx), targets)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, **kw).logits
+    b_idx, p_idx = b_idx.to(logits.device), p_idx.to(logits.device)
     return _gather_chunked(lambda sl: logits[b_idx[sl], p_idx[sl]], len(b_idx), targets)
 
 
@@ -752,6 +758,7 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
                 # first continuation token: from the context's last state
                 rows = torch.tensor([r for r, _ in members], device=dev)
                 firsts = torch.tensor([uniq[i][0][uniq[i][1]] for _, i in members], device=dev)
+                rows = rows.to(last.device)
                 first_lp = _gather_chunked(lambda sl: head(last[rows[sl]]), len(members), firsts)
                 first_lp = first_lp.double().cpu().numpy()
                 rest: dict[int, np.ndarray] = {}
@@ -777,7 +784,7 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
                     bi = [r for r, q in enumerate(conts) for _ in range(len(q) - 1)]
                     ti = [k for q in conts for k in range(len(q) - 1)]
                     tg = torch.tensor([q[k + 1] for q in conts for k in range(len(q) - 1)], device=dev)
-                    hb = h[torch.tensor(bi, device=dev), torch.tensor(ti, device=dev)]
+                    hb = h[torch.tensor(bi, device=h.device), torch.tensor(ti, device=h.device)]
                     vals = _gather_chunked(lambda sl: head(hb[sl]), len(bi), tg).double().cpu().numpy()
                     k = 0
                     for (_, i), q in zip(mb, conts):
