@@ -477,3 +477,13 @@ def test_shared_prefixes_fall_back_when_unverified(causal, monkeypatch):
     got, _ = continuation_loglik(hm.model, hm.tokenizer, reqs, batch_size=8)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
     assert plain_rows == [int(n.sum())]  # every scored token ran the plain path, in one batch
+
+
+def test_non_finite_log_probabilities_are_refused_with_the_request():
+    hm = load_hf_model(tiny_models.tiny_model_dir("llama"), kind="causal")  # a private copy
+    with torch.no_grad():
+        hm.model.model.norm.weight[0] = float("nan")
+    with pytest.raises(ModelError, match=r"non-finite log-probability \(nan\) for request 0 \('he is a doctor\.'\).*float32"):
+        causal_loglik(hm.model, hm.tokenizer, ["he is a doctor.", "Hi."])
+    with pytest.raises(ModelError, match="non-finite hidden states"):
+        embed_sentences(hm, ["he is a doctor."], method="mean")

@@ -239,8 +239,9 @@ def _split_verified(model: Any, input_ids: Any, attention_mask: Any, **kw: Any) 
         ref = logits[b.to(logits.device), p.to(logits.device)].float()
         got = got.to(ref.device)
         tol = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
-        ok = got.shape == ref.shape and bool(
-            torch.allclose(got, ref, atol=tol * (1.0 + float(ref.abs().max())), rtol=0.0))
+        scale = float(ref.abs().max()) if ref.numel() else 0.0
+        ok = got.shape == ref.shape and np.isfinite(scale) and bool(
+            torch.allclose(got, ref, atol=tol * (1.0 + scale), rtol=0.0))
     try:
         _SPLIT_OK[model] = ok
     except TypeError:  # pragma: no cover - model not weak-referenceable
@@ -869,7 +870,8 @@ def continuation_loglik(model: Any, tokenizer: Any, requests: Sequence[tuple[str
     * A sequence longer than the model accepts (:func:`max_sequence_length`) is refused with
       :class:`DataError` naming the request; nothing is truncated. An empty continuation is a
       :class:`DataError` too.
-    * float32 ``log_softmax`` even for half-precision models; sums in float64.
+    * float32 ``log_softmax`` even for half-precision models; sums in float64. A non-finite result
+      (a half-precision overflow) is a :class:`ModelError` naming the request, never a NaN.
     * Identical token sequences are run once; batches are sorted by length; the LM head runs only
       on the positions that predict continuation tokens.
     """
@@ -887,6 +889,13 @@ def continuation_loglik(model: Any, tokenizer: Any, requests: Sequence[tuple[str
                                padding_side=padding_side)
     ll = np.array([float(v.sum()) for v in lp], dtype=np.float64)
     n = np.array([len(v) for v in lp], dtype=np.int64)
+    bad = np.flatnonzero(~np.isfinite(ll))
+    if len(bad):
+        i = int(bad[0])
+        dtype = getattr(next(iter(model.parameters()), None), "dtype", "?")
+        raise ModelError(f"the model gave a non-finite log-probability ({ll[i]}) for request {i} "
+                         f"({_short(str(requests[i][0]) + str(requests[i][1]))!r}) and {len(bad) - 1} more; "
+                         f"dtype {str(dtype).replace('torch.', '')}: try float32")
     return ll, n
 
 
