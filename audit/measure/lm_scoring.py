@@ -793,10 +793,11 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
                         k += len(q) - 1
                 for (_, i), f in zip(members, first_lp):
                     out[i] = np.concatenate([[f], rest.get(i, np.zeros(0))])
-    except (TypeError, ValueError, AttributeError, NotImplementedError, RuntimeError) as e:
-        if isinstance(e, torch.cuda.OutOfMemoryError):
-            raise
-        _remember(model, False)
+    except torch.cuda.OutOfMemoryError:  # the plain path halves its batches on OOM: leave it to that
+        torch.cuda.empty_cache()
+        return None
+    except (TypeError, ValueError, AttributeError, NotImplementedError, RuntimeError):
+        _remember(model, False)  # this model cannot run on a cache as done here: plain passes only
         return None
     if model not in _SHARE_OK:
         i0 = groups[ctxs[0]][0]
