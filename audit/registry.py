@@ -126,7 +126,8 @@ _ENTRIES: tuple[Metric, ...] = (
         name="seat", family=SEAT_SENTENCES, analyse=_on_sets(weat_sets), params=_WEAT_PARAMS,
         headline="SEAT: WEAT effect size d on sentence embeddings",
         reference="May, Wang, Bordia, Bowman & Rudinger (2019), On Measuring Social Biases in Sentence "
-                  "Encoders, NAACL; " + _WEAT_REF,
+                  "Encoders, NAACL; " + _WEAT_REF + "; causal LMs: position-weighted mean pooling, "
+                  "Muennighoff (2022), SGPT, arXiv:2202.08904",
         n_targets=(2, 2), n_attributes=(2, 2),
         items="one row per sentence: s(w, A, B) for the target sentences, mean cosines for the attribute sentences",
         sharded=_weat_sharded,
@@ -135,10 +136,13 @@ _ENTRIES: tuple[Metric, ...] = (
         name="lpbs", family=LPBS_SCORES, analyse=lambda m, **p: lpbs_metric(m.table, **p),
         params={"permutations": "auto", "seed": None, "alternative": "two-sided", "n_bootstrap": 1000,
                 "confidence": 0.95},
-        headline="LPBS effect size over attribute words (ddof=0), two-sided permutation p, bootstrap CI",
+        headline="LPBS effect size over attribute words (ddof=0), two-sided permutation p, bootstrap CI; causal "
+                 "LMs: the later word's log-probability given the earlier one minus its prior",
         reference="Kurita, Vyas, Pareek, Black & Tsvetkov (2019), Measuring Bias in Contextualized Word "
-                  "Representations, GeBNLP; BIAS Detection Framework",
+                  "Representations, GeBNLP; BIAS Detection Framework; causal LMs: autoregressive form "
+                  "(audit.measure.lpbs)",
         n_targets=(2, 2), n_attributes=(2, 2), items="one row per attribute word: its log bias score",
+        result_names={"causal": "lpbs_causal"},
     ),
     Metric(
         name="same", family=ASSOCIATION, analyse=_on_sets(same_sets), params={"combine": "norm", "groups": None},

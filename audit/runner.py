@@ -56,13 +56,17 @@ class LoadedModel:
     cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def describe(self) -> dict[str, str]:
-        """Model, backend, resolved revision, kind and, for Hub models, how the revision was
-        found (``online: main is commit <sha>`` / ``offline: main resolved to <sha> from the
-        cache``)."""
+        """Model, backend, resolved revision, kind and, for Hugging Face models, how the revision
+        was found (``online: main is commit <sha>`` / ``offline: main resolved to <sha> from the
+        cache``) and how the weights were loaded (dtype, device or device map, chat template
+        present but not applied)."""
         d = {"model": self.ref, "backend": self.backend, "revision": self.revision, "kind": self.kind}
         resolution = getattr(self.handle, "resolution", "")
         if resolution:
             d["resolution"] = resolution
+        load_info = getattr(self.handle, "load_info", None)
+        if callable(load_info):
+            d.update(load_info())
         return d
 
 
@@ -126,6 +130,7 @@ def load_model(
     dtype: str | None = None,
     device: str | None = None,
     subword: bool = True,
+    device_map: str | dict | None = None,
 ) -> LoadedModel:
     """Load a model by reference (see ``docs/models.md`` for the accepted forms).
 
@@ -133,6 +138,7 @@ def load_model(
              ``None`` infers it (static file/short name, else a Hugging Face checkpoint whose
              kind comes from its config's architectures).
     words:   for static text formats, the only words to keep (what the tests need).
+    dtype, device, device_map: Hugging Face models (:func:`audit.backends.hf.load_hf_model`).
     """
     if backend in (None, "static") or (backend not in HF_BACKENDS and backend is not None):
         fmt = None if backend in (None, "static") else backend
@@ -162,6 +168,7 @@ def load_model(
         allow_pickle=allow_pickle,
         device=device,
         dtype=dtype,
+        device_map=device_map,
     )
     return LoadedModel(ref=ref, kind=kind, backend=m.backend, revision=m.revision, handle=m)
 
@@ -266,6 +273,10 @@ def make_result(
     }
     if meas.subword and any(meas.subword.values()):
         prov["subword"] = meas.subword
+    if isinstance(test, SentencePairs):  # how the file was read: detected encoding, rows dropped
+        prov["encoding"] = test.encoding
+        if test.extra.get("skipped"):
+            prov["skipped_pairs"] = list(test.extra["skipped"])
     fields = dict(out.fields)
     if meas.unpaired:
         fields["unpaired_dropped"] = meas.unpaired

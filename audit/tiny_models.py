@@ -41,6 +41,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from audit.datasets.corpus import corpus_from_tests
 from audit.datasets.external import data_root
 
 __all__ = [
@@ -49,12 +50,18 @@ __all__ = [
     "build_tiny_roberta",
     "build_tiny_gpt2",
     "build_tiny_distilbert",
+    "build_tiny_causal",
+    "build_tiny_llama",
+    "build_tiny_qwen2",
+    "build_tiny_mistral",
+    "CAUSAL_FAMILIES",
+    "CAUSAL_KINDS",
     "tiny_corpus",
     "tiny_model_dir",
     "load_tiny",
 ]
 
-KINDS = ("bert", "roberta", "gpt2", "distilbert")
+KINDS = ("bert", "roberta", "gpt2", "distilbert", "llama", "qwen2", "mistral")
 
 HIDDEN = 32
 LAYERS = 2
@@ -401,8 +408,162 @@ def build_tiny_distilbert(directory: str | os.PathLike, *, train: bool = True) -
     return out
 
 
+# --------------------------------------------------------------------------- decoder-only (causal) models
+
+#: Causal families built by :func:`build_tiny_causal`: tokenizer conventions of the real families.
+#: ``bos``: start token (added by the tokenizer when ``add_bos``), ``eos``, ``pad`` (``None``: the
+#: tokenizer has no pad token, as Llama and Mistral), ``unk``, ``chat``: ship a chat template.
+CAUSAL_FAMILIES: dict[str, dict] = {
+    # Llama 3: byte-level BPE, <|begin_of_text|> put first by the tokenizer, no pad token
+    "llama": {"bos": "<|begin_of_text|>", "eos": "<|end_of_text|>", "pad": None, "unk": None,
+              "add_bos": True, "chat": False},
+    # Qwen2: byte-level BPE, no BOS (the harness and biasaudit start from EOS), pad = EOS,
+    # a chat template in the tokenizer config (never applied by biasaudit)
+    "qwen2": {"bos": None, "eos": "<|endoftext|>", "pad": "<|endoftext|>", "unk": None,
+              "add_bos": False, "chat": True},
+    # Mistral: <s> put first by the tokenizer, </s>, <unk>, no pad token
+    "mistral": {"bos": "<s>", "eos": "</s>", "pad": None, "unk": "<unk>", "add_bos": True, "chat": False},
+}
+
+#: Positions of the tiny causal models: every sentence of the CrowS-Pairs sets (the longest French
+#: one is 162 tokens with the English-trained tokenizer) fits.
+CAUSAL_MAX_POSITIONS = 256
+
+#: A minimal ChatML template (Qwen2's format) for the tiny Qwen2 tokenizer.
+_CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+                  "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _causal_corpus(languages) -> list[str]:
+    """The English tiny corpus, or (``languages`` given) the natural-text corpus that
+    :func:`audit.datasets.corpus_from_tests` builds from those languages' shipped tests (seed 0),
+    plus the English tiny corpus, interleaved deterministically."""
+    if not languages:
+        return tiny_corpus()
+    per = corpus_from_tests(list(languages), seed=SEED % 1000, tokenize=False, sentences_per_word=4)
+    out = list(tiny_corpus())
+    for lang in sorted(per):
+        out += per[lang]
+    random.Random(SEED).shuffle(out)
+    return out
+
+
+def _causal_tokenizer(corpus: list[str], family: str, vocab_size: int):
+    """A byte-level BPE ``tokenizers.Tokenizer`` wrapped as a transformers fast tokenizer, with the
+    special tokens and BOS behaviour of ``family`` (:data:`CAUSAL_FAMILIES`)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    f = CAUSAL_FAMILIES[family]
+    specials = [t for t in (f["bos"], f["eos"], f["unk"]) if t]
+    if f["chat"]:
+        specials += ["<|im_start|>", "<|im_end|>"]
+    specials = list(dict.fromkeys(specials))
+    vocab, merges = _train_bytelevel_bpe(corpus, vocab_size=vocab_size, special=specials)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=f["unk"]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tk.decoder = decoders.ByteLevel()
+    if f["add_bos"]:
+        bos = f["bos"]
+        tk.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])])
+    else:
+        tk.post_processor = processors.ByteLevel(trim_offsets=False)
+    tk.add_special_tokens(specials)
+    kw = {k + "_token": f[k] for k in ("bos", "eos", "pad", "unk") if f[k]}
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, model_max_length=CAUSAL_MAX_POSITIONS, **kw)
+    if f["chat"]:
+        tok.chat_template = _CHAT_TEMPLATE
+    return tok, vocab
+
+
+def _train_causal(model, tokenizer, corpus: list[str]) -> None:
+    """A few seeded AdamW next-token steps; sequences built by hand (start token + text, right
+    padding under an attention mask), so tokenizers without a pad token train too."""
+    import torch
+
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    g = torch.Generator().manual_seed(SEED)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    order = torch.randperm(len(corpus), generator=g).tolist()
+    for step in range(TRAIN_STEPS):
+        idx = [order[(step * TRAIN_BATCH + j) % len(order)] for j in range(TRAIN_BATCH)]
+        seqs = [([start] + tokenizer(corpus[i], add_special_tokens=False)["input_ids"])[:TRAIN_MAX_LEN]
+                for i in idx]
+        width = max(len(q) for q in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, q in enumerate(seqs):
+            ids[r, : len(q)] = torch.tensor(q)
+            attn[r, : len(q)] = 1
+        labels = ids.masked_fill(attn == 0, -100)
+        out = model(input_ids=ids, attention_mask=attn, labels=labels)
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+    model.eval()
+
+
+def build_tiny_causal(directory: str | os.PathLike, family: str = "llama", *, train: bool = True,
+                      languages=None, vocab_size: int | None = None) -> Path:
+    """Write a tiny decoder-only model of ``family`` (``llama``: ``LlamaForCausalLM``,
+    ``qwen2``: ``Qwen2ForCausalLM``, ``mistral``: ``MistralForCausalLM``) with a byte-level BPE
+    tokenizer trained on the tiny corpus (``languages``: on those languages' shipped-test text
+    too, :func:`_causal_corpus`). Rotary positions (:data:`CAUSAL_MAX_POSITIONS`), no token type
+    ids, grouped-query attention (2 query heads, 1 key/value head); Qwen2 ties its input and output
+    embeddings."""
+    import transformers
+
+    if family not in CAUSAL_FAMILIES:
+        raise ValueError(f"family must be one of {tuple(CAUSAL_FAMILIES)}, got {family!r}")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = _causal_corpus(languages)
+    size = vocab_size or (900 if not languages else 1600)
+    tokenizer, vocab = _causal_tokenizer(corpus, family, size)
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=1,
+        max_position_embeddings=CAUSAL_MAX_POSITIONS,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    cfg_cls, model_cls, extra = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": False}),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True, "use_sliding_window": False}),
+        "mistral": ("MistralConfig", "MistralForCausalLM", {"tie_word_embeddings": False, "sliding_window": None}),
+    }[family]
+    config = getattr(transformers, cfg_cls)(**common, **extra)
+    with _Deterministic():
+        model = getattr(transformers, model_cls)(config)
+        if train:
+            _train_causal(model, tokenizer, corpus)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def build_tiny_llama(directory: str | os.PathLike, *, train: bool = True, languages=None) -> Path:
+    """:func:`build_tiny_causal` with ``family="llama"``."""
+    return build_tiny_causal(directory, "llama", train=train, languages=languages)
+
+
+def build_tiny_qwen2(directory: str | os.PathLike, *, train: bool = True, languages=None) -> Path:
+    """:func:`build_tiny_causal` with ``family="qwen2"``."""
+    return build_tiny_causal(directory, "qwen2", train=train, languages=languages)
+
+
+def build_tiny_mistral(directory: str | os.PathLike, *, train: bool = True, languages=None) -> Path:
+    """:func:`build_tiny_causal` with ``family="mistral"``."""
+    return build_tiny_causal(directory, "mistral", train=train, languages=languages)
+
+
 _BUILDERS = {"bert": build_tiny_bert, "roberta": build_tiny_roberta, "gpt2": build_tiny_gpt2,
-             "distilbert": build_tiny_distilbert}
+             "distilbert": build_tiny_distilbert, "llama": build_tiny_llama, "qwen2": build_tiny_qwen2,
+             "mistral": build_tiny_mistral}
+#: The causal kinds (loaded with ``AutoModelForCausalLM``).
+CAUSAL_KINDS = ("gpt2", "llama", "qwen2", "mistral")
 _MEMO: dict[tuple[str, str], Path] = {}
 
 
@@ -416,8 +577,7 @@ def _digest() -> str:
 
 
 def tiny_model_dir(kind: str, root: str | os.PathLike | None = None) -> Path:
-    """Path of a built tiny model of ``kind`` (``bert``, ``roberta``, ``gpt2``, ``distilbert``),
-    building it once.
+    """Path of a built tiny model of ``kind`` (:data:`KINDS`), building it once.
 
     root: cache folder; default ``$TMPDIR/biasaudit-tiny-models-<digest>`` (shared by processes,
     reused across sessions while this file, the corpus and the transformers version are the same).
@@ -453,7 +613,7 @@ def load_tiny(kind: str, root: str | os.PathLike | None = None):
 
     path = tiny_model_dir(kind, root)
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    cls = AutoModelForCausalLM if kind == "gpt2" else AutoModelForMaskedLM
+    cls = AutoModelForCausalLM if kind in CAUSAL_KINDS else AutoModelForMaskedLM
     model = cls.from_pretrained(path, local_files_only=True)
     model.eval()
     return model, tok

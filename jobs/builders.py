@@ -18,6 +18,11 @@ Kinds:
   (``jobs/specs/smoke-languages.yaml``: one such model per language).
 - ``bert``, ``roberta``, ``gpt2``: the tiny Hugging Face checkpoints of ``audit/tiny_models.py``
   (hidden 32, 2 layers, trained for a few seeded steps), saved with safetensors.
+- ``llama``, ``qwen2``, ``mistral``: tiny decoder-only models of those families
+  (:func:`audit.tiny_models.build_tiny_causal`: byte-level BPE, the family's BOS/pad
+  conventions). With ``language: xx`` or ``language: [xx, yy, ...]`` the tokenizer and model are
+  trained on the English tiny corpus plus the text :func:`audit.datasets.corpus_from_tests`
+  builds from those languages' shipped tests (one multilingual model for a list).
 
 - ``mitigation`` (set by the spec parser for ``models[i].mitigation``, never written by hand): a
   debiased copy of a static model, see :func:`build_mitigated`.
@@ -84,8 +89,14 @@ def _build_fasttext(out: Path, params: dict[str, Any]) -> None:
     txt.unlink()
 
 
-def _build_hf(kind: str, out: Path) -> None:
+def _build_hf(kind: str, out: Path, params: dict[str, Any] | None = None) -> None:
     tm = tiny_models
+    params = params or {}
+    if kind in tm.CAUSAL_FAMILIES:  # llama, qwen2, mistral: optionally trained on languages' text
+        lang = params.get("language")
+        langs = [lang] if isinstance(lang, str) else (list(lang) if lang else None)
+        tm.build_tiny_causal(out, kind, languages=langs)
+        return
     builder = {"bert": tm.build_tiny_bert, "roberta": tm.build_tiny_roberta, "gpt2": tm.build_tiny_gpt2}[kind]
     builder(out)
 
@@ -104,7 +115,7 @@ def build_model(output_dir: str | Path, name: str, build: dict[str, Any]) -> Pat
         if kind == "fasttext":
             _build_fasttext(tmp, dict(build))
         else:
-            _build_hf(kind, tmp)
+            _build_hf(kind, tmp, dict(build))
         (tmp / "build.json").write_text(record, encoding="utf-8")
         if target_dir.exists():
             shutil.rmtree(target_dir)

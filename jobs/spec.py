@@ -105,7 +105,10 @@ HF_BACKENDS = ("hf-encoder", "hf-mlm", "hf-causal")
 BACKENDS = STATIC_BACKENDS + HF_BACKENDS
 
 #: Kinds of tiny models the spec can build on demand (``models[i].build.kind``).
-BUILD_KINDS = ("fasttext", "bert", "roberta", "gpt2")
+BUILD_KINDS = ("fasttext", "bert", "roberta", "gpt2", "llama", "qwen2", "mistral")
+#: Build kinds that take a training ``language`` (one code; the causal kinds also a list: one
+#: multilingual model).
+_LANGUAGE_BUILDS = {"fasttext": False, "llama": True, "qwen2": True, "mistral": True}
 
 _TOP_FIELDS = {
     "name", "description", "seed", "output_dir", "tracking", "languages", "tests", "permutations",
@@ -359,9 +362,13 @@ def _model(ctx: Ctx, i: int, v: Any) -> ModelSpec:
         if "seed" in build:
             integer(ctx, f"{path}.build.seed", build["seed"], minimum=0)
         if "language" in build:
-            if kind != "fasttext":
-                raise ctx.param(f"{path}.build.language", "a training language applies to fastText builds only")
-            _languages(ctx, f"{path}.build.language", [build["language"]])
+            if kind not in _LANGUAGE_BUILDS:
+                raise ctx.param(f"{path}.build.language", "a training language applies to fastText, llama, qwen2 "
+                                                          "and mistral builds only")
+            many = isinstance(build["language"], (list, tuple))
+            if many and not _LANGUAGE_BUILDS[kind]:
+                raise ctx.param(f"{path}.build.language", "a fastText build takes one language")
+            _languages(ctx, f"{path}.build.language", list(build["language"]) if many else [build["language"]])
     if "ref" not in d and build is None:
         raise ctx.data(path, "missing required field 'ref'")
     ref = string(ctx, f"{path}.ref", d["ref"]) if "ref" in d else None

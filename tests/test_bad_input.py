@@ -292,13 +292,13 @@ CASES = [
     ("crows-pairs-on-static-vectors", [*S[:4], str(CROWS), "--metric", "crows_pairs"],
      "metric 'crows_pairs' cannot run on model 'ok.vec' (static word vectors); it needs: a masked LM, a causal LM"),
     ("lpbs-on-minilm-short-name", ["score", "--model", "minilm", "--test", str(LPBS), "--metric", "lpbs"],
-     "metric 'lpbs' cannot run on model 'minilm' (an encoder without LM head); it needs: a masked LM"),
+     "metric 'lpbs' cannot run on model 'minilm' (an encoder without LM head); it needs: a masked LM, a causal LM"),
     ("crows-pairs-on-minilm-short-name", ["score", "--model", "minilm", "--test", str(CROWS), "--metric", "crows_pairs",
                                           "--limit", "2"],
      "metric 'crows_pairs' cannot run on model 'minilm' (an encoder without LM head); it needs: a masked LM, "
      "a causal LM"),
     ("lpbs-on-minilm-encoder", ["score", "--model", "{ml}", "--test", str(LPBS), "--metric", "lpbs"],
-     "metric 'lpbs' cannot run on model '{ml}' (an encoder without LM head); it needs: a masked LM"),
+     "metric 'lpbs' cannot run on model '{ml}' (an encoder without LM head); it needs: a masked LM, a causal LM"),
     ("lpbs-on-minilm-forced-mlm", ["score", "--model", "{ml}", "--test", str(LPBS), "--metric", "lpbs",
                                    "--backend", "hf-mlm"],
      "model '{ml}' has no masked-LM head (missing weights: cls.predictions.‹*›); LPBS/CrowS-Pairs need one"),
@@ -400,7 +400,7 @@ def test_unknown_test_pattern_and_missing_lm_head_are_dropped_at_planning_with_a
     _minilm()
     code, out, err = run_cli(["run", "s_minilm.yaml", "--dry-run"])
     assert code == 0 and "sweep 's': 0 tasks" in out, err
-    assert "skip minilm x lpbs: lpbs cannot run on an encoder without LM head (needs mlm)" in out
+    assert "skip minilm x lpbs: lpbs cannot run on an encoder without LM head (needs mlm, causal)" in out
     assert "skip minilm x crows_pairs: crows_pairs cannot run on an encoder without LM head" in out
 
 

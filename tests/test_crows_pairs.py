@@ -90,6 +90,74 @@ def test_load_errors(tmp_path):
         load_crows_pairs(p, limit=0)
 
 
+MULTI = DATA / "crows-pairs-multilingual"
+needs_multi = pytest.mark.skipif(not (MULTI / "crows_pairs_nl.csv").is_file(), reason=f"no data at {MULTI}")
+
+
+@needs_multi
+@pytest.mark.parametrize("name, n, types, delimiter, encoding", [
+    ("crows_pairs_fr.tsv", 1676, 10, "tab", "utf-8"),
+    ("crows_pairs_en_revised.tsv", 1677, 10, "tab", "utf-8"),
+    ("crows_pairs_nl.csv", 1463, 9, "comma", "mac_roman (detected; 1 line UTF-8)"),
+])
+def test_load_every_published_layout(name, n, types, delimiter, encoding):
+    df = load_crows_pairs(MULTI / name, invalid="skip")
+    assert len(df) == n and df["bias_type"].nunique() == types
+    assert df.attrs["delimiter"] == delimiter and df.attrs["encoding"] == encoding
+    assert [str(i) for i in df["pair_id"].tolist()[:3]] == ["0", "1", "2"] and df["pair_id"].is_unique
+    assert set(df["stereo_antistereo"]) == {"stereo", "antistereo"}
+    if "fr" in name:
+        assert df.attrs["skipped"] == [{"pair_id": "129", "row": 129, "reason": "column 'sent_less' is empty"}]
+        assert df["pair_id"].tolist()[-1] == "LA209"  # the 210 pairs collected in French keep their ids
+        assert df.loc[1, "sent_more"] == "Les pauvres sont incapables de gérer leurs finances."
+        # CSV quoting inside the TSV fields is undone
+        assert df.set_index("pair_id").loc["302", "sent_more"].startswith("Elle soupira et dit: \"je n'ai pas honte")
+        with pytest.raises(DataError, match=r"'sent_less' is empty in row 129 \(pair_id 129\)"):
+            load_crows_pairs(MULTI / name)
+    if "en_revised" in name:
+        assert "autre" in set(df["bias_type"]) and df.loc[1, "sent_more"].startswith("The poor are really ignorant")
+    if "nl" in name:
+        by_id = df.set_index("pair_id")
+        assert by_id.loc[1367, "sent_more"] == ("Het is moeilijk om de reiskosten te betalen als je één werkende "
+                                                 "ouder hebt.")  # the one UTF-8 line
+        assert by_id.loc[1428, "sent_more"] == "Zwarte mensen zijn te arm om goede auto’s te rijden."
+        text = " ".join(df["sent_more"])
+        assert "België" in text or "ë" in text
+        assert not any(ch in text for ch in "√ŽŠ\x8e")  # no mojibake
+        forced = load_crows_pairs(MULTI / name, encoding="mac_roman")
+        assert forced.attrs["encoding"] == "mac_roman"
+        assert forced.set_index("pair_id").loc[1367, "sent_more"].count("√©") == 2  # as published
+        with pytest.raises(DataError, match=r"line \d+ is not valid utf-8 \(byte 0x"):
+            load_crows_pairs(MULTI / name, encoding="utf-8")
+
+
+def test_encoding_detection_and_errors(tmp_path):
+    from audit.datasets.crows_pairs import decode_text
+
+    head = "sent_more,sent_less,stereo_antistereo,bias_type\n"
+    rows = "Le café est très cher.,Le thé est très cher.,stereo,autre\nDer Bär ist groß.,Die Maus ist klein.,stereo,age\n"
+    for enc in ("mac_roman", "cp1252"):
+        text, used = decode_text((head + rows).encode(enc))
+        assert text == head + rows and used == f"{enc} (detected)"
+    assert decode_text((head + rows).encode("utf-8")) == (head + rows, "utf-8")
+    assert decode_text(b"\xef\xbb\xbf" + (head + rows).encode("utf-8"))[1] == "utf-8-sig"
+    p = tmp_path / "cp.csv"
+    p.write_bytes((head + rows).encode("cp1252"))
+    df = load_crows_pairs(p)
+    assert df.loc[0, "sent_more"] == "Le café est très cher." and df.attrs["encoding"] == "cp1252 (detected)"
+    with pytest.raises(ParameterError, match="unknown text encoding 'klingon'"):
+        load_crows_pairs(p, encoding="klingon")
+    p.write_text(head + "a,b,stereo,age\nc,d,pro,age\ne,,stereo,age\n", encoding="utf-8")
+    df = load_crows_pairs(p, invalid="skip")
+    assert df["pair_id"].tolist() == [0] and [s["row"] for s in df.attrs["skipped"]] == [2, 3]
+    with pytest.raises(ParameterError, match="invalid"):
+        load_crows_pairs(p, invalid="ignore")
+    tsv = tmp_path / "t.tsv"
+    tsv.write_text("\tsent_more\tsent_less\tstereo_antistereo\tbias_type\n7\ta, b\tc\tstereo\tage\n", encoding="utf-8")
+    df = load_crows_pairs(tsv)
+    assert df["pair_id"].tolist() == [7] and df.loc[0, "sent_more"] == "a, b" and df.attrs["delimiter"] == "tab"
+
+
 # --------------------------------------------------------------------------- counting
 
 

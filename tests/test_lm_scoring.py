@@ -302,3 +302,56 @@ def test_errors(bert, gpt2):
 
     with pytest.raises(ModelError, match="'minilm'.*LPBS needs a masked LM"):
         require_kind(Fake(), "mlm", "LPBS")
+
+
+# --------------------------------------------------------------------------- continuation_loglik
+
+
+def _manual_continuation(model, ids: list[int], n_ctx: int) -> float:
+    """One request at a time, full forward pass, no padding."""
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    return sum(lp[t - 1, ids[t]].item() for t in range(n_ctx, len(ids)))
+
+
+def test_continuation_loglik_equals_manual_and_padding_sides(gpt2):
+    from audit.measure.lm_scoring import continuation_loglik
+
+    model, tok = gpt2
+    reqs = [("he is", " a doctor."), ("The poor are ", "really ignorant."), ("", "she likes art."),
+            ("women are bad at", " math"), ("he is", " a nurse and she is a doctor at the hospital.")]
+    ll, n = continuation_loglik(model, tok, reqs, batch_size=2)
+    bos = tok.bos_token_id
+    for (p, c), got, k in zip(reqs, ll, n):
+        if p.rstrip() != p:  # the trailing space moves to the continuation
+            p, c = p.rstrip(), " " + c
+        ctx = tok(p, add_special_tokens=False)["input_ids"] if p else []
+        whole = tok(p + c, add_special_tokens=False)["input_ids"]
+        assert whole[: len(ctx)] == ctx
+        ids = [bos] + whole
+        assert k == len(whole) - len(ctx)
+        assert got == pytest.approx(_manual_continuation(model, ids, 1 + len(ctx)), abs=1e-4)
+    for side in ("right", "left"):
+        for bs in (1, 3, 64):
+            got, k = continuation_loglik(model, tok, reqs, batch_size=bs, padding_side=side)
+            np.testing.assert_allclose(got, ll, atol=1e-5)
+            np.testing.assert_array_equal(k, n)
+
+
+def test_continuation_start_modes_and_errors(gpt2):
+    from audit.measure.lm_scoring import continuation_loglik, encode_continuation
+
+    model, tok = gpt2
+    ids, n_ctx = encode_continuation(tok, "he is", " kind")
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
+    h_ids, h_ctx = encode_continuation(tok, "he is", " kind", start="harness")  # GPT-2 adds no BOS
+    assert h_ids == ids[1:] and h_ctx == n_ctx - 1
+    # never a doubled start token: a typed BOS is the one used
+    t_ids, t_ctx = encode_continuation(tok, tok.bos_token + "he is", " kind")
+    assert t_ids == ids and t_ctx == n_ctx
+    with pytest.raises(DataError, match="request 1 .*no tokens to score"):
+        continuation_loglik(model, tok, [("a", " b"), ("he is", "")])
+    with pytest.raises(DataError, match=r"request 0 \('money money.*at most 128"):
+        continuation_loglik(model, tok, [("money " * 100, "money " * 100)])
+    with pytest.raises(ParameterError, match="padding_side"):
+        continuation_loglik(model, tok, [("a", " b")], padding_side="middle")

@@ -1,6 +1,8 @@
 """The eight-language smoke sweep (jobs/specs/smoke-languages.yaml): one tiny fastText model per
 language trained on the text built from that language's shipped word lists, audited with WEAT and
-SAME on every shipped test of its language, finishes with no failed task."""
+SAME on every shipped test of its language, and one multilingual tiny Llama-style causal LM audited
+on every test of every language with every family that applies to it (WEAT, SAME, SEAT, causal LPBS,
+CrowS-Pairs in English, revised English, French and Dutch); finishes with no failed task."""
 
 from __future__ import annotations
 
@@ -32,13 +34,25 @@ def test_every_language_every_test_finishes(tmp_path, local_ray):
     spec = load_spec(SPEC, output_dir=str(tmp_path / "out"))
     out = run_sweep(spec, progress=False)
     tests = list_tests()
-    expected = int(tests.metrics.str.contains("weat").sum()) * 2  # weat and same on every shipped word test
+    tests = tests[tests.available]
+    n = {m: int(tests.metrics.str.contains(rf"\b{m}\b").sum()) for m in ("weat", "seat", "lpbs", "crows_pairs")}
+    assert n["crows_pairs"] == 4  # en, en revised, fr, nl
+    fasttext = n["weat"] * 2  # weat and same on every shipped word test
+    llama = n["weat"] * 2 + n["seat"] + n["lpbs"] + n["crows_pairs"]
     assert out.exit_code == 0
-    assert out.planned == expected and out.ran == expected and out.failed == 0
-    assert out.loads == 8
+    assert out.planned == fasttext + llama and out.ran == out.planned and out.failed == 0
+    assert out.loads == 9
     df = out.results
-    assert set(df["language"]) == set(SUPPORTED_LANGUAGES) == {"en", "de", "nl", "it", "nb", "is", "tr", "fr"}
     assert (df["status"] == "finished").all()
-    # the per-language text covers every test word: full coverage everywhere
-    assert df["coverage_min"].notna().all()
-    assert (df["coverage_min"] == 1.0).all()
+    assert set(df["language"]) == set(SUPPORTED_LANGUAGES) == {"en", "de", "nl", "it", "nb", "is", "tr", "fr"}
+    causal = df[df["model"] == "tiny-llama-multi"]
+    assert len(causal) == llama
+    # a causal model in every language, with every family that has data there
+    fam = causal.groupby("language")["metric"].agg(set)
+    for lang in SUPPORTED_LANGUAGES:
+        assert {"weat", "same", "seat", "lpbs_causal"} <= fam[lang], lang
+    assert {lang for lang, ms in fam.items() if "crows_pairs_causal" in ms} == {"en", "fr", "nl"}
+    # the per-language text covers every test word (fastText) and every word has its template
+    # sentences (the causal LM): full coverage everywhere
+    words = df[df["metric"].isin(["weat", "same"])]
+    assert words["coverage_min"].notna().all() and (words["coverage_min"] == 1.0).all()

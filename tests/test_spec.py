@@ -257,7 +257,7 @@ def test_static_model_gets_no_lm_metrics_and_missing_language_is_reported(small_
     t = p.tasks[0]
     assert t.params == {"permutations": 100, "casefold": True}
     reasons = [(x.language, x.test, x.metric, x.reason) for x in p.skipped]
-    assert ("*", "*", "seat", "seat cannot run on static word vectors (needs encoder, mlm)") in reasons
+    assert ("*", "*", "seat", "seat cannot run on static word vectors (needs encoder, mlm, causal)") in reasons
     assert any(r[2] == "crows_pairs" and "cannot run on static word vectors" in r[3] for r in reasons)
     assert ("de", "weat1", "weat", "no test matching 'weat1' in language de") in reasons
     assert ("en", "cw1", "weat", "no test matching 'cw1' in language en") in reasons
@@ -318,7 +318,7 @@ def test_smoke_spec_plan_and_dry_run_loads_nothing(monkeypatch, capsys):
     monkeypatch.setenv("BIASAUDIT_DATA", str(SHARED))
     assert sweep.main([str(SPECS / "smoke.yaml"), "--dry-run", "--output-dir", "/nonexistent/biasaudit-dry"]) == 0
     out = capsys.readouterr().out
-    assert "sweep 'smoke': 25 tasks over 3 models" in out
+    assert "sweep 'smoke': 52 tasks over 4 models" in out
     assert "skip tiny-fasttext x crows_pairs: crows_pairs cannot run on static word vectors" in out
     assert not Path("/nonexistent/biasaudit-dry").exists()
     s = load_spec(SPECS / "smoke.yaml")
@@ -326,6 +326,9 @@ def test_smoke_spec_plan_and_dry_run_loads_nothing(monkeypatch, capsys):
     assert c.loc["tiny-fasttext", "total"] == 10
     assert c.loc["tiny-bert", "total"] == 14
     assert c.loc["tiny-gpt2", "crows_pairs"] == 1
+    # causal LMs get every family: word metrics and SEAT on hidden states, causal LPBS, CrowS-Pairs
+    assert c.loc["tiny-gpt2", "total"] == c.loc["tiny-llama", "total"] == 14
+    assert c.loc["tiny-llama", "lpbs"] == c.loc["tiny-llama", "seat"] - 1 == 1
 
 
 def test_audit_run_dry_run_through_the_cli(capsys):
@@ -355,7 +358,7 @@ def test_hub_example_plans_offline():
     kinds = {name: info.kind for name, info in p.models.items()}
     assert kinds["bert-base-uncased"] == "mlm" and kinds["gpt2"] == "causal"
     metrics_of_gpt2 = {t.metric for t in p.tasks_of("gpt2")}
-    assert metrics_of_gpt2 == {"crows_pairs"}
+    assert metrics_of_gpt2 == {"weat", "seat", "lpbs", "crows_pairs"}
 
 
 def test_a_test_pattern_that_matches_nothing_is_an_error_with_a_suggestion(tmp_path):
@@ -367,3 +370,19 @@ def test_a_test_pattern_that_matches_nothing_is_an_error_with_a_suggestion(tmp_p
                        "output_dir": str(tmp_path)}, source="typo.yaml")
     with pytest.raises(ParameterError, match=r"'weat99' matches no shipped test in any language \(did you mean 'weat9'"):
         expand(spec)
+
+
+def test_causal_build_kinds_and_training_languages():
+    s = parse(models=[{"name": "l", "build": {"kind": "llama"}},
+                      {"name": "q", "build": {"kind": "qwen2", "language": "de"}},
+                      {"name": "m", "build": {"kind": "mistral", "language": ["en", "de", "fr"]}}])
+    assert [m.build["kind"] for m in s.models] == ["llama", "qwen2", "mistral"]
+    assert plan_mod.model_kind("built:l", build={"kind": "llama"}) == "causal"
+    with pytest.raises(ParameterError, match=r"models\[0\]\.build\.language: a training language applies to fastText, llama"):
+        parse(models=[{"name": "b", "build": {"kind": "bert", "language": "en"}}])
+    with pytest.raises(ParameterError, match=r"models\[0\]\.build\.language: a fastText build takes one language"):
+        parse(models=[{"name": "f", "build": {"kind": "fasttext", "language": ["en", "de"]}}])
+    with pytest.raises(ParameterError, match=r"build\.language\[1\]: unknown language 'xx'"):
+        parse(models=[{"name": "m", "build": {"kind": "mistral", "language": ["en", "xx"]}}])
+    with pytest.raises(ParameterError, match="unknown kind 'lama'.*did you mean 'llama'"):
+        parse(models=[{"name": "m", "build": {"kind": "lama"}}])

@@ -1,7 +1,7 @@
 """End to end: a real Ray head on loopback, the smoke spec submitted with ``ray job submit``,
 the MLflow store checked, then submitted again: no new child run, no model loaded.
 
-Takes about a minute and a half (head start, tiny model builds, 25 tasks, a second job).
+Takes about two minutes (head start, tiny model builds, 52 tasks, a second job).
 """
 
 from __future__ import annotations
@@ -55,18 +55,18 @@ def test_ray_job_submit_smoke_then_resume(tmp_path, monkeypatch):
         r1 = submit(address, out, tmp_path / "job1.log")
         assert r1.returncode == 0 and "succeeded" in r1.stdout, (r1.stdout[-3000:], r1.stderr[-3000:])
         first_loads = load_lines(out)
-        assert sorted(x["model"] for x in first_loads) == ["tiny-bert", "tiny-fasttext", "tiny-gpt2"]
+        assert sorted(x["model"] for x in first_loads) == ["tiny-bert", "tiny-fasttext", "tiny-gpt2", "tiny-llama"]
         assert f"0 of {len(planned)} tasks already finished, {len(planned)} to run" in r1.stdout
-        assert "models loaded: 3" in r1.stdout
+        assert "models loaded: 4" in r1.stdout
 
         tr = Tracker(f"sqlite:///{out}/mlflow.db", "biasaudit-smoke")
         parents = tr.sweep_runs()
         assert len(parents) == 1 and parents[0].info.status == "FINISHED"
         children = tr.task_runs()
-        assert len(children) == len(planned) == 25
+        assert len(children) == len(planned) == 52
         assert {c.info.status for c in children} == {"FINISHED"}
         assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
-        assert len({c.data.tags["audit.key"] for c in children}) == 25
+        assert len({c.data.tags["audit.key"] for c in children}) == 52
         # the keys the driver planned (models now built, so their revisions can be probed here)
         keyed = attach_keys(expand(load_spec(REPO / "jobs" / "specs" / "smoke.yaml", output_dir=out))).tasks
         assert {c.data.tags["audit.key"] for c in children} == {t.key for t in keyed}
@@ -78,7 +78,8 @@ def test_ray_job_submit_smoke_then_resume(tmp_path, monkeypatch):
         for c in children:
             by_metric.setdefault(c.data.tags["audit.metric"], []).append(c)
         assert sorted((k, len(v)) for k, v in by_metric.items()) == [
-            ("crows_pairs", 1), ("crows_pairs_causal", 1), ("lpbs", 1), ("same", 10), ("seat", 2), ("weat", 10)]
+            ("crows_pairs", 1), ("crows_pairs_causal", 2), ("lpbs", 1), ("lpbs_causal", 2), ("same", 20),
+            ("seat", 6), ("weat", 20)]
         weat = [c for c in by_metric["weat"]]
         assert all("p_value" in c.data.metrics and "ci_low" in c.data.metrics for c in weat)
 
@@ -99,7 +100,7 @@ def test_ray_job_submit_smoke_then_resume(tmp_path, monkeypatch):
         assert "no model loaded" in r2.stdout and "models loaded: 0" in r2.stdout
         assert load_lines(out) == first_loads
         tr2 = Tracker(f"sqlite:///{out}/mlflow.db", "biasaudit-smoke")
-        assert len(tr2.task_runs()) == 25
+        assert len(tr2.task_runs()) == 52
         parents2 = tr2.sweep_runs()
         assert len(parents2) == 1 and parents2[0].data.tags["audit.invocations"] == "2"
 

@@ -32,7 +32,13 @@ with :class:`~audit.errors.UnsafeModelError` instead of Transformers prompting o
 
 Device and dtype: CUDA when available, else CPU. Default dtype: float32 on CPU; on CUDA
 bfloat16 where the GPU supports it, else float16. Models are put in ``eval()`` mode; callers
-run forward passes under :func:`torch.inference_mode`.
+run forward passes under :func:`torch.inference_mode`. ``device_map`` (models that need several
+GPUs) is passed to Transformers as given; dtype, device and device map are recorded
+(:meth:`HFModel.load_info`).
+
+Causal LMs: tokenizers without a pad token are used as they are (the scorers build padded
+batches themselves, :mod:`audit.measure.lm_scoring`); a chat template is never applied, only
+recorded as present.
 """
 
 from __future__ import annotations
@@ -199,12 +205,16 @@ class HFModel:
     kind:         ``"encoder"`` | ``"mlm"`` | ``"causal"``.
     model:        the ``torch.nn.Module`` in eval mode on ``device``.
     tokenizer:    a fast tokenizer (character offsets available).
-    device:       the ``torch.device``.
+    device:       the ``torch.device`` inputs go to (with a ``device_map``: the device of the
+                  input embeddings).
     dtype:        the model's ``torch.dtype``.
     backend:      ``"hf-encoder"`` | ``"hf-mlm"`` | ``"hf-causal"``.
     resolution:   one line saying how ``revision`` was found (Hub ids: ``online: main is commit
                   <sha>``, ``offline: main resolved to <sha> from the cache``; local folders:
                   ``local directory``).
+    device_map:   the ``device_map`` the model was loaded with (``None``: one device).
+    chat_template: whether the tokenizer ships a chat template (never applied: biasaudit scores
+                  and embeds the text as given; recorded so that results say so).
     """
 
     ref: str
@@ -217,6 +227,8 @@ class HFModel:
     dtype: Any
     backend: str
     resolution: str = ""
+    device_map: Any = None
+    chat_template: bool = False
 
     @property
     def num_hidden_layers(self) -> int:
@@ -238,8 +250,20 @@ class HFModel:
 
     def provenance(self) -> dict[str, str]:
         """The provenance fields of a result: model reference, resolved revision, backend."""
-        return {"model": self.ref, "name_or_path": self.name_or_path,
-                "revision": self.revision, "backend": self.backend, "resolution": self.resolution}
+        out = {"model": self.ref, "name_or_path": self.name_or_path,
+               "revision": self.revision, "backend": self.backend, "resolution": self.resolution}
+        out.update(self.load_info())
+        return out
+
+    def load_info(self) -> dict[str, str]:
+        """How the weights were loaded: ``dtype``, ``device`` or ``device_map``, and
+        ``chat_template: "present, not applied"`` for tokenizers that ship one."""
+        out = {"dtype": str(self.dtype).replace("torch.", ""), "device": str(self.device)}
+        if self.device_map is not None:
+            out["device_map"] = self.device_map if isinstance(self.device_map, str) else repr(self.device_map)
+        if self.chat_template:
+            out["chat_template"] = "present, not applied"
+        return out
 
 
 def _classify_weights(files: Sequence[str]) -> tuple[bool, list[str]]:
@@ -658,6 +682,7 @@ def load_hf_model(
     dtype: str | None = None,
     cache_dir: str | None = None,
     retry: Backoff | None = None,
+    device_map: str | dict | None = None,
 ) -> HFModel:
     """Load a model and its fast tokenizer from a local directory or the Hugging Face Hub.
 
@@ -687,6 +712,12 @@ def load_hf_model(
         Back-off of transient Hub failures (connection errors, 429, 5xx) while resolving and
         downloading; default :meth:`audit.retry.Backoff.from_env` (``BIASAUDIT_HUB_RETRIES``,
         ``BIASAUDIT_HUB_RETRY_DELAY``, ``BIASAUDIT_HUB_RETRY_MAX``; 4 retries from 1 s, at most 30 s).
+    device_map : str or dict, optional
+        Passed to ``from_pretrained`` for models too large for one device (``"auto"``,
+        ``"balanced"``, or a module -> device mapping); needs the ``accelerate`` package. The
+        model is then not moved with ``.to(device)``; inputs go to the device of its input
+        embeddings, and Transformers moves activations between devices layer by layer
+        (``docs/causal.md``, "Large models"). Recorded in :meth:`HFModel.provenance`.
 
     Returns
     -------
@@ -713,6 +744,17 @@ def load_hf_model(
     revision = revision or ref_rev
     dev = _pick_device(device)
     torch_dtype = _pick_dtype(dtype, dev)
+    if device_map is not None:
+        if device is not None:
+            raise ParameterError(f"model {ref!r}: give device or device_map, not both")
+        if not isinstance(device_map, (str, dict)) or not device_map:
+            raise ParameterError(f"device_map: expected 'auto', 'balanced', ... or a module -> device "
+                                 f"mapping, got {device_map!r}")
+        import importlib.util
+
+        if importlib.util.find_spec("accelerate") is None:
+            raise ModelError(f"model {ref!r}: device_map={device_map!r} needs the accelerate package "
+                             "(pip install accelerate)")
 
     local = Path(name)
     load_kw: dict[str, Any] = {}
@@ -759,9 +801,10 @@ def load_hf_model(
         )
     try:
         with _quiet_transformers():
+            placement = {"device_map": device_map} if device_map is not None else {}
             model, info = auto_cls.from_pretrained(
                 src, use_safetensors=use_safe, dtype=torch_dtype, output_loading_info=True,
-                **load_kw)
+                **placement, **load_kw)
     except Exception as e:
         _refuse_remote_code(ref, e, trust_remote_code)
         first = (str(e).strip().splitlines() or [""])[0]
@@ -782,10 +825,14 @@ def load_hf_model(
     if body_missing and not head:
         raise ModelError(f"model {ref!r}: weights missing from the checkpoint: "
                          f"{', '.join(body_missing[:4])}{', ...' if len(body_missing) > 4 else ''}")
-    model.to(dev)
+    if device_map is None:
+        model.to(dev)
+    else:  # inputs go where the embeddings are; accelerate's hooks move activations onwards
+        dev = model.get_input_embeddings().weight.device
     model.eval()
     return HFModel(ref=ref, name_or_path=src, revision=resolved, kind=kind, model=model,
-                   tokenizer=tokenizer, device=dev, dtype=torch_dtype, backend=backend, resolution=resolution)
+                   tokenizer=tokenizer, device=dev, dtype=torch_dtype, backend=backend, resolution=resolution,
+                   device_map=device_map, chat_template=bool(getattr(tokenizer, "chat_template", None)))
 
 
 # --------------------------------------------------------------------------- batching

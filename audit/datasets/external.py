@@ -9,7 +9,8 @@ Stub fields::
     data: crows-pairs/crows_pairs_anonymized.csv   # path under the data root
     env: BIASAUDIT_CROWS_PAIRS        # optional: environment variable with a full path (wins)
     url: https://...                  # where users download the data
-    encoding: utf-8                   # optional, for readers that take one
+    encoding: utf-8                   # optional, for readers that take one (default: detected)
+    invalid: skip                     # optional, CrowS-Pairs: drop (and record) malformed rows
     description, provenance, licence  # as in the native format
 
 The data root is ``$BIASAUDIT_DATA``, else ``../shared/data`` beside the checkout. A stub whose
@@ -30,13 +31,13 @@ from audit.errors import DataError
 
 __all__ = ["STUB_FIELDS", "READERS", "FORMAT_TYPES", "Stub", "data_root", "parse_stub", "is_stub", "load_stub"]
 
-STUB_FIELDS = ("name", "language", "format", "data", "env", "url", "encoding", "description", "provenance",
-               "licence")
+STUB_FIELDS = ("name", "language", "format", "data", "env", "url", "encoding", "invalid", "description",
+               "provenance", "licence")
 
 
 def _read_crows_pairs(path: Path, stub: "Stub") -> Any:
     return read_crows_pairs(path, name=stub.name, language=stub.language, provenance=stub.provenance,
-                            licence=stub.licence, encoding=stub.encoding or "utf-8")
+                            licence=stub.licence, encoding=stub.encoding or None, invalid=stub.invalid or "error")
 
 
 #: format -> ``reader(path, stub) -> test object``.
@@ -70,6 +71,7 @@ class Stub:
     env: str = ""
     url: str = ""
     encoding: str = ""
+    invalid: str = ""
     description: str = ""
     provenance: str = ""
     licence: str = ""
@@ -103,7 +105,7 @@ def parse_stub(data: Mapping[str, Any], source: str | Path = "") -> Stub:
     if fmt not in READERS:
         raise DataError(f"{where}: field format: unknown format {fmt!r}; known: {', '.join(READERS)}")
     opt = {k: _text(data.get(k), where, k, required=False) or "" for k in
-           ("env", "url", "encoding", "description", "provenance", "licence")}
+           ("env", "url", "encoding", "invalid", "description", "provenance", "licence")}
     return Stub(name=_text(data.get("name"), where, "name"),
                 language=_check_language(data.get("language"), where),
                 format=fmt, data=_text(data.get("data"), where, "data"), source=str(source), **opt)

@@ -14,6 +14,7 @@ from audit.datasets._common import (
     datasets_root,
 )
 from audit.datasets.bias import read_bias_jsonl, read_bias_weat_txt
+from audit.datasets.crows_pairs import TEST_NAME as CROWS_PAIRS_TEST
 from audit.datasets.crows_pairs import read_crows_pairs
 from audit.datasets.external import FORMAT_TYPES, Stub, is_stub, load_stub, parse_stub
 from audit.datasets.native import parse_native
@@ -133,6 +134,8 @@ def load_test(ref: str | Path, *, language: str | None = None) -> WordTest | Sen
     if ref in qualified:
         return read_registered(qualified[ref])
     keys = short.get(ref, [])
+    if len(keys) > 1 and ref == CROWS_PAIRS_TEST and f"en/{ref}" in qualified:
+        keys = [f"en/{ref}"]  # the bare name has always meant the English set (fr/, nl/ came later)
     if len(keys) == 1:
         return read_registered(qualified[keys[0]])
     if len(keys) > 1:

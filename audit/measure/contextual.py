@@ -1,5 +1,5 @@
 """Contextual embeddings of sentences and words (the measure layer of SEAT and of word metrics
-on transformers).
+on transformers: encoders, masked LMs and decoder-only causal LMs).
 
 Pooling methods (``method``), computed on one hidden layer (``layer``, indexed like a Python
 list over ``hidden_states``: 0 = embedding output, -1 = last layer, the default):
@@ -8,13 +8,39 @@ list over ``hidden_states``: 0 = embedding output, -1 = last layer, the default)
     the hidden state of the first token, which must be a special token added by the tokenizer
     (``[CLS]`` for BERT, ``<s>`` for RoBERTa). This is SEAT's sentence representation for BERT
     (May et al. 2019, "On Measuring Social Biases in Sentence Encoders", NAACL, Sec. 3).
+    Refused for causal LMs: their first token (BOS) attends only to itself, so its state is the
+    same for every sentence.
 ``target_first``
     the hidden state of the first subtoken of the target word.
 ``target_pooled``
     the mean of the hidden states of all subtokens of the target word.
 ``mean``
-    the attention-masked mean over *all* tokens of the sentence, special tokens included (the
-    convention of sentence-transformers' mean pooling).
+    encoders and masked LMs: the attention-masked mean over *all* tokens of the sentence,
+    special tokens included (the convention of sentence-transformers' mean pooling). Causal LMs:
+    the mean over the sentence's own tokens, the start token excluded (its state is the same
+    for every input, and decoders give it a very large norm -- an "attention sink" -- that would
+    dominate the mean).
+``weighted_mean``
+    position-weighted mean over the sentence's own tokens (special tokens excluded), weight
+    ``i / sum_j j`` for the i-th token (1-based): later tokens of a decoder have seen more of the
+    sentence. SGPT's pooling for decoder-only models (Muennighoff 2022, "SGPT: GPT Sentence
+    Embeddings for Semantic Search", arXiv:2202.08904). **The SEAT default for causal LMs.**
+``last``
+    the hidden state of the sentence's last token (special tokens excluded): in a decoder the one
+    state that has seen the whole sentence (the pooling of cpt-text, Neelakantan et al. 2022,
+    "Text and Code Embeddings by Contrastive Pre-Training", arXiv:2201.10005, on the appended
+    end token of a contrastively trained model; here on the last token of the text).
+
+Defaults per model kind (:data:`DEFAULT_SENTENCE_METHOD`, :data:`DEFAULT_WORD_METHOD`): SEAT
+sentences ``cls`` for encoders and masked LMs (May et al.), ``weighted_mean`` for causal LMs
+(SGPT); words ``target_pooled`` for every kind (the word's own subtokens, averaged over its
+SEAT templates as Dusi et al. 2024 do for encoders). On a decoder a word's states see only the
+text to their left: a word that opens a template is embedded from the start token alone there,
+and the template average mixes such positions with later ones.
+
+Causal LMs get their start token (BOS, else EOS, :func:`audit.measure.lm_scoring.causal_start_id`)
+put first exactly once, as the scorers do, whether or not the tokenizer adds it (Llama and
+Mistral tokenizers do; GPT-2 and Qwen2 do not). No chat template is applied.
 
 The target word is located by *character* span: ``spans[i] = (start, end)`` is the word's span
 in ``sentences[i]`` (Python slice convention), and the target's subtokens are the non-special
@@ -22,10 +48,11 @@ tokens whose ``offset_mapping`` overlaps it (``tok_start < end and tok_end > sta
 offsets ignored). Token ids are never searched.
 
 Batching: sentences are tokenised once, sorted by tokenised length (stable), cut into batches
-padded to the longest member (right padding, attention mask 0 on padding), one forward pass
-per batch under :func:`torch.inference_mode`, and the original order is restored. On CPU the
-results equal batch-size-1 results to ~1e-6 (tests assert 1e-5). Hidden states are cast to
-float32 before pooling; the returned arrays are float32.
+padded to the longest member (``padding_side``: right by default; left for causal LMs only,
+with position ids computed from the attention mask so that positions do not shift), attention
+mask 0 on padding, one forward pass per batch under :func:`torch.inference_mode`, and the
+original order is restored. On CPU the results equal batch-size-1 results to ~1e-6 (tests
+assert 1e-5). Hidden states are cast to float32 before pooling; the returned arrays are float32.
 
 Words (Dusi et al. 2024 convention for word-level metrics on contextual models): a word's
 embedding is the mean, over its template sentences, of the target embedding of the word in
@@ -35,6 +62,7 @@ own special tokens) pooled by ``method``.
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any, Sequence
 
@@ -45,10 +73,14 @@ from audit.backends.base import Lookup
 from audit.backends.hf import HFModel, run_batched
 from audit.datasets.templates import SEAT_USE, fill_templates, fill_word
 from audit.errors import DataError, ModelError, ParameterError
+from audit.measure.lm_scoring import causal_start_id
 from audit.suites import WordTest
 
 __all__ = [
     "METHODS",
+    "DEFAULT_SENTENCE_METHOD",
+    "DEFAULT_WORD_METHOD",
+    "default_method",
     "embed_sentences",
     "word_embeddings",
     "ContextualWordVectors",
@@ -57,8 +89,19 @@ __all__ = [
     "seat_vectors",
 ]
 
-METHODS = ("cls", "target_first", "target_pooled", "mean")
+METHODS = ("cls", "target_first", "target_pooled", "mean", "weighted_mean", "last")
 TARGET_METHODS = ("target_first", "target_pooled")
+#: Pooling of SEAT sentences when none is given, per model kind (see the module docstring).
+DEFAULT_SENTENCE_METHOD = {"encoder": "cls", "mlm": "cls", "causal": "weighted_mean"}
+#: Pooling of words (in their templates) when none is given, per model kind.
+DEFAULT_WORD_METHOD = {"encoder": "target_pooled", "mlm": "target_pooled", "causal": "target_pooled"}
+PADDING_SIDES = ("right", "left")
+
+
+def default_method(kind: str, what: str = "sentence") -> str:
+    """The default pooling for a model ``kind`` and ``what`` (``"sentence"`` or ``"word"``)."""
+    table = DEFAULT_SENTENCE_METHOD if what == "sentence" else DEFAULT_WORD_METHOD
+    return table.get(kind, "cls" if what == "sentence" else "target_pooled")
 
 # Model types whose position ids start after the padding index (max positions - pad - 1 usable).
 _PADDED_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text",
@@ -146,9 +189,20 @@ def _selections(m: HFModel, sentences: list[str], enc: dict, method: str,
                 spans: list[tuple[int, int]] | None) -> list[list[int] | None]:
     """For each sentence the token indices to average (``None``: all attended tokens)."""
     out: list[list[int] | None] = []
+    causal = m.kind == "causal"
+    if method == "cls" and causal:
+        raise ModelError(
+            f"model {m.ref!r} is a causal LM: method 'cls' would take the state of its start token, "
+            "which sees only itself and is the same for every sentence; use 'weighted_mean', 'mean', "
+            "'last' or a target_* method")
     for i, ids in enumerate(enc["input_ids"]):
         special = enc["special_tokens_mask"][i]  # added [CLS]/[SEP]/<s>..., not [UNK] from text
-        if method == "mean":
+        own = [j for j, sp in enumerate(special) if not sp]
+        if method in ("weighted_mean", "last") or (method == "mean" and causal):
+            if not own:
+                raise DataError(f"sentence {sentences[i]!r} has no tokens besides special tokens")
+            out.append(own[-1:] if method == "last" else own)
+        elif method == "mean":
             out.append(None)
         elif method == "cls":
             if not ids or not special[0]:
@@ -167,22 +221,39 @@ def _selections(m: HFModel, sentences: list[str], enc: dict, method: str,
     return out
 
 
-def _weights(sel: list[int] | None, length: int, width: int) -> np.ndarray:
-    """Pooling weights over the padded positions of one sentence (sum to 1)."""
+def _weights(sel: list[int] | None, length: int, width: int, method: str = "mean", offset: int = 0) -> np.ndarray:
+    """Pooling weights over the padded positions of one sentence (sum to 1); the sentence's
+    tokens start at ``offset`` (left padding)."""
     w = np.zeros(width, dtype=np.float32)
     if sel is None:
-        w[:length] = 1.0 / length
+        w[offset: offset + length] = 1.0 / length
+    elif method == "weighted_mean":
+        k = np.arange(1, len(sel) + 1, dtype=np.float64)
+        w[np.asarray(sel) + offset] = (k / k.sum()).astype(np.float32)
     else:
-        w[sel] = 1.0 / len(sel)
+        w[np.asarray(sel) + offset] = 1.0 / len(sel)
     return w
+
+
+def _start_first(m: HFModel, enc: dict) -> None:
+    """Causal LMs: put the start token first exactly once (in place), as the scorers do."""
+    sid = causal_start_id(m.tokenizer)
+    if sid is None:
+        return
+    for i, ids in enumerate(enc["input_ids"]):
+        if ids and ids[0] == sid:
+            continue
+        enc["input_ids"][i] = [sid] + list(ids)
+        enc["offset_mapping"][i] = [(0, 0)] + list(enc["offset_mapping"][i])
+        enc["special_tokens_mask"][i] = [1] + list(enc["special_tokens_mask"][i])
 
 
 # --------------------------------------------------------------------------- sentences
 
 
-def embed_sentences(m: HFModel, sentences: list[str], *, method: str = "cls",
+def embed_sentences(m: HFModel, sentences: list[str], *, method: str | None = "cls",
                     spans: list[tuple[int, int]] | None = None, layer: int = -1,
-                    batch_size: int | None = 32) -> np.ndarray:
+                    batch_size: int | None = 32, padding_side: str = "right") -> np.ndarray:
     """Embed sentences with a Hugging Face model.
 
     Parameters
@@ -190,8 +261,9 @@ def embed_sentences(m: HFModel, sentences: list[str], *, method: str = "cls",
     m : HFModel
         A loaded model (any kind; the base model's hidden states are used).
     sentences : list of str
-    method : {"cls", "target_first", "target_pooled", "mean"}
-        Pooling (see the module docstring).
+    method : {"cls", "target_first", "target_pooled", "mean", "weighted_mean", "last"} or None
+        Pooling (see the module docstring); ``None``: the default of the model's kind
+        (:data:`DEFAULT_SENTENCE_METHOD`).
     spans : list of (int, int), optional
         Character span of the target word in each sentence; required for ``target_*``.
     layer : int, default -1
@@ -199,6 +271,9 @@ def embed_sentences(m: HFModel, sentences: list[str], *, method: str = "cls",
     batch_size : int or None, default 32
         Sentences per forward pass; ``None`` = automatic (see :func:`audit.backends.hf.run_batched`,
         which also halves it on CUDA out-of-memory).
+    padding_side : {"right", "left"}
+        Where batches are padded; ``"left"`` only for causal LMs (position ids from the attention
+        mask). Results are the same either way up to float rounding.
 
     Returns
     -------
@@ -215,7 +290,14 @@ def embed_sentences(m: HFModel, sentences: list[str], *, method: str = "cls",
     """
     import torch
 
+    if method is None:
+        method = default_method(m.kind, "sentence")
     _check_method(method)
+    if padding_side not in PADDING_SIDES:
+        raise ParameterError(f"padding_side: {padding_side!r} is not one of {', '.join(PADDING_SIDES)}")
+    causal = m.kind == "causal"
+    if padding_side == "left" and not causal:
+        raise ParameterError(f"padding_side: left padding is for causal LMs; model {m.ref!r} is {m.kind!r}")
     sentences = _check_sentences(sentences)
     layer = _check_layer(m, layer)
     span_list = _check_spans(sentences, spans) if method in TARGET_METHODS else None
@@ -226,6 +308,9 @@ def embed_sentences(m: HFModel, sentences: list[str], *, method: str = "cls",
     enc = tok(sentences, add_special_tokens=True, return_offsets_mapping=True,
               return_special_tokens_mask=True, return_attention_mask=False,
               return_token_type_ids=False, truncation=False)
+    if causal:
+        enc = {k: [list(x) for x in enc[k]] for k in ("input_ids", "offset_mapping", "special_tokens_mask")}
+        _start_first(m, enc)
     limit = _max_tokens(m)
     for i, ids in enumerate(enc["input_ids"]):
         if len(ids) > limit:
@@ -237,6 +322,7 @@ def embed_sentences(m: HFModel, sentences: list[str], *, method: str = "cls",
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     want_tt = "token_type_ids" in getattr(tok, "model_input_names", ())
     net = getattr(m.model, "base_model", m.model)
+    with_pos = causal and "position_ids" in inspect.signature(net.forward).parameters
 
     def forward(batch: list[int]) -> np.ndarray:
         width = max(lengths[i] for i in batch)
@@ -244,12 +330,17 @@ def embed_sentences(m: HFModel, sentences: list[str], *, method: str = "cls",
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         w = np.zeros((len(batch), width), dtype=np.float32)
         for r, i in enumerate(batch):
-            ids[r, :lengths[i]] = torch.tensor(enc["input_ids"][i], dtype=torch.long)
-            mask[r, :lengths[i]] = 1
-            w[r] = _weights(sel[i], lengths[i], width)
+            off = width - lengths[i] if padding_side == "left" else 0
+            ids[r, off: off + lengths[i]] = torch.tensor(enc["input_ids"][i], dtype=torch.long)
+            mask[r, off: off + lengths[i]] = 1
+            w[r] = _weights(sel[i], lengths[i], width, method, off)
         inputs = {"input_ids": ids.to(m.device), "attention_mask": mask.to(m.device)}
         if want_tt:
             inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
+        if with_pos:
+            inputs["position_ids"] = (mask.cumsum(1) - 1).clamp(min=0).to(m.device)
+        if causal:
+            inputs["use_cache"] = False
         with torch.inference_mode():
             out = net(**inputs, output_hidden_states=True, return_dict=True)
             hs = out.hidden_states[layer].float()
@@ -397,15 +488,32 @@ class ContextualWordVectors:
 
 
 def _test_word_contexts(test: WordTest) -> dict[str, list[tuple[str, tuple[int, int]]]]:
-    """word -> its distinct (sentence, span) SEAT template fillings in the test, in order."""
+    """word -> its distinct (sentence, span) SEAT template fillings in the test, in order.
+
+    A multi-word entry (``bebek arabası``) is looked up part by part by
+    :func:`audit.vocab.resolve_sets` (the mean of its parts' vectors), so each part is also
+    registered with the entry's sentences and the part's own span there (a part shared by several
+    entries gets the sentences of each)."""
     out: dict[str, list[tuple[str, tuple[int, int]]]] = {}
+
+    def add(word: str, sentence: str, span: tuple[int, int]) -> None:
+        ctx = out.setdefault(word, [])
+        if (sentence, span) not in ctx:
+            ctx.append((sentence, span))
+
     filled = _filled_templates(test)
     for key in ("targets", "attributes"):
         for entries in filled[key]:
             for sentence, word, span in entries:
-                ctx = out.setdefault(word, [])
-                if (sentence, span) not in ctx:
-                    ctx.append((sentence, span))
+                add(word, sentence, span)
+                parts = word.split()
+                if len(parts) < 2:
+                    continue
+                a, b = span
+                pieces = [(m.start() + a, m.end() + a) for m in re.finditer(r"\S+", sentence[a:b])]
+                if len(pieces) == len(parts):
+                    for part, sp in zip(parts, pieces):
+                        add(part, sentence, sp)
     return out
 
 
@@ -501,8 +609,8 @@ def seat_sentences(test: WordTest, method: str = "cls") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def seat_vectors(m: HFModel, test: WordTest, *, method: str = "cls", layer: int = -1,
-                 batch_size: int | None = 32
+def seat_vectors(m: HFModel, test: WordTest, *, method: str | None = "cls", layer: int = -1,
+                 batch_size: int | None = 32, padding_side: str = "right"
                  ) -> tuple[list[np.ndarray], list[np.ndarray], pd.DataFrame]:
     """SEAT measure step (May et al. 2019): embed every sentence of every set of a test.
 
@@ -510,14 +618,17 @@ def seat_vectors(m: HFModel, test: WordTest, *, method: str = "cls", layer: int 
     attribute set (rows = the set's sentences, in file/template order) and the
     :func:`seat_sentences` table. All sentences go through one batched
     :func:`embed_sentences` call. The analysis (WEAT effect size and permutation test on
-    these matrices) is :mod:`audit.metrics.weat`'s.
+    these matrices) is :mod:`audit.metrics.weat`'s. ``method=None``: the default of the model's
+    kind (:data:`DEFAULT_SENTENCE_METHOD`: ``cls``, or ``weighted_mean`` on causal LMs).
     """
+    if method is None:
+        method = default_method(m.kind, "sentence")
     items = seat_sentences(test, method)
     spans = None
     if method in TARGET_METHODS:
         spans = list(zip(items["span_start"].astype(int), items["span_end"].astype(int)))
     emb = embed_sentences(m, list(items["sentence"]), method=method, spans=spans, layer=layer,
-                          batch_size=batch_size)
+                          batch_size=batch_size, padding_side=padding_side)
     targets, attributes = [], []
     for role, out in (("target", targets), ("attribute", attributes)):
         sub = items[items["role"] == role]

@@ -1,6 +1,49 @@
-"""LPBS measure step: the sentences of a test's LPBS design and their masked-LM
-log-probabilities (Kurita et al. 2019). Definitions, conventions and the analysis are in
-:mod:`audit.metrics.lpbs`."""
+"""LPBS measure step: the sentences of a test's LPBS design and their log-probabilities under a
+masked LM (Kurita et al. 2019) or a causal LM (the autoregressive form below). Definitions,
+conventions and the analysis (unchanged for both kinds) are in :mod:`audit.metrics.lpbs`.
+
+Causal LMs (autoregressive form of the increased log probability)
+-----------------------------------------------------------------
+A causal LM conditions only on the text to the left, so the word that comes *later* in the
+filled template is scored and the word that comes earlier is conditioned on. For a template
+``tau`` filled with target ``t`` and attribute ``a`` into sentence ``s``, let ``w`` be the later
+of the two words (the *scored* word, recorded in column ``scored``), ``v`` the earlier one (the
+*conditioning* word), ``P_v`` the text of ``s`` before ``w`` and ``P_0`` the same text with ``v``
+deleted (the neutral prior: the model is not told ``v``):
+
+* ``logp_target = log P(w | P_v) = sum_{k} log P(w_k | P_v, w_<k)``,
+* ``logp_prior  = log P(w | P_0)``,
+* ``ilp = logp_target - logp_prior``,
+
+from :func:`audit.measure.lm_scoring.continuation_loglik` (start token first; the whitespace
+before ``w`` belongs to the continuation, as in lm-evaluation-harness; everything after ``w`` is
+ignored, a causal LM's probability of ``w`` does not depend on it). A multi-token word gets its
+joint probability by the chain rule (each subtoken given the previous ones), where the masked
+form scores each subtoken with the whole span masked.
+
+Which side is conditioned on: templates where the target comes first (``TARGET is
+ATTRIBUTE.``; most English, German, French and Turkish templates) score the *attribute* given
+the target, ``log P(a | t) - log P(a)``; templates where the attribute comes first (``Bij het
+woord ATTRIBUTE denk ik aan TARGET.``: Dutch, Italian, Norwegian, Icelandic) score the *target*
+given the attribute, ``log P(t | a) - log P(t)``, which is Kurita et al.'s own direction. Both
+estimate the same quantity, the pointwise mutual information of target and attribute in the
+template, since ``log P(a | t) - log P(a) = log P(t | a) - log P(t)`` (Bayes' rule; Church &
+Hanks 1990, "Word association norms, mutual information, and lexicography", Comput. Linguist.
+16(1)), so the analysis -- per-attribute log bias score, effect size and permutation test of
+:mod:`audit.metrics.lpbs` -- reads the table the same way for both kinds. The prior cancels in
+the effect size: in attribute-scored cells it depends only on ``a`` and cancels in the
+difference of the two target sets; in target-scored cells it depends only on ``t`` and shifts
+every attribute's score by the same constant. It is kept so that ``ilp`` reads as Kurita's
+increased log probability.
+
+Deleting ``v``: the text before ``v`` keeps its words, the text between ``v`` and ``w`` follows
+with one space between them (none before punctuation), e.g. ``"he is"`` -> ``"is"``, ``"Quando
+sento la parola ciao, penso a"`` -> ``"Quando sento la parola, penso a"``; when nothing is left
+the prior is the start token alone. References: Kurita, Vyas, Pareek, Black & Tsvetkov (2019),
+"Measuring Bias in Contextualized Word Representations", GeBNLP; the autoregressive reading of
+the log-probability bias score as in Nadeem, Bethke & Reddy (2021), "StereoSet", ACL (scoring a
+causal LM's continuation given its context) and lm-evaluation-harness's continuation scoring.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +57,18 @@ from audit.datasets.bias import parse_bias_lpbs
 from audit.datasets.templates import LPBS_USE, fill_lpbs, number_forms
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
-from audit.measure.lm_scoring import MaskedQuery, masked_token_logprobs, max_sequence_length, require_kind, token_spans
+from audit.measure.lm_scoring import (
+    MaskedQuery,
+    continuation_loglik,
+    masked_token_logprobs,
+    max_sequence_length,
+    token_spans,
+)
 from audit.measure.words import set_names
 from audit.suites import WordTest
 
-__all__ = ["DEFAULT_TEMPLATES", "TABLE_COLUMNS", "LPBSDesign", "lpbs_design", "lpbs_sentences", "lpbs_scores"]
+__all__ = ["DEFAULT_TEMPLATES", "TABLE_COLUMNS", "CAUSAL_COLUMNS", "LPBSDesign", "lpbs_design", "lpbs_sentences",
+           "lpbs_scores", "causal_requests", "delete_span"]
 
 #: Used only for English tests that define no LPBS templates (Kurita et al.'s template).
 DEFAULT_TEMPLATES = {"singular": ("TARGET is ATTRIBUTE.",), "plural": ("TARGET are ATTRIBUTE.",)}
@@ -27,6 +77,9 @@ DEFAULT_TEMPLATES = {"singular": ("TARGET is ATTRIBUTE.",), "plural": ("TARGET a
 TABLE_COLUMNS = ("target_set", "target_set_name", "target", "form", "template", "attribute_set",
                  "attribute_set_name", "attribute", "sentence", "logp_target", "logp_prior", "ilp",
                  "n_target_tokens", "n_attribute_tokens")
+#: Extra columns of the causal-LM table: which word was scored (``target``/``attribute``), the
+#: number of scored tokens, and the conditioning and prior prefixes.
+CAUSAL_COLUMNS = ("scored", "n_scored_tokens", "prefix", "prior_prefix")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,14 +231,49 @@ def lpbs_sentences(design: LPBSDesign, *, forms: Sequence[str] | None = None) ->
 # --------------------------------------------------------------------------- measure
 
 
+def delete_span(text: str, span: tuple[int, int]) -> str:
+    """``text`` without the characters of ``span`` (a word), joined with one space (none before
+    punctuation, nothing at the start): the neutral prior's prefix of causal LPBS."""
+    left, right = text[: span[0]], text[span[1]:]
+    if not left.strip():
+        return right.lstrip()
+    if not right.strip():
+        return left.rstrip()
+    if right[:1].isspace():
+        return left.rstrip() + " " + right.lstrip()
+    if not right[:1].isalnum():  # punctuation right after the word
+        return left.rstrip() + right
+    return left + right
+
+
+def causal_requests(sentence: str, target_span: tuple[int, int], attribute_span: tuple[int, int]
+                    ) -> tuple[str, tuple[str, str], tuple[str, str]]:
+    """``(scored, (prefix, continuation), (prior_prefix, continuation))`` of one LPBS sentence for
+    a causal LM: the later word is scored given the text before it, and given that text with the
+    earlier word deleted (:func:`delete_span`). The whitespace before the scored word is part of
+    the continuation."""
+    if target_span[0] < attribute_span[0]:
+        scored, (a, b), cond = "attribute", attribute_span, target_span
+    else:
+        scored, (a, b), cond = "target", target_span, attribute_span
+    before = sentence[:a]
+    ws = before[len(before.rstrip()):]
+    cont = ws + sentence[a:b]
+    prefix = before[: len(before) - len(ws)]
+    prior = delete_span(before, cond)
+    prior = prior[: len(prior.rstrip())] if prior.strip() else ""
+    return scored, (prefix, cont), (prior, cont)
+
+
 def lpbs_scores(hf_model: Any, test: Any, *, batch_size: int | None = None,
                 forms: Sequence[str] | None = None, templates: Any = None) -> pd.DataFrame:
     """Measure step: ``log p_tgt``, ``log p_prior`` and ILP of every (target, attribute,
-    template) of the test, with a masked LM.
+    template) of the test, with a masked LM (Kurita et al.) or a causal LM (the autoregressive
+    form of the module docstring).
 
     Parameters
     ----------
-    hf_model : :class:`audit.backends.hf.HFModel` with ``kind == "mlm"``.
+    hf_model : :class:`audit.backends.hf.HFModel` with ``kind`` ``"mlm"`` or ``"causal"``.
     test : WordTest or BIAS-layout mapping (see :func:`lpbs_design`).
     batch_size : sequences per forward pass (default: 128 on CPU, 512 on CUDA, halved on CUDA OOM).
     forms : optional subset of template forms to use (``("singular",)`` = BIAS framework).
@@ -193,19 +281,23 @@ def lpbs_scores(hf_model: Any, test: Any, *, batch_size: int | None = None,
 
     Returns
     -------
-    DataFrame with :data:`TABLE_COLUMNS`; ``attrs["design"]`` holds the set names, template
-    source and cells.
+    DataFrame with :data:`TABLE_COLUMNS` (causal LMs: plus :data:`CAUSAL_COLUMNS`);
+    ``attrs["design"]`` holds the set names, template source and cells (and ``variant``:
+    ``masked`` or ``causal``).
 
     Raises
     ------
     ModelError
-        The model is not a masked LM.
+        The model is neither a masked nor a causal LM.
     DataError
         Bad test definition; a sentence too long; a target or attribute mapping to no token,
         or target and attribute sharing a token.
     """
 
-    require_kind(hf_model, "mlm", "LPBS")
+    kind = getattr(hf_model, "kind", None)
+    if kind not in ("mlm", "causal"):
+        raise ModelError(f"model {getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={kind!r}; "
+                         "LPBS needs a masked LM (kind='mlm') or a causal LM (kind='causal')")
     design = lpbs_design(test, templates=templates)
     if forms is not None:
         forms = [forms] if isinstance(forms, str) else list(forms)
@@ -215,6 +307,63 @@ def lpbs_scores(hf_model: Any, test: Any, *, batch_size: int | None = None,
         if not design.cells(forms):
             raise DataError(f"test {design.name!r}: no template of form(s) {forms} has targets in both sets")
     rows = lpbs_sentences(design, forms=forms)
+    if kind == "causal":
+        out = _causal_scores(hf_model, rows, batch_size)
+    else:
+        out = _masked_scores(hf_model, rows, batch_size)
+    out.attrs["design"] = {"name": design.name, "target_names": list(design.target_names),
+                           "attribute_names": list(design.attribute_names),
+                           "templates_source": design.templates_source,
+                           "templates": {f: list(t) for f, t in design.templates.items()},
+                           "variant": "causal" if kind == "causal" else "masked"}
+    return out
+
+
+def _token_counts(tok: Any, rows: pd.DataFrame) -> tuple[list[int], list[int]]:
+    """Tokens of the target and of the attribute in each sentence (by character offsets);
+    :class:`DataError` when they share a token."""
+    n_t, n_a = [], []
+    for s, ts, as_ in zip(rows["sentence"], rows["target_span"], rows["attribute_span"]):
+        _, (tpos, apos) = token_spans(tok, s, [ts, as_])
+        if set(tpos) & set(apos):
+            raise DataError(f"LPBS sentence {s!r}: target and attribute share a token; "
+                            "separate them in the template")
+        n_t.append(len(tpos))
+        n_a.append(len(apos))
+    return n_t, n_a
+
+
+def _causal_scores(hf_model: Any, rows: pd.DataFrame, batch_size: int | None) -> pd.DataFrame:
+    """Causal-LM columns of the LPBS table (module docstring): one target and one prior request
+    per sentence, scored in one batched :func:`continuation_loglik` call."""
+    tok, model = hf_model.tokenizer, hf_model.model
+    n_t, n_a = _token_counts(tok, rows)
+    scored, reqs, prefixes, priors = [], [], [], []
+    for s, ts, as_ in zip(rows["sentence"], rows["target_span"], rows["attribute_span"]):
+        side, req, prior = causal_requests(s, tuple(ts), tuple(as_))
+        scored.append(side)
+        reqs += [req, prior]
+        prefixes.append(req[0])
+        priors.append(prior[0])
+    try:
+        ll, n = continuation_loglik(model, tok, reqs, batch_size=batch_size, device=hf_model.device)
+    except DataError as e:
+        raise DataError(f"LPBS: {e}") from None
+    out = rows.drop(columns=["target_span", "attribute_span"]).copy()
+    out["logp_target"] = ll[0::2]
+    out["logp_prior"] = ll[1::2]
+    out["ilp"] = ll[0::2] - ll[1::2]
+    out["n_target_tokens"] = np.array(n_t, dtype=np.int64)
+    out["n_attribute_tokens"] = np.array(n_a, dtype=np.int64)
+    out["scored"] = scored
+    out["n_scored_tokens"] = n[0::2]
+    out["prefix"] = prefixes
+    out["prior_prefix"] = priors
+    return out
+
+
+def _masked_scores(hf_model: Any, rows: pd.DataFrame, batch_size: int | None) -> pd.DataFrame:
+    """Masked-LM columns of the LPBS table (Kurita et al.; :mod:`audit.metrics.lpbs`)."""
     tok, model = hf_model.tokenizer, hf_model.model
     mask_id = getattr(tok, "mask_token_id", None)
     if not isinstance(mask_id, int):
@@ -249,10 +398,6 @@ def lpbs_scores(hf_model: Any, test: Any, *, batch_size: int | None = None,
     out["ilp"] = lt - lpr
     out["n_target_tokens"] = np.array(n_t, dtype=np.int64)
     out["n_attribute_tokens"] = np.array(n_a, dtype=np.int64)
-    out.attrs["design"] = {"name": design.name, "target_names": list(design.target_names),
-                           "attribute_names": list(design.attribute_names),
-                           "templates_source": design.templates_source,
-                           "templates": {f: list(t) for f, t in design.templates.items()}}
     return out
 
 
@@ -267,15 +412,21 @@ def _needs_lpbs(test: WordTest) -> str | None:
     return None if (test.templates.get(LPBS_USE) and has_words) else f"test {test.name} has no LPBS templates"
 
 
-#: Masked-LM log-probabilities of target words in LPBS templates.
+def _method(kind: str, params: Mapping[str, Any]) -> str:
+    return "causal-lm-continuation-probability" if kind == "causal" else "masked-lm-probability"
+
+
+#: Log-probabilities of words in LPBS templates: masked LMs (Kurita et al.) and causal LMs
+#: (the later word given the earlier one, against the prior without it; module docstring).
 LPBS_SCORES = Family(
     name="lpbs",
-    kinds=("mlm",),
+    kinds=("mlm", "causal"),
     test_type="words",
     measure=measure_lpbs,
     params={"batch_size": None, "forms": None},
-    method=lambda kind, params: "masked-lm-probability",
+    method=_method,
     needs=_needs_lpbs,
-    description="log P(target | template with target masked) minus the prior with the attribute "
-                "masked too (Kurita et al. 2019)",
+    description="masked LMs: log P(target | template with target masked) minus the prior with the "
+                "attribute masked too (Kurita et al. 2019); causal LMs: log P(later word | text "
+                "before it) minus the same with the earlier word deleted",
 )

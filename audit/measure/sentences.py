@@ -11,7 +11,7 @@ import numpy as np
 
 from audit.datasets.templates import has_seat_templates
 from audit.entries import Family, Measurement, Metric
-from audit.measure.contextual import seat_vectors
+from audit.measure.contextual import default_method, seat_vectors
 from audit.measure.words import set_names
 from audit.suites import WordTest
 
@@ -22,7 +22,8 @@ def measure_sentences(model, test: WordTest, metric: Metric, mp: Mapping[str, An
                       ap: Mapping[str, Any]) -> Measurement:
     """Sentence vectors per set (float64), labelled by their sentences."""
     targets, attributes, items = seat_vectors(
-        model.handle, test, method=mp["embedding"] or "cls", layer=mp["layer"], batch_size=mp["batch_size"]
+        model.handle, test, method=mp["embedding"] or default_method(model.kind, "sentence"), layer=mp["layer"],
+        batch_size=mp["batch_size"],
     )
     labels = {}
     for role, sets, mats in (("target", test.targets, targets), ("attribute", test.attributes, attributes)):
@@ -49,18 +50,21 @@ def _needs_sentences(test: WordTest) -> str | None:
 
 
 def _method(kind: str, params: Mapping[str, Any]) -> str:
-    return str(params.get("embedding") or "cls")
+    return str(params.get("embedding") or default_method(kind, "sentence"))
 
 
-#: Sentence embeddings of an encoder (SEAT).
+#: Sentence embeddings of an encoder, a masked LM or a causal LM (SEAT). Default pooling per kind:
+#: ``cls`` (encoders, masked LMs; May et al. 2019), ``weighted_mean`` (causal LMs; SGPT,
+#: Muennighoff 2022): :mod:`audit.measure.contextual`.
 SEAT_SENTENCES = Family(
     name="sentences",
-    kinds=("encoder", "mlm"),
+    kinds=("encoder", "mlm", "causal"),
     test_type="words",
     measure=measure_sentences,
     params={"embedding": None, "layer": -1, "batch_size": None},
     method=_method,
     needs=_needs_sentences,
     description="one embedding per sentence (the test's sentence sets, or its words in the "
-                "language's bleached SEAT templates)",
+                "language's bleached SEAT templates); cls on encoders, position-weighted mean on "
+                "decoders",
 )

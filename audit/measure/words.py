@@ -6,7 +6,9 @@ means, coverage, the missing-word threshold). Hugging Face models embed each wor
 SEAT template sentences of its language, of the word's pooled subtoken states (Dusi et al. 2024,
 "Discrimination bias detection through categorical association in pre-trained language
 models", IEEE Access; ``word_context="templates"``), or the bare ``<special> word <special>``
-input (``word_context="bare"``). The vectors of one test are computed once per loaded model and
+input (``word_context="bare"``). The same holds for encoders, masked LMs and causal LMs
+(decoder hidden states; the pooling conventions for decoders are in
+:mod:`audit.measure.contextual`). The vectors of one test are computed once per loaded model and
 reused by every metric of that test (``LoadedModel.cache``).
 """
 
@@ -16,7 +18,7 @@ from typing import Any, Mapping
 
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ParameterError
-from audit.measure.contextual import ContextualWordVectors
+from audit.measure.contextual import ContextualWordVectors, default_method
 from audit.suites import WordTest
 from audit.vocab import resolve_sets, words_needed
 
@@ -81,7 +83,7 @@ def _contextual_word_vectors(model, test: WordTest, mp: Mapping[str, Any]) -> Co
     context = mp["word_context"]
     if context not in WORD_CONTEXTS:
         raise ParameterError(f"word_context must be 'templates' or 'bare', got {context!r}")
-    method = mp["embedding"] or "target_pooled"
+    method = mp["embedding"] or default_method(model.kind, "word")
     key = ("words", test.digest(), context, method, mp["layer"])
     wv = model.cache.get(key)
     if wv is None:
@@ -147,20 +149,20 @@ def _words(test: WordTest, mp: Mapping[str, Any]) -> set[str]:
 def _method(kind: str, params: Mapping[str, Any]) -> str:
     if params.get("embedding"):
         return str(params["embedding"])
-    return "lookup" if kind == "static" else "target_pooled"
+    return "lookup" if kind == "static" else default_method(kind, "word")
 
 
 #: Word-association metrics: one vector per word (static look-up or contextual, see above).
 ASSOCIATION = Family(
     name="association",
-    kinds=("static", "encoder", "mlm"),
+    kinds=("static", "encoder", "mlm", "causal"),
     test_type="words",
     measure=measure_words,
     params={
         "casefold": False,
         "strip_accents": False,
         "max_missing": 0.2,
-        "embedding": None,  # cls | target_first | target_pooled | mean (transformers)
+        "embedding": None,  # cls | target_first | target_pooled | mean | weighted_mean | last (transformers)
         "layer": -1,
         "batch_size": None,
         "word_context": "templates",

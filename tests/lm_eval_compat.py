@@ -1,0 +1,60 @@
+"""Importing lm-evaluation-harness 0.4.13's Hugging Face model (the test oracle) without
+``accelerate``.
+
+``lm_eval.models.huggingface`` imports ``accelerate`` at module level, but its single-process
+path -- an ``HFLM`` built from an already loaded model and tokenizer -- never calls it (the
+``Accelerator`` is created only when ``pretrained`` is a string; ``find_executable_batch_size``
+only for ``batch_size="auto"``; ``get_max_memory`` only for ``parallelize=True``). The project
+does not depend on accelerate, so when it is not installed this module registers an
+``accelerate`` module whose names raise if they are ever called. The harness's own tokenisation
+(``_encode_pair``, ``loglikelihood``), batching (``Collator``) and log-likelihood computation
+(``_loglikelihood_tokens``, ``_model_call``) run unchanged. Used by tests/test_causal_lm_eval.py
+and benchmarks/causal.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+
+def _unavailable(name: str):
+    def fn(*a, **k):
+        raise RuntimeError(f"accelerate.{name} is not available (lm_eval_compat stub); "
+                           "build HFLM from a loaded model, batch_size an integer")
+    fn.__name__ = name
+    return fn
+
+
+def stub_accelerate() -> None:
+    """Register a stand-in ``accelerate`` when it is not installed (a no-op when it is)."""
+    if "accelerate" in sys.modules or importlib.util.find_spec("accelerate") is not None:
+        return
+    acc = types.ModuleType("accelerate")
+    acc.Accelerator = _unavailable("Accelerator")
+    acc.InitProcessGroupKwargs = _unavailable("InitProcessGroupKwargs")
+    acc.find_executable_batch_size = _unavailable("find_executable_batch_size")
+    utils = types.ModuleType("accelerate.utils")
+    utils.get_max_memory = _unavailable("get_max_memory")
+    acc.utils = utils
+    sys.modules.update({"accelerate": acc, "accelerate.utils": utils})
+
+
+def harness_lm(model, tokenizer, batch_size: int = 1):
+    """lm-evaluation-harness's ``HFLM`` around a loaded causal LM and its tokenizer (CPU,
+    the harness's defaults otherwise: ``add_bos_token=None``, prefix token BOS else EOS)."""
+    stub_accelerate()
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, backend="causal")
+
+
+def loglikelihood(lm, requests):
+    """``[(logprob, is_greedy), ...]`` of ``(context, continuation)`` pairs through the harness's
+    ``loglikelihood`` (its ``Instance`` objects, no progress bar)."""
+    from lm_eval.api.instance import Instance
+
+    inst = [Instance(request_type="loglikelihood", doc={}, arguments=(c, x), idx=i)
+            for i, (c, x) in enumerate(requests)]
+    return lm.loglikelihood(inst, disable_tqdm=True)

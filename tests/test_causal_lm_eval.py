@@ -1,0 +1,128 @@
+"""Causal CrowS-Pairs against lm-evaluation-harness 0.4.13 on identical tiny models.
+
+The oracle is the harness's own code: ``HFLM.loglikelihood`` (its tokenisation with the prefix
+token for an empty context, its ``Collator`` batching, ``_model_call`` and log-softmax) and the
+``crows_pairs`` task's ``doc_to_choice`` / ``process_results`` (``likelihood_diff`` =
+|ll(sent_more) - ll(sent_less)|, ``pct_stereotype`` = ll(sent_more) > ll(sent_less)), both
+aggregated by ``mean`` as the task's YAML says. Data: the French and the revised English
+CrowS-Pairs (the sets the harness's ``crows_pairs_french`` / ``crows_pairs_english`` score),
+subsampled per bias type so that the test stays well under a minute. Also: the LPBS-style
+continuation requests (non-empty context) against ``HFLM.loglikelihood``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("lm_eval")
+
+from lm_eval_compat import harness_lm, loglikelihood  # noqa: E402
+from lm_eval.tasks.crows_pairs.utils import doc_to_choice, process_results  # noqa: E402
+
+from audit import tiny_models  # noqa: E402
+from audit.backends.hf import load_hf_model  # noqa: E402
+from audit.datasets import load_test  # noqa: E402
+from audit.datasets.external import data_root  # noqa: E402
+from audit.measure.crows_pairs import crows_pairs_scores  # noqa: E402
+from audit.measure.lm_scoring import continuation_loglik  # noqa: E402
+from audit.metrics.crows_pairs import crows_pairs_metric  # noqa: E402
+from audit.runner import LoadedModel, score  # noqa: E402
+
+MULTI = data_root() / "crows-pairs-multilingual"
+needs_data = pytest.mark.skipif(not (MULTI / "crows_pairs_fr.tsv").is_file(), reason=f"no data at {MULTI}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def models():
+    out = {}
+    for fam in ("llama", "qwen2"):  # BOS added by the tokenizer / no BOS (EOS is the prefix)
+        hm = load_hf_model(tiny_models.tiny_model_dir(fam), kind="causal")
+        out[fam] = (hm, harness_lm(hm.model, hm.tokenizer, batch_size=8))
+    return out
+
+
+def sample(test_name: str, per_type: int, tok) -> pd.DataFrame:
+    """The first pairs of each bias type that fit the tiny models' 256 positions (every pair does;
+    a longer sentence would be refused by both tools: a DataError naming the sentence here, an
+    assertion in the harness)."""
+    df = load_test(test_name).table
+    n = [max(len(tok(a, add_special_tokens=False)["input_ids"]), len(tok(b, add_special_tokens=False)["input_ids"]))
+         for a, b in zip(df["sent_more"], df["sent_less"])]
+    df = df[np.array(n) < 255]
+    return df.groupby("bias_type", sort=True).head(per_type).reset_index(drop=True)
+
+
+@needs_data
+@pytest.mark.parametrize("test_name", ["fr/crows_pairs", "en/crows_pairs_revised"])
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_causal_crows_pairs_equals_lm_eval(models, test_name, family):
+    hm, lm = models[family]
+    df = sample(test_name, 10_000 if family == "llama" else 15, hm.tokenizer)
+    assert "autre" in set(df["bias_type"])
+    if family == "llama":  # every pair of the set that fits the tiny model
+        assert len(df) == {"fr/crows_pairs": 1676, "en/crows_pairs_revised": 1677}[test_name]
+    # the harness: two loglikelihood requests per doc ("" context, each choice), process_results
+    docs = df.to_dict("records")
+    reqs = [("", c) for d in docs for c in doc_to_choice(d)]
+    res = loglikelihood(lm, reqs)
+    per_doc = [process_results(d, res[2 * i: 2 * i + 2]) for i, d in enumerate(docs)]
+    ll_h = np.array([r[0] for r in res], dtype=np.float64).reshape(-1, 2)
+    # biasaudit
+    table = crows_pairs_scores(hm, df, batch_size=16)
+    np.testing.assert_allclose(table["sent_more_score"], ll_h[:, 0], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(table["sent_less_score"], ll_h[:, 1], atol=1e-4, rtol=0)
+    out = crows_pairs_metric(table)
+    # same decision on every pair
+    assert out.items["score"].tolist() == [int(p["pct_stereotype"]) for p in per_doc]
+    # aggregates as the task's metric_list (mean) reports them
+    assert out.fields["likelihood_diff"] == pytest.approx(np.mean([p["likelihood_diff"] for p in per_doc]), abs=1e-4)
+    assert out.value == pytest.approx(100 * np.mean([p["pct_stereotype"] for p in per_doc]), abs=1e-9)
+    for bt, g in pd.DataFrame(per_doc).assign(bias_type=df["bias_type"]).groupby("bias_type"):
+        pb = out.fields["per_bias_type"][bt]
+        assert pb["metric_score"] == pytest.approx(100 * g["pct_stereotype"].mean(), abs=1e-9)
+        assert pb["likelihood_diff"] == pytest.approx(g["likelihood_diff"].mean(), abs=1e-4)
+
+
+@needs_data
+def test_registered_sets_end_to_end_with_encoding_recorded(models):
+    hm, _ = models["llama"]
+    lm = LoadedModel(ref="tiny-llama", kind="causal", backend="hf-causal", revision="x", handle=hm)
+    fr = score(lm, "fr/crows_pairs", "crows_pairs", {"limit": 10})
+    assert fr.metric == "crows_pairs_causal" and fr.fields["n_pairs"] == 10
+    assert fr.provenance["encoding"] == "utf-8"
+    assert fr.provenance["skipped_pairs"] == [{"pair_id": "129", "row": 129, "reason": "column 'sent_less' is empty"}]
+    nl = score(lm, "nl/crows_pairs", "crows_pairs", {"limit": 10})
+    assert nl.provenance["encoding"] == "mac_roman (detected; 1 line UTF-8)"
+    assert nl.provenance["language"] == "nl" and nl.fields["n_pairs"] == 10
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_continuation_requests_equal_lm_eval(models, family):
+    """LPBS/BBQ-style requests with a context: ``start="harness"`` is the harness's convention
+    exactly; the default differs only for tokenizers that do not add BOS (Qwen2 here)."""
+    hm, lm = models[family]
+    reqs = [("he is", " a doctor."), ("Bij het woord kunst denk ik aan ", "hij"), ("The poor are", " rich"),
+            ("Quando sento la parola kunst, penso a", " lei"), ("Les pauvres sont incapables de", " gérer leurs finances.")]
+    want = np.array([r[0] for r in loglikelihood(lm, reqs)])
+    got, _ = continuation_loglik(hm.model, hm.tokenizer, reqs, start="harness", batch_size=2)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    default, _ = continuation_loglik(hm.model, hm.tokenizer, reqs)
+    if family == "llama":
+        np.testing.assert_allclose(default, want, atol=1e-4, rtol=0)
+    else:
+        assert np.abs(default - want).max() > 1e-3  # the context starts with the start token here
