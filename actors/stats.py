@@ -54,7 +54,7 @@ class TaskOutcome:
 def _loaded_stub(desc: dict[str, str]) -> LoadedModel:
     """A :class:`LoadedModel` without its handle: what :func:`make_result` needs."""
     return LoadedModel(ref=desc["model"], kind=desc["kind"], backend=desc["backend"],
-                       revision=desc["revision"], handle=None)
+                       revision=desc["revision"], handle=None, load=desc.get("load", ""))
 
 
 def ray_map():

@@ -41,6 +41,14 @@ def code_version() -> str:
     return package_versions().get("biasaudit", "0+unknown")
 
 
+def load_key(options: dict[str, Any] | None) -> str:
+    """The part of a model's load options that changes its numbers, as a key component: the
+    requested ``dtype`` (``"dtype=bfloat16"``); ``""`` when it is the backend's default. Devices
+    and device maps do not enter (the same weights give the same numbers up to rounding)."""
+    dtype = (options or {}).get("dtype")
+    return f"dtype={dtype}" if dtype not in (None, "", "auto") else ""
+
+
 def task_key(
     *,
     model_revision: str,
@@ -50,23 +58,29 @@ def task_key(
     params: dict[str, Any],
     seed: int | None,
     version: str | None = None,
+    load: str = "",
 ) -> str:
     """A deterministic hex key of everything that changes a task's numbers.
 
     sha256 over the canonical JSON (sorted keys) of model reference and resolved revision,
-    dataset digest, metric name, metric parameters, seed and code version. Two runs with the
-    same key produce the same numbers, so a sweep may skip a key that already has a finished run.
+    dataset digest, metric name, metric parameters, seed and code version, and the load options
+    that change numbers (``load``, e.g. ``dtype=bfloat16``; left out of the JSON when empty, so
+    keys of models loaded with their defaults do not depend on it). Two runs with the same key
+    produce the same numbers, so a sweep may skip a key that already has a finished run.
     """
+    fields = {
+        "model": model_ref,
+        "revision": model_revision,
+        "dataset": dataset_digest,
+        "metric": metric,
+        "params": params,
+        "seed": seed,
+        "version": version if version is not None else code_version(),
+    }
+    if load:
+        fields["load"] = load
     blob = json.dumps(
-        {
-            "model": model_ref,
-            "revision": model_revision,
-            "dataset": dataset_digest,
-            "metric": metric,
-            "params": params,
-            "seed": seed,
-            "version": version if version is not None else code_version(),
-        },
+        fields,
         sort_keys=True,
         ensure_ascii=False,
         default=str,

@@ -24,7 +24,7 @@ from audit.datasets import load_test as load_dataset
 from audit.datasets.crows_pairs import TEST_NAME as CROWS_PAIRS_TEST
 from audit.entries import Measurement
 from audit.errors import DataError, ModelError
-from audit.provenance import package_versions, task_key
+from audit.provenance import load_key, package_versions, task_key
 from audit.result import MetricOutput, Result
 from audit.suites import SentencePairs, WordTest
 
@@ -54,6 +54,8 @@ class LoadedModel:
     #: per-model cache of derived views (contextual word vectors per test), reused across the
     #: metrics of one test while the model is held (e.g. by a sweep's model actor).
     cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    #: :func:`audit.provenance.load_key` of the options it was loaded with (part of ``audit.key``).
+    load: str = ""
 
     def describe(self) -> dict[str, str]:
         """Model, backend, resolved revision, kind and, for Hugging Face models, how the revision
@@ -67,6 +69,8 @@ class LoadedModel:
         load_info = getattr(self.handle, "load_info", None)
         if callable(load_info):
             d.update(load_info())
+        if self.load:
+            d["load"] = self.load
         return d
 
 
@@ -170,7 +174,8 @@ def load_model(
         dtype=dtype,
         device_map=device_map,
     )
-    return LoadedModel(ref=ref, kind=kind, backend=m.backend, revision=m.revision, handle=m)
+    return LoadedModel(ref=ref, kind=kind, backend=m.backend, revision=m.revision, handle=m,
+                       load=load_key({"dtype": dtype}))
 
 
 # --------------------------------------------------------------------------------------
@@ -268,7 +273,7 @@ def make_result(
         "versions": package_versions(),
         "key": task_key(
             model_revision=model.revision, model_ref=model.ref, dataset_digest=digest,
-            metric=metric_name, params=params, seed=seed,
+            metric=metric_name, params=params, seed=seed, load=model.load,
         ),
     }
     if meas.subword and any(meas.subword.values()):

@@ -31,7 +31,7 @@ from audit.datasets import stub_of
 from audit.datasets import test_type as dataset_test_type
 from audit.errors import AuditError, DataError, ParameterError
 from audit.naming import natural_key
-from audit.provenance import task_key
+from audit.provenance import load_key, task_key
 from audit.runner import load_test, words_for
 from jobs.resolve import model_kind, probe_revision, resolve_ref
 from jobs.spec import ModelSpec, SweepSpec
@@ -396,6 +396,7 @@ def attach_keys(plan: Plan) -> Plan:
             key = task_key(
                 model_revision=info.revision, model_ref=info.spec.ref, dataset_digest=digests[t.test],
                 metric=metric_name(t.metric, info.kind), params=t.params, seed=t.seed,
+                load=load_key(dict(info.spec.options)),
             )
         keyed.append(dataclasses.replace(t, key=key))
     plan.tasks = keyed

@@ -115,7 +115,7 @@ _TOP_FIELDS = {
     "n_bootstrap", "metrics", "models", "ray",
 }
 _MODEL_FIELDS = {
-    "ref", "name", "languages", "backend", "revision", "dtype", "device", "allow_pickle",
+    "ref", "name", "languages", "backend", "revision", "dtype", "device", "device_map", "allow_pickle",
     "trust_remote_code", "subword", "params", "build", "tests", "mitigation",
 }
 _MITIGATION_FIELDS = {"method", "definitions", "params", "name", "scope"}
@@ -394,6 +394,15 @@ def _model(ctx: Ctx, i: int, v: Any) -> ModelSpec:
         if dt not in _DTYPES:
             raise ctx.param(f"{path}.dtype", f"unknown dtype {dt!r}; known: {', '.join(_DTYPES)}")
         options["dtype"] = dt
+    if d.get("device_map") is not None:  # models larger than one GPU (needs accelerate): docs/causal.md
+        dm = d["device_map"]
+        if isinstance(dm, str):
+            dm = string(ctx, f"{path}.device_map", dm)
+        elif isinstance(dm, dict):
+            dm = {str(k): v for k, v in dm.items()}
+        else:
+            raise ctx.param(f"{path}.device_map", f"expected 'auto', 'balanced', ... or a mapping module -> device, got {dm!r}")
+        options["device_map"] = dm
     for k in ("allow_pickle", "trust_remote_code", "subword"):
         if k in d:
             options[k] = boolean(ctx, f"{path}.{k}", d[k])

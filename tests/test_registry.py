@@ -155,3 +155,19 @@ def test_sentence_pair_tests_take_only_their_metrics():
     assert registry.supported(pairs) == [n for n, e in registry.METRICS.items() if e.family.test_type == "pairs"]
     assert "runs on sentence-pair tests" in registry.applies("crows_pairs", TEST)
     assert "runs on word-set tests" in registry.applies("weat", pairs)
+
+
+def test_the_key_covers_the_requested_dtype():
+    """A float32 and a bfloat16 run of one checkpoint are different tasks (their numbers differ);
+    a model loaded with its defaults keeps the key it had before dtypes entered the key."""
+    from audit.provenance import load_key, task_key
+
+    base = dict(model_revision="r", model_ref="m", dataset_digest="d", metric="weat", params={}, seed=0)
+    assert task_key(**base) == task_key(**base, load=load_key({})) == task_key(**base, load=load_key({"dtype": None}))
+    keys = {task_key(**base, load=load_key({"dtype": d})) for d in ("bfloat16", "float32", "float16")}
+    assert len(keys) == 3 and task_key(**base) not in keys
+    from jobs.spec import parse_spec
+
+    spec = parse_spec({"name": "x", "models": [{"ref": "org/m", "backend": "hf-causal", "dtype": "bfloat16",
+                                                "device_map": "auto"}], "metrics": ["crows_pairs"]}, source="x.yaml")
+    assert spec.models[0].options["device_map"] == "auto" and load_key(spec.models[0].options) == "dtype=bfloat16"
