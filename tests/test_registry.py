@@ -45,7 +45,7 @@ TOY = Metric(
     name="toy_centroid_gap", family=ASSOCIATION,
     analyse=lambda m, **p: centroid_gap(m.targets, m.attributes, **p), params={"scale": 1.0},
     headline="cos(mean X, mean A) - cos(mean Y, mean A)", reference="this test",
-    n_targets=(2, 2), n_attributes=(1, None),
+    n_targets=(2, 2), n_attributes=(1, None), kinds=("static",),  # an entry may narrow its family's kinds
 )
 
 
@@ -81,7 +81,7 @@ def test_a_new_metric_is_one_function_and_one_entry(toy, tmp_path):
     assert res.provenance["key"]
     # what a test supports, and the applicability rules, come from the entry
     assert toy.name in catalog.supported_metrics(TEST)
-    assert registry.applies(toy.name, TEST, "causal") == f"{toy.name} cannot run on a causal LM (needs static, encoder, mlm)"
+    assert registry.applies(toy.name, TEST, "mlm") == f"{toy.name} cannot run on a masked LM (needs static)"
     three = WordTest("t3", "en", (*TEST.targets, WordSet("Z", ("k",))), TEST.attributes)
     assert "needs exactly 2 target sets, got 3" in registry.applies(toy.name, three)
     with pytest.raises(ParameterError, match=r"does not accept parameter\(s\) bogus"):
