@@ -85,7 +85,8 @@ class Progress:
 
     def tick(self, now: float | None = None) -> None:
         now = self.clock() if now is None else now
-        if self._bar is None and now - self.last >= self.interval:
+        # the line of a finished run is close()'s, so that it is printed once
+        if self._bar is None and now - self.last >= self.interval and self.done < self.total:
             self.last = now
             self.lines += 1
             self.say(self.line(now))

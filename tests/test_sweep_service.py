@@ -224,6 +224,10 @@ def test_progress_reporter_plain_lines_and_estimate():
     # 4 tasks in 61 s: 6 left take about 6 * 61 / 4 = 91.5 s
     assert said[-1] == "progress: 4/10 tasks (40%), 1 failed, 1 model loaded, 1m01s elapsed, about 1m32s left"
     p.update(done=10, failed=1, loads=2)
+    now[0] = 200.0
+    p.tick()  # finished: the last line is close()'s alone, even when a tick falls between
+    assert len(said) == 2
+    now[0] = 161.0
     p.close()
     assert said[-1] == "progress: 10/10 tasks (100%), 1 failed, 2 models loaded, 1m01s elapsed, done"
     q = Progress(3, label="y", bar=False, interval=30, say=said.append)
