@@ -247,3 +247,38 @@ def test_default_tests_are_the_languages_shipped_tests(revisions):
                                type("M", (), {"labels": {"target0": ["aster"], "target1": ["ant"],
                                                          "attribute0": ["caress"], "attribute1": ["abuse"]}})(),
                                "weat", {})
+
+
+CROWS = Path(__file__).resolve().parents[2] / "shared" / "data" / "crows-pairs" / "crows_pairs_anonymized.csv"
+
+
+@pytest.mark.skipif(not CROWS.is_file(), reason="CrowS-Pairs data not in ../shared/data")
+def test_masked_lms_crows_pairs_mcnemar_and_lpbs_from_per_item_tables():
+    """Two tiny masked LMs: CrowS-Pairs (exact McNemar on the pairs' outcomes) and LPBS (swap of
+    the per-attribute scores) from each model's per-item table, as audit score gives them."""
+    torch = pytest.importorskip("torch")
+    from scipy.stats import binomtest
+
+    from audit import tiny_models
+    from audit.datasets.crows_pairs import load_crows_pairs
+
+    torch.set_num_threads(1)
+    bert, roberta = (str(tiny_models.tiny_model_dir(k)) for k in ("bert", "roberta"))
+    pairs = load_crows_pairs(CROWS, limit=40)
+    df, models = regression.compare_models(bert, roberta, tests=[pairs, "en/gender_math"], metrics=["crows_pairs", "lpbs"],
+                                           seed=0, n_bootstrap=100)
+    assert models["A"]["kind"] == models["B"]["kind"] == "mlm"
+    by = df.set_index("metric")
+    assert by["status"].tolist() == ["compared", "compared"], by["error"].tolist()
+    a = runner.score(bert, pairs, "crows_pairs")
+    b = runner.score(roberta, pairs, "crows_pairs")
+    c = by.loc["crows_pairs"]
+    assert (c.value_a, c.value_b) == pytest.approx((a.value, b.value), abs=1e-9) and c.p_method == "exact McNemar"
+    oa, ob = a.items.set_index("pair_id")["score"], b.items.set_index("pair_id")["score"].reindex(a.items["pair_id"])
+    n01, n10 = int(((oa.values == 0) & (ob.values == 1)).sum()), int(((oa.values == 1) & (ob.values == 0)).sum())
+    assert c.p_value == pytest.approx(binomtest(n01, n01 + n10, 0.5).pvalue if n01 + n10 else 1.0)
+    assert c.delta_abs == pytest.approx(abs(b.value - 50) - abs(a.value - 50)) and np.isnan(c.ci_abs_low)
+    lp = by.loc["lpbs"]
+    assert lp.value_a == pytest.approx(runner.score(bert, "en/gender_math", "lpbs").value, abs=1e-9)
+    assert lp.value_b == pytest.approx(runner.score(roberta, "en/gender_math", "lpbs").value, abs=1e-9)
+    assert lp.n_items == 16 and 0 <= lp.p_value <= 1
