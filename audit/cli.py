@@ -27,6 +27,7 @@ from audit import catalog, regression, registry, runner
 from audit.datasets import NUMBERS
 from audit.errors import AuditError, ParameterError
 from audit.measure.contextual import METHODS
+from audit.multitest import holm
 
 
 def _permutations(v: str) -> str | int:
@@ -249,7 +250,9 @@ def format_result(res) -> str:
 
 
 def cmd_table(a: argparse.Namespace) -> int:
-    """One row per test: effect size (or value), p-value, CI, coverage; failures are rows too."""
+    """One row per test: value, p-value with its method, the Holm-adjusted p-value over the
+    tests of this table (one model, one metric: one family), the interval with the method that
+    produced it (``ci_method``), coverage; failures are rows too."""
     params: dict[str, Any] = {}
     if a.permutations is not None:
         params["permutations"] = a.permutations
@@ -270,31 +273,54 @@ def cmd_table(a: argparse.Namespace) -> int:
         tests.append(t)
         words |= runner.words_for(a.metric, t, params) or set()
     model = runner.load_model(a.model, words=words or None, **opts)
-    print(f"Model `{a.model}` ({model.backend}, `{model.revision}`), metric `{a.metric}`, seed {a.seed}\n")
-    print("| test | language | value | p-value (method) | 95% CI | coverage | missing |")
-    print("| --- | --- | ---: | --- | --- | --- | --- |")
-    failed = 0
+    results: list[tuple[str, Any, str, str]] = []
     for t in tests:
         name = t.name
         if getattr(t, "language", None) and getattr(t, "source", ""):
             name = f"{t.language}/{name}"
         try:
-            res = runner.score(model, t, a.metric, params, seed=a.seed)
+            results.append((name, getattr(t, "language", ""), runner.score(model, t, a.metric, params, seed=a.seed), ""))
         except AuditError as e:
+            results.append((name, getattr(t, "language", ""), None, str(e)))
+    p_raw = [r.fields.get("p_value") if r is not None else None for _, _, r, _ in results]
+    p_holm = holm(p_raw)
+    n_p = sum(p is not None for p in p_raw)
+    methods = sorted({str(r.fields["ci_method"]) for _, _, r, _ in results if r is not None and r.fields.get("ci_method")})
+    conf = sorted({float(r.fields["confidence"]) for _, _, r, _ in results if r is not None and r.fields.get("ci")
+                   and r.fields.get("confidence")}) or [0.95]
+    ci_head = f"{100 * conf[0]:g}% CI" + (f" ({methods[0]})" if len(methods) == 1 else "")
+    print(f"Model `{a.model}` ({model.backend}, `{model.revision}`), metric `{a.metric}`, seed {a.seed}; "
+          f"p Holm: Holm-adjusted over the {n_p} p-value(s) of this table"
+          + (f"; CI {methods[0]}: {CI_METHOD_TEXT.get(methods[0], methods[0])}" if len(methods) == 1 else "") + "\n")
+    print(f"| test | language | value | p-value (method) | p Holm | {ci_head} | coverage | missing |")
+    print("| --- | --- | ---: | --- | ---: | --- | --- | --- |")
+    failed = 0
+    for (name, lang, res, err), ph in zip(results, p_holm):
+        if res is None:
             failed += 1
-            print(f"| {name} | {getattr(t, 'language', '')} | failed | {str(e)[:120]} | | | |")
+            print(f"| {name} | {lang} | failed | {err[:120]} | | | | |")
             continue
         f = res.fields
         p = f.get("p_value")
         pcell = f"{p:.3g} ({f.get('p_method', '')})" if p is not None else ""
         if p == 0 and f.get("n_partitions"):
             pcell = f"0 ({f.get('p_method', '')}: none of {f['n_partitions']:,} partitions exceeds)"
+        hcell = f"{ph:.3g}" if np.isfinite(ph) else ""
         ci = f.get("ci")
         cicell = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+        if ci and len(methods) > 1 and f.get("ci_method"):
+            cicell += f" ({f['ci_method']})"
         cov = ", ".join(f"{v:.0%}" for v in res.coverage.values())
         miss = "; ".join(", ".join(v) for v in res.missing.values() if v)
-        print(f"| {name} | {res.provenance.get('language', '')} | {res.value:.3f} | {pcell} | {cicell} | {cov} | {miss} |")
+        print(f"| {name} | {res.provenance.get('language', '')} | {res.value:.3f} | {pcell} | {hcell} | {cicell} | "
+              f"{cov} | {miss} |")
     return 1 if failed else 0
+
+
+#: What each WEAT/SEAT interval method resamples (``audit table``'s header line).
+CI_METHOD_TEXT = {"targets": "percentile bootstrap of the target words within X and Y, attribute sets fixed "
+                             "(as the permutation test)",
+                  "targets_attributes": "percentile bootstrap of the target and the attribute words"}
 
 
 def _print_frame(df, fmt: str, cols: list[str] | None = None) -> None:
