@@ -597,7 +597,7 @@ def _tags(ctx: Ctx, v: Any) -> dict[str, str]:
     for k, x in d.items():
         if isinstance(x, bool) or not isinstance(x, (str, int, float)):
             raise ctx.data(f"tags.{k}", f"expected a string or a number, got {x!r}")
-        if k.startswith("audit.") and not k.startswith("audit.watch."):
+        if k.startswith("audit.") and k != "audit.watch" and not k.startswith("audit.watch."):
             raise ctx.param(f"tags.{k}", "tags starting with 'audit.' are set by biasaudit")
         out[k] = str(x)
     return out
