@@ -225,6 +225,6 @@ def command(a: argparse.Namespace) -> int:
         raise
     except Exception as e:  # noqa: BLE001 - the store is unreachable or refuses
         raise unavailable(uri, e) from None
-    models = {k: {"model": f"{v['model']} (sweep {v['sweep']}, run {v['run_id']})", "backend": v["ref"],
-                  "revision": v["revision"], **v} for k, v in sides.items()}
+    models = {k: {**v, "model": f"{v['model']} (sweep {v['sweep']}, run {v['run_id']})", "backend": v["ref"]}
+              for k, v in sides.items()}
     return core_cli.print_comparison(df, models, a)
