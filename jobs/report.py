@@ -305,6 +305,44 @@ def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
     plt.close(fig)
 
 
+def plot_comparison(table: pd.DataFrame, path: Path, *, title: str, new_label: str = "new",
+                    baseline_label=lambda b: f"baseline {b}") -> None:
+    """Two revisions side by side (the watcher's regression report): per compared (baseline,
+    test, metric) row of a comparison table (:mod:`audit.regression`, with each side's own
+    interval ``ci_a_low`` ... ``ci_b_high``), the baseline's headline (grey) and the new
+    revision's (blue; red where the row is flagged a regression), each with its interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = table[table["status"] == "compared"]
+    base_col = ok["baseline"] if "baseline" in ok.columns else pd.Series([""] * len(ok), index=ok.index)
+    names = ok["language"].astype(str) + "/" + ok["test"].astype(str)
+    keys = sorted(dict.fromkeys(zip(base_col, names, ok["metric"])), key=lambda k: (str(k[0]), natural_key(k[1]), k[2]))
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.9 * len(keys) + 2.5), 3.8), dpi=110, layout="constrained")
+    for i, (base, test, metric) in enumerate(keys):
+        r = ok[(base_col == base) & (names == test) & (ok["metric"] == metric)].iloc[0]
+        flagged = bool(r.get("regression")) if r.get("regression") is not None else False
+        for dx, v, lo, hi, colour, label in (
+                (-0.15, r["value_a"], r.get("ci_a_low"), r.get("ci_a_high"), "0.5", baseline_label(base)),
+                (0.15, r["value_b"], r.get("ci_b_low"), r.get("ci_b_high"), "tab:red" if flagged else "tab:blue",
+                 new_label + (" (regression)" if flagged else ""))):
+            has = lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi)
+            err = [[max(v - lo, 0.0)], [max(hi - v, 0.0)]] if has else None
+            ax.errorbar([i + dx], [v], yerr=err, fmt="o", color=colour, capsize=3, ms=5, label=label)
+    ax.axhline(0, color="0.7", lw=0.8)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([f"{t.split('/', 1)[-1]}\n{m}" for _, t, m in keys], fontsize=8)
+    ax.set_ylabel("headline value (interval: each audit's own)")
+    ax.set_title(title, fontsize=9)
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles))
+    ax.legend(seen.values(), seen.keys(), fontsize=7, loc="best")
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def write_reports(df: pd.DataFrame, out_dir: str | Path, *, model_order: list[str] | None = None,
                   mitigations: dict[str, dict] | None = None,
                   multiple_comparisons: MultipleComparisons | None = None) -> list[Path]:

@@ -53,8 +53,8 @@ import pandas as pd
 
 from audit import regression as core
 from audit.errors import AuditError
-from audit.naming import natural_key
 from jobs.compare_runs import compare_parents
+from jobs.report import plot_comparison
 from jobs.uris import redact_uri
 from jobs.validators import first_line
 from jobs.watch.index import (
@@ -191,41 +191,6 @@ def _short(rev: str | None) -> str:
     return r.split(":", 1)[1][:12] if r.startswith("sha256:") else r[:19]
 
 
-def _plot(check: RegressionCheck, path: Path) -> None:
-    """Per compared (test, metric) and baseline: the baseline's headline (grey) and the new
-    revision's (blue; red where it regressed), each with its stored interval."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = check.table[check.table["status"] == "compared"]
-    keys = sorted(dict.fromkeys(zip(ok["baseline"], ok["language"] + "/" + ok["test"], ok["metric"])),
-                  key=lambda k: (str(k[0]), natural_key(k[1]), k[2]))
-    fig, ax = plt.subplots(figsize=(max(4.5, 0.9 * len(keys) + 2.5), 3.8), dpi=110, layout="constrained")
-    for i, (base, test, metric) in enumerate(keys):
-        r = ok[(ok["baseline"] == base) & (ok["language"] + "/" + ok["test"] == test) & (ok["metric"] == metric)].iloc[0]
-        for dx, v, lo, hi, colour, label in (
-                (-0.15, r["value_a"], r.get("ci_a_low"), r.get("ci_a_high"), "0.5", f"baseline {_short(base)}"),
-                (0.15, r["value_b"], r.get("ci_b_low"), r.get("ci_b_high"), "tab:red" if r["regression"] else "tab:blue",
-                 f"new {_short(check.rec.revision)}")):
-            has = lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi)
-            err = [[max(v - lo, 0.0)], [max(hi - v, 0.0)]] if has else None
-            ax.errorbar([i + dx], [v], yerr=err, fmt="o", color=colour, capsize=3, ms=5,
-                        label=label if i == 0 or (label.startswith("new") and r["regression"]) else None)
-    ax.axhline(0, color="0.7", lw=0.8)
-    ax.set_xticks(range(len(keys)))
-    ax.set_xticklabels([f"{t.split('/', 1)[-1]}\n{m}" for _, t, m in keys], fontsize=8)
-    ax.set_ylabel("headline value (interval: the audit's own)")
-    ax.set_title(f"{check.rec.repo}: {_short(check.rec.revision)} vs "
-                 f"{', '.join(_short(b.revision) for b in check.baselines)}", fontsize=9)
-    handles, labels = ax.get_legend_handles_labels()
-    seen = dict(zip(labels, handles))
-    ax.legend(seen.values(), seen.keys(), fontsize=7, loc="best")
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def write_report(spec: WatchSpec, check: RegressionCheck, out_dir: Path) -> Path:
     """``regression.md``, ``comparison.json``, ``comparison.csv`` and ``regression.png`` of a
     check in ``out_dir`` (created); returns ``out_dir``."""
@@ -253,8 +218,11 @@ def write_report(spec: WatchSpec, check: RegressionCheck, out_dir: Path) -> Path
         rule={"min_increase": rs.min_increase, "alpha": rs.alpha, "adjust": rs.adjust}, regression=check.regression,
         notes=check.notes), encoding="utf-8")
     check.table.to_csv(out_dir / "comparison.csv", index=False)
-    if (check.table["status"] == "compared").any() if len(check.table) else False:
-        _plot(check, out_dir / "regression.png")
+    if len(check.table) and (check.table["status"] == "compared").any():
+        plot_comparison(check.table, out_dir / "regression.png", new_label=f"new {_short(rec.revision)}",
+                        title=f"{rec.repo}: {_short(rec.revision)} vs "
+                              f"{', '.join(_short(b.revision) for b in check.baselines)}",
+                        baseline_label=lambda b: f"baseline {_short(b)}")
     check.report_dir = out_dir
     return out_dir
 
