@@ -282,3 +282,18 @@ def test_masked_lms_crows_pairs_mcnemar_and_lpbs_from_per_item_tables():
     assert lp.value_a == pytest.approx(runner.score(bert, "en/gender_math", "lpbs").value, abs=1e-9)
     assert lp.value_b == pytest.approx(runner.score(roberta, "en/gender_math", "lpbs").value, abs=1e-9)
     assert lp.n_items == 16 and 0 <= lp.p_value <= 1
+
+
+def test_installed_version_is_the_projects():
+    """The version in pyproject.toml is part of every task's ``audit.key`` through the installed
+    metadata (``audit.provenance.code_version``): an editable install made before a version bump
+    keeps the old version, and a resumed sweep would reuse results of the old statistics.
+    Reinstall (``scripts/setup.sh``, or ``pip install -e .``) after changing it."""
+    import re
+
+    from audit.provenance import code_version
+
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    declared = re.search(r'^version = "([^"]+)"', text, re.MULTILINE).group(1)
+    assert declared == "0.2.0"  # issue 15 changed intervals, random streams, SAME and roles
+    assert code_version() == declared, f"installed biasaudit {code_version()} != pyproject {declared}: reinstall"
