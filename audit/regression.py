@@ -361,11 +361,14 @@ def format_markdown(df: pd.DataFrame, *, label_a: str = "A", label_b: str = "B",
             lines.append(f"| {name} | {r['metric']} | | | | | | | | | | {r['status']}: {str(r.get('error') or '')[:160]} |")
             continue
         ci = f"[{_num(r['ci_low'], 2)}, {_num(r['ci_high'], 2)}]" if _num(r["ci_low"]) else ""
+        ma, mb = r.get("missing_a") or "", r.get("missing_b") or ""
         note = "; ".join(x for x in (
-            f"missing in A: {r['missing_a']}" if r.get("missing_a") else "",
-            f"missing in B: {r['missing_b']}" if r.get("missing_b") else "",
+            f"missing in both models: {ma}" if ma and ma == mb else "",
+            f"missing in A: {ma}" if ma and ma != mb else "",
+            f"missing in B: {mb}" if mb and ma != mb else "",
             f"dropped: {r['dropped_items']}" if r.get("dropped_items") else "") if x)
-        reg = "REGRESSION" if r.get("regression") is True else ("no" if r.get("regression") is False else "")
+        flag = r.get("regression")
+        reg = "" if flag is None or (isinstance(flag, float) and math.isnan(flag)) else ("REGRESSION" if flag else "no")
         lines.append(
             f"| {name} | {r['metric']} | {_num(r['value_a'])} | {_num(r['value_b'])} | {_num(r['delta'])} | {ci} | "
             f"{_num(r['delta_abs'])} | {_p(r['p_value'])} ({r['p_method']}) | {_p(r['p_holm'])} | "
