@@ -122,7 +122,7 @@ def load_items(client, run_id: str) -> pd.DataFrame:
         except Exception as e:  # noqa: BLE001 - missing artifact, store unreachable
             raise DataError(f"run {run_id}: no per-item table items.json ({str(e).splitlines()[0][:160]})") from None
         text = Path(path).read_text(encoding="utf-8")
-    return pd.read_json(io.StringIO(text), orient="split", dtype=False, convert_dates=False)
+    return pd.read_json(io.StringIO(text), orient="split", dtype=False)
 
 
 def _entry(metric: str):
