@@ -4,6 +4,7 @@
     audit table --model MODEL --test TEST ... [--metric METRIC]        several tests, a Markdown table
     audit datasets [--language LANG] [--coverage]                      the shipped tests, what runs where
     audit metrics                                                      the metric registry
+    audit compare A B [--test TEST ...] [--metric METRIC ...] [options] two models (or revisions), test by test
 
 The installed ``audit`` command is :func:`jobs.cli.main`, which adds the service commands
 (``run``, ``sync``, ``watch``) on top of these. Errors caused by input print one line naming the
@@ -22,10 +23,11 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from audit import catalog, registry, runner
+from audit import catalog, regression, registry, runner
 from audit.datasets import NUMBERS
 from audit.errors import AuditError, ParameterError
 from audit.measure.contextual import METHODS
+from audit.multitest import holm
 
 
 def _permutations(v: str) -> str | int:
@@ -98,6 +100,47 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("metrics", help="list the registered metrics: family, model kinds, parameters, reference")
     m.add_argument("--format", choices=("table", "json", "markdown"), default="table")
 
+    c = sub.add_parser(
+        "compare", help="compare model B with model A test by test (difference, CI, p-value; regression gate)",
+        description="Compare model B with model A on the same tests: for each (test, metric) the difference of the "
+                    "headline (B - A) with a paired bootstrap interval and a p-value for 'no difference' (label "
+                    "swap within items; exact McNemar for CrowS-Pairs), Holm/BH-adjusted over the compared tests "
+                    "of each metric. Exit status: 0 no regression (or --fail-on-regression not given), 1 a "
+                    "regression under --fail-on-regression, 2 bad input, 3 a (test, metric) could not be compared.")
+    c.add_argument("a", metavar="A", help="model A (the baseline): a reference as `audit score --model` takes it, "
+                                          "or run:<parent run id> / sweep:<name> of a finished sweep in MLflow")
+    c.add_argument("b", metavar="B", help="model B (the candidate); @REV: model A at another revision")
+    c.add_argument("--test", nargs="+", default=None,
+                   help="test names or files (default: the shipped tests of --language)")
+    c.add_argument("--metric", nargs="+", default=None, help=_metric_help() + "; default: the first")
+    c.add_argument("--language", default="en", help="language of the default tests (and of files outside a "
+                                                    "folder named after one); default en")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--permutations", type=_permutations, default="auto",
+                   help="label-swap patterns: auto (exact up to 16 items, else 9,999 sampled), exact, or N")
+    c.add_argument("--n-bootstrap", type=int, default=1000, help="paired bootstrap resamples (0: no interval)")
+    c.add_argument("--confidence", type=float, default=0.95)
+    c.add_argument("--alternative", choices=("two-sided", "greater", "less"), default="two-sided",
+                   help="of the test of 'no difference' (greater: B higher)")
+    c.add_argument("--quantity", choices=("delta", "delta_abs"), default="delta",
+                   help="what the test compares: the headline (delta) or its magnitude (delta_abs)")
+    c.add_argument("--casefold", action="store_true")
+    c.add_argument("--strip-accents", action="store_true")
+    c.add_argument("--max-missing", type=float, default=None)
+    c.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="further task parameter (JSON value)")
+    c.add_argument("--backend", default=None, help="backend of both models")
+    c.add_argument("--allow-pickle", action="store_true")
+    c.add_argument("--trust-remote-code", action="store_true")
+    c.add_argument("--fail-on-regression", action="store_true",
+                   help="exit 1 when a (test, metric) regressed: |bias| grew by >= --min-increase with an adjusted "
+                        "p-value <= --alpha")
+    c.add_argument("--min-increase", type=float, default=0.0,
+                   help="smallest increase of the bias magnitude (|effect size| for WEAT) that counts; default 0")
+    c.add_argument("--alpha", type=float, default=0.05, help="level of the adjusted p-value; default 0.05")
+    c.add_argument("--adjust", choices=("holm", "bh"), default="holm",
+                   help="adjusted p-value the gate reads (family: the compared tests of each metric); default holm")
+    c.add_argument("--format", choices=("table", "json"), default="table")
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="audit", description="Audit embeddings and language models for social bias.")
@@ -112,6 +155,12 @@ def _score_params(a: argparse.Namespace) -> dict[str, Any]:
         v = getattr(a, key)
         if v is not None:
             params[key] = v
+    return _lookup_params(a, params)
+
+
+def _lookup_params(a: argparse.Namespace, params: dict[str, Any]) -> dict[str, Any]:
+    """``--casefold``, ``--strip-accents`` and each ``--param KEY=VALUE`` (a JSON value, else
+    the text) added to ``params``."""
     if a.casefold:
         params["casefold"] = True
     if a.strip_accents:
@@ -201,7 +250,9 @@ def format_result(res) -> str:
 
 
 def cmd_table(a: argparse.Namespace) -> int:
-    """One row per test: effect size (or value), p-value, CI, coverage; failures are rows too."""
+    """One row per test: value, p-value with its method, the Holm-adjusted p-value over the
+    tests of this table (one model, one metric: one family), the interval with the method that
+    produced it (``ci_method``), coverage; failures are rows too."""
     params: dict[str, Any] = {}
     if a.permutations is not None:
         params["permutations"] = a.permutations
@@ -222,31 +273,54 @@ def cmd_table(a: argparse.Namespace) -> int:
         tests.append(t)
         words |= runner.words_for(a.metric, t, params) or set()
     model = runner.load_model(a.model, words=words or None, **opts)
-    print(f"Model `{a.model}` ({model.backend}, `{model.revision}`), metric `{a.metric}`, seed {a.seed}\n")
-    print("| test | language | value | p-value (method) | 95% CI | coverage | missing |")
-    print("| --- | --- | ---: | --- | --- | --- | --- |")
-    failed = 0
+    results: list[tuple[str, Any, str, str]] = []
     for t in tests:
         name = t.name
         if getattr(t, "language", None) and getattr(t, "source", ""):
             name = f"{t.language}/{name}"
         try:
-            res = runner.score(model, t, a.metric, params, seed=a.seed)
+            results.append((name, getattr(t, "language", ""), runner.score(model, t, a.metric, params, seed=a.seed), ""))
         except AuditError as e:
+            results.append((name, getattr(t, "language", ""), None, str(e)))
+    p_raw = [r.fields.get("p_value") if r is not None else None for _, _, r, _ in results]
+    p_holm = holm(p_raw)
+    n_p = sum(p is not None for p in p_raw)
+    methods = sorted({str(r.fields["ci_method"]) for _, _, r, _ in results if r is not None and r.fields.get("ci_method")})
+    conf = sorted({float(r.fields["confidence"]) for _, _, r, _ in results if r is not None and r.fields.get("ci")
+                   and r.fields.get("confidence")}) or [0.95]
+    ci_head = f"{100 * conf[0]:g}% CI" + (f" ({methods[0]})" if len(methods) == 1 else "")
+    print(f"Model `{a.model}` ({model.backend}, `{model.revision}`), metric `{a.metric}`, seed {a.seed}; "
+          f"p Holm: Holm-adjusted over the {n_p} p-value(s) of this table"
+          + (f"; CI {methods[0]}: {CI_METHOD_TEXT.get(methods[0], methods[0])}" if len(methods) == 1 else "") + "\n")
+    print(f"| test | language | value | p-value (method) | p Holm | {ci_head} | coverage | missing |")
+    print("| --- | --- | ---: | --- | ---: | --- | --- | --- |")
+    failed = 0
+    for (name, lang, res, err), ph in zip(results, p_holm):
+        if res is None:
             failed += 1
-            print(f"| {name} | {getattr(t, 'language', '')} | failed | {str(e)[:120]} | | | |")
+            print(f"| {name} | {lang} | failed | {err[:120]} | | | | |")
             continue
         f = res.fields
         p = f.get("p_value")
         pcell = f"{p:.3g} ({f.get('p_method', '')})" if p is not None else ""
         if p == 0 and f.get("n_partitions"):
             pcell = f"0 ({f.get('p_method', '')}: none of {f['n_partitions']:,} partitions exceeds)"
+        hcell = f"{ph:.3g}" if np.isfinite(ph) else ""
         ci = f.get("ci")
         cicell = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+        if ci and len(methods) > 1 and f.get("ci_method"):
+            cicell += f" ({f['ci_method']})"
         cov = ", ".join(f"{v:.0%}" for v in res.coverage.values())
         miss = "; ".join(", ".join(v) for v in res.missing.values() if v)
-        print(f"| {name} | {res.provenance.get('language', '')} | {res.value:.3f} | {pcell} | {cicell} | {cov} | {miss} |")
+        print(f"| {name} | {res.provenance.get('language', '')} | {res.value:.3f} | {pcell} | {hcell} | {cicell} | "
+              f"{cov} | {miss} |")
     return 1 if failed else 0
+
+
+#: What each WEAT/SEAT interval method resamples (``audit table``'s header line).
+CI_METHOD_TEXT = {"targets": "percentile bootstrap of the target words within X and Y, attribute sets fixed "
+                             "(as the permutation test)",
+                  "targets_attributes": "percentile bootstrap of the target and the attribute words"}
 
 
 def _print_frame(df, fmt: str, cols: list[str] | None = None) -> None:
@@ -296,7 +370,56 @@ def cmd_metrics(a: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"score": cmd_score, "datasets": cmd_datasets, "table": cmd_table, "metrics": cmd_metrics}
+def comparison_options(a: argparse.Namespace) -> dict[str, Any]:
+    """The comparison options of ``audit compare`` (:mod:`audit.compare`)."""
+    if a.n_bootstrap < 0:
+        raise ParameterError(f"--n-bootstrap must be >= 0, got {a.n_bootstrap}")
+    if not 0 < a.confidence < 1:
+        raise ParameterError(f"--confidence must be in (0, 1), got {a.confidence}")
+    return {"alternative": a.alternative, "quantity": a.quantity, "n_bootstrap": a.n_bootstrap,
+            "permutations": a.permutations, "confidence": a.confidence}
+
+
+def print_comparison(df, models: dict[str, Any], a: argparse.Namespace) -> int:
+    """Flag regressions, print the comparison (Markdown or JSON) and return the exit status."""
+    df = regression.flag_regressions(df, min_increase=a.min_increase, alpha=a.alpha, adjust_method=a.adjust)
+    gate = {"min_increase": a.min_increase, "alpha": a.alpha, "adjust": a.adjust,
+            "fail_on_regression": a.fail_on_regression}
+    if a.format == "json":
+        print(regression.to_json(df, models, gate=gate))
+    else:
+        for k in ("A", "B"):
+            d = models.get(k, {})
+            print(f"Model {k}: `{d.get('model', '')}` ({d.get('backend', '')}, `{d.get('revision', '')}`)")
+        opts = comparison_options(a)
+        print(f"Seed {a.seed}; test of no difference: {opts['alternative']} on {opts['quantity']}; "
+              f"p Holm: Holm-adjusted over the compared tests of each metric\n")
+        print(regression.format_markdown(df, confidence=a.confidence))
+        reg = df[df["regression"]]
+        print(f"\nRegressions (|bias| up by >= {a.min_increase:g}, {a.adjust}-adjusted p <= {a.alpha:g}): "
+              + (", ".join(f"{r.language}/{r.test} {r.metric} ({r.delta_abs:+.3f})" for r in reg.itertuples())
+                 if len(reg) else "none"))
+    return regression.exit_status(df, fail_on_regression=a.fail_on_regression)
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    """``audit compare A B``: two models (or two revisions of one) test by test."""
+    for ref in (a.a, a.b):
+        if ref.startswith(regression.RUN_PREFIXES):
+            raise ParameterError(f"{ref!r}: comparing finished sweeps in MLflow needs the service command "
+                                 "(the installed `audit`, jobs.cli)")
+    params = _lookup_params(a, {} if a.max_missing is None else {"max_missing": a.max_missing})
+    opts: dict[str, Any] = {"allow_pickle": a.allow_pickle, "trust_remote_code": a.trust_remote_code}
+    if a.backend:
+        opts["backend"] = a.backend
+    df, models = regression.compare_models(
+        a.a, a.b, tests=a.test, metrics=a.metric, language=a.language, params=params, seed=a.seed,
+        options_a=opts, options_b=opts, say=lambda m: print(m, file=sys.stderr), **comparison_options(a))
+    return print_comparison(df, models, a)
+
+
+COMMANDS = {"score": cmd_score, "datasets": cmd_datasets, "table": cmd_table, "metrics": cmd_metrics,
+            "compare": cmd_compare}
 
 
 def run_command(a: argparse.Namespace) -> int:

@@ -108,6 +108,14 @@ from audit.stats import (
 
 __all__ = [
     "ALIGNED_MIN_COSINE",
+    "COMPARE_OPTIONS",
+    "EFFECT_SIZE_COMPARER",
+    "LPBS_COMPARER",
+    "MetricComparer",
+    "PROPORTION_COMPARER",
+    "align_items",
+    "item_mean_comparer",
+    "row_mean_comparer",
     "DEFAULT_PERMUTATIONS",
     "EXACT_MAX_ITEMS",
     "Comparison",
@@ -736,3 +744,158 @@ def compare_item_means(items_a: pd.DataFrame, items_b: pd.DataFrame, *, value: s
     return paired_compare(j[f"{value}_a"].to_numpy(), j[f"{value}_b"].to_numpy(), stat, strata=sizes,
                           family=statistic, **kwargs)
 
+
+
+# --------------------------------------------------------------------------------- per metric
+
+
+def align_items(items_a: pd.DataFrame, items_b: pd.DataFrame, keys: Sequence[str]
+                ) -> tuple[pd.DataFrame, pd.DataFrame, list[tuple]]:
+    """The rows of two per-item tables whose ``keys`` appear in both, and the keys of the rows
+    left out (measured on one model only, e.g. a word missing from one revision's vocabulary),
+    each as ``(side, *key)`` with side ``"A"`` or ``"B"``: the model that has the item."""
+    for df, name in ((items_a, "items_a"), (items_b, "items_b")):
+        if not isinstance(df, pd.DataFrame):
+            raise ParameterError(f"{name}: expected a per-item table (DataFrame), got {type(df).__name__}")
+        missing = [c for c in keys if c not in df.columns]
+        if missing:
+            raise DataError(f"{name}: per-item table lacks column(s) {', '.join(missing)}")
+    ka = [tuple(r) for r in items_a[list(keys)].astype(str).itertuples(index=False)]
+    kb = [tuple(r) for r in items_b[list(keys)].astype(str).itertuples(index=False)]
+    sa, sb = set(ka), set(kb)
+    dropped = [("A", *k) for k in ka if k not in sb] + [("B", *k) for k in kb if k not in sa]
+    keep_a = np.fromiter((k in sb for k in ka), dtype=bool, count=len(ka))
+    keep_b = np.fromiter((k in sa for k in kb), dtype=bool, count=len(kb))
+    return items_a[keep_a].reset_index(drop=True), items_b[keep_b].reset_index(drop=True), dropped
+
+
+#: Options of the comparison functions a :class:`MetricComparer` forwards.
+COMPARE_OPTIONS = ("alternative", "quantity", "n_bootstrap", "permutations", "confidence", "seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricComparer:
+    """How two models' results of one metric are compared (the metric registry declares one
+    per comparable metric: :func:`audit.registry.comparer`).
+
+    items:    ``items(items_a, items_b, params, **options) -> Comparison`` from the two
+              results' per-item tables, matched by ``keys(items)`` (rows on one model only are
+              left out first: :meth:`from_items`).
+    vectors:  optional ``vectors(measurement_a, measurement_b, params, **options)`` from the two
+              measurements of the same items in the same order (the live comparison of
+              :mod:`audit.regression`; WEAT/SEAT: :func:`compare_weat`, every word swapped).
+    test:     one line naming the test of "no difference" (listings, docs).
+    neutral:  the headline of no bias: the bias magnitude is ``|value - neutral|`` (0; 50 for
+              CrowS-Pairs).
+    options:  which of :data:`COMPARE_OPTIONS` the functions take (CrowS-Pairs' exact McNemar
+              has no permutation count and compares the proportion itself).
+    """
+
+    items: Callable[..., Comparison]
+    keys: Callable[[pd.DataFrame], list[str]]
+    test: str
+    vectors: Callable[..., Comparison] | None = None
+    neutral: float = 0.0
+    options: tuple[str, ...] = COMPARE_OPTIONS
+
+    def _opts(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in options.items() if k in self.options and v is not None}
+
+    def from_items(self, items_a: pd.DataFrame, items_b: pd.DataFrame, params: dict[str, Any] | None = None,
+                   **options: Any) -> tuple[Comparison, list[tuple]]:
+        """The comparison on the items both tables hold, and the items left out
+        (:func:`align_items`)."""
+        if items_a is None or items_b is None:
+            raise DataError("a result has no per-item table to compare")
+        keys = self.keys(items_a)
+        ia, ib, dropped = align_items(items_a, items_b, keys)
+        if ia.empty:
+            raise DataError(f"the two results share no item (matched by {', '.join(keys)})")
+        return self.items(ia, ib, dict(params or {}), **self._opts(options)), dropped
+
+    def from_measurements(self, meas_a: Any, meas_b: Any, params: dict[str, Any] | None = None,
+                          **options: Any) -> Comparison:
+        """The comparison from two measurements of the same items (``vectors``)."""
+        if self.vectors is None:
+            raise ParameterError("this metric is compared from its per-item tables (from_items)")
+        return self.vectors(meas_a, meas_b, dict(params or {}), **self._opts(options))
+
+
+def _weat_items(ia: pd.DataFrame, ib: pd.DataFrame, params: dict[str, Any], **kw: Any) -> Comparison:
+    return compare_weat_items(ia, ib, ddof=params.get("ddof", 1), **kw)
+
+
+def _weat_vectors(ma: Any, mb: Any, params: dict[str, Any], **kw: Any) -> Comparison:
+    sets_a = [*ma.targets, *ma.attributes]
+    sets_b = [*mb.targets, *mb.attributes]
+    return compare_weat(sets_a, sets_b, ddof=params.get("ddof", 1), ci_method=params.get("ci_method", "targets"),
+                        **kw)
+
+
+def _lpbs_items(ia: pd.DataFrame, ib: pd.DataFrame, params: dict[str, Any], **kw: Any) -> Comparison:
+    return compare_lpbs(ia, ib, **kw)
+
+
+def _crows_items(ia: pd.DataFrame, ib: pd.DataFrame, params: dict[str, Any], **kw: Any) -> Comparison:
+    return compare_crows_pairs(ia, ib, **kw)
+
+
+def _item_means(value: str, statistic: str = "mean") -> Callable[..., Comparison]:
+    def compare(ia: pd.DataFrame, ib: pd.DataFrame, params: dict[str, Any], **kw: Any) -> Comparison:
+        return compare_item_means(ia, ib, value=value, statistic=statistic, **kw)
+
+    compare.__name__ = f"compare_{statistic}_of_{value}"
+    return compare
+
+
+def _row_mean_of(prefix: str) -> Callable[..., Comparison]:
+    """Per-item tables with one column per measured set (``<prefix><set>``): each item's mean
+    over them, then :func:`compare_item_means` (the mean over (item, set) pairs, as MAC's
+    headline, since every item has every set)."""
+
+    def compare(ia: pd.DataFrame, ib: pd.DataFrame, params: dict[str, Any], **kw: Any) -> Comparison:
+        out = []
+        for df, name in ((ia, "items_a"), (ib, "items_b")):
+            cols = [c for c in df.columns if str(c).startswith(prefix)]
+            if not cols:
+                raise DataError(f"{name}: per-item table has no {prefix}* column")
+            out.append(df.assign(_row_mean=df[cols].apply(pd.to_numeric, errors="coerce").mean(axis=1)))
+        return compare_item_means(out[0], out[1], value="_row_mean", **kw)
+
+    return compare
+
+
+def _pair_key(items: pd.DataFrame) -> list[str]:
+    return ["pair_id"]
+
+
+def _lpbs_key(items: pd.DataFrame) -> list[str]:
+    return ["set", "attribute"]
+
+
+_SWAP_ITEMS = "label swap of the per-item values (paired permutation test), paired bootstrap CI"
+
+#: WEAT and SEAT: effect size d.
+EFFECT_SIZE_COMPARER = MetricComparer(
+    items=_weat_items, vectors=_weat_vectors, keys=_item_key,
+    test="live: every word's two vectors swapped (compare_weat); stored results: swap of the standardised "
+         "per-target scores, attribute sets conditioned on (compare_weat_items); paired bootstrap CI",
+)
+#: LPBS: effect size over attribute words (ddof 0).
+LPBS_COMPARER = MetricComparer(items=_lpbs_items, keys=_lpbs_key,
+                               test="swap of the standardised per-attribute scores; paired bootstrap CI")
+#: CrowS-Pairs: percentage of pairs won by the more stereotypical sentence (50: no preference).
+PROPORTION_COMPARER = MetricComparer(
+    items=_crows_items, keys=_pair_key, neutral=50.0, options=("alternative", "n_bootstrap", "confidence", "seed"),
+    test="exact McNemar test of the discordant pairs; paired bootstrap CI",
+)
+
+
+def item_mean_comparer(value: str, statistic: str = "mean") -> MetricComparer:
+    """A metric whose headline is the mean (or the sum of group means) of a per-item column."""
+    return MetricComparer(items=_item_means(value, statistic), keys=_item_key, test=_SWAP_ITEMS)
+
+
+def row_mean_comparer(prefix: str) -> MetricComparer:
+    """A metric whose headline is the mean of several per-item columns (``<prefix>*``)."""
+    return MetricComparer(items=_row_mean_of(prefix), keys=_item_key, test=_SWAP_ITEMS)

@@ -28,6 +28,14 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from audit.compare import (
+    EFFECT_SIZE_COMPARER,
+    LPBS_COMPARER,
+    PROPORTION_COMPARER,
+    MetricComparer,
+    item_mean_comparer,
+    row_mean_comparer,
+)
 from audit.entries import KIND_NAMES, MODEL_KINDS, Family, Measurement, Metric, check_count
 from audit.errors import DataError, ModelError, ParameterError
 from audit.measure.crows_pairs import PAIR_SCORES
@@ -55,7 +63,7 @@ from audit.suites import SentencePairs, WordTest
 __all__ = [
     "METRICS", "FAMILIES", "TEST_TYPES", "register", "unregister", "get", "names", "families", "accepted_params", "split_params",
     "check_kind", "kind_reason", "applies", "supported", "check_declared", "run_metric", "analyse",
-    "label_items", "describe", "test_type_of",
+    "label_items", "describe", "test_type_of", "comparer",
 ]
 
 #: The Python type of each family's test objects.
@@ -249,6 +257,26 @@ def register(*entries: Metric) -> None:
 
 
 register(*_ENTRIES)
+
+#: How two models' results of a metric are compared (``audit compare``, the watcher's regression
+#: check: :mod:`audit.regression`); metrics not listed are not compared (ECT, a correlation;
+#: RNSB and Cramér's V, classifiers retrained per run: no per-item paired statistic).
+_COMPARERS: dict[str, MetricComparer] = {
+    "weat": EFFECT_SIZE_COMPARER, "seat": EFFECT_SIZE_COMPARER, "lpbs": LPBS_COMPARER,
+    "crows_pairs": PROPORTION_COMPARER, "same": item_mean_comparer("bias"),
+    "direct_bias": item_mean_comparer("bias"), "ripa": item_mean_comparer("ripa"),
+    "rnd": item_mean_comparer("distance"), "mac": row_mean_comparer("distance_"),
+    "gweat": item_mean_comparer("score", "sum_of_group_means"),
+}
+
+
+def comparer(name: str) -> MetricComparer | None:
+    """How two results of metric ``name`` (a registered name or a name results record, e.g.
+    ``crows_pairs_causal``) are compared, ``None`` when the metric offers no paired comparison."""
+    if name not in METRICS:
+        name = next((n for n, e in METRICS.items() if name in e.result_names.values()), name)
+    get(name)
+    return _COMPARERS.get(name)
 
 
 def unregister(name: str) -> None:

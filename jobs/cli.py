@@ -4,6 +4,8 @@ commands, which need Ray and MLflow:
     audit run SPEC [--dry-run] [...]      a sweep (:mod:`jobs.sweep`)
     audit sync SPEC [...]                 upload results left in a sweep's write-ahead log (:mod:`jobs.wal`)
     audit watch SPEC [--once] [...]       audit new model releases (:mod:`jobs.watch`)
+    audit compare run:ID run:ID [...]     two finished sweeps in MLflow (:mod:`jobs.compare_runs`);
+                                          two models: the core command (:mod:`audit.regression`)
 
 It lives above the core so that :mod:`audit` never imports :mod:`jobs`.
 """
@@ -16,13 +18,16 @@ import sys
 from typing import Sequence
 
 from audit import cli as core_cli
-from jobs import sweep, wal, watch
+from audit.errors import AuditError
+from audit.regression import RUN_PREFIXES
+from jobs import compare_runs, sweep, wal, watch
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="audit", description="Audit embeddings and language models for social bias.")
     sub = p.add_subparsers(dest="command", required=True)
     core_cli.add_core_commands(sub)
+    compare_runs.add_options(sub.choices["compare"])
     sub.add_parser("watch", help="watch model repositories and submit an audit for each new revision", add_help=False)
     r = sub.add_parser("run", help="run a sweep spec (YAML) on Ray")
     r.add_argument("spec")
@@ -44,6 +49,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return sweep.main([a.spec] + (["--dry-run"] if a.dry_run else []) + list(a.rest))
     if a.command == "sync":
         return wal.main([a.spec] + list(a.rest))
+    if a.command == "compare" and (a.a.startswith(RUN_PREFIXES) or a.b.startswith(RUN_PREFIXES)):
+        try:
+            return compare_runs.command(a)
+        except AuditError as e:
+            print(f"audit: error: {e}", file=sys.stderr)
+            return 2
     return core_cli.run_command(a)
 
 

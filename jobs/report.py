@@ -3,16 +3,25 @@
 Written to ``<output_dir>/reports/`` and logged on the sweep's parent run under ``reports/``:
 
 - ``results.parquet``: one row per planned task (the columns of :func:`jobs.tracker.run_row`:
-  model, language, test, metric, status, value, effect_size, p_value, ci_low, ci_high,
-  coverage_min, error, key, run_id, ...), readable with ``pandas.read_parquet``;
+  model, language, test, metric, status, value, effect_size, p_value, p_holm, p_bh, ci_low,
+  ci_high, coverage_min, error, key, run_id, ..., n_family, ci_method), readable with
+  ``pandas.read_parquet``; ``p_holm``/``p_bh`` are the p-values adjusted for multiple
+  comparisons over each *family* of tasks (:func:`adjust_pvalues`; default: all tests of one
+  model and metric in the sweep, ``n_family`` of them), configured by the spec's
+  ``multiple_comparisons:`` (:class:`jobs.spec.MultipleComparisons`). The file is logged on the
+  parent run (``reports/results.parquet``): adjusted p-values depend on the family, i.e. on
+  the sweep, so they live on the parent run, not on the child runs;
 - ``tables/<metric>_<language>.tex``: booktabs tables, models (rows) x tests (columns) of the
-  headline value (the effect size for WEAT/SEAT) with significance marks from the p-value
-  (``*`` p < 0.05, ``**`` p < 0.01, ``***`` p < 0.001; uncorrected for multiple testing),
-  ``fail`` for a failed task, empty where a combination was not planned;
+  headline value (the effect size for WEAT/SEAT) with significance marks (``*`` p < 0.05,
+  ``**`` p < 0.01, ``***`` p < 0.001) from the p-value ``multiple_comparisons.marks`` names
+  (default: Holm-adjusted; ``bh``; ``raw``: uncorrected), the caption saying which and over
+  which family, and the interval method (``ci_method``) of the results; ``fail`` for a failed
+  task, empty where a combination was not planned;
 - ``plots/effects_<metric>_<language>.png``: the headline value per test and model with its
-  confidence interval (when the metric gives one);
+  confidence interval (when the metric gives one; the title names ``ci_method``);
 - ``plots/heatmap_<metric>_<language>.png``: model x test heat map of the headline value
-  (diverging colours centred on 0, values annotated, ``fail`` on failed tasks).
+  (diverging colours centred on 0, values annotated with the same marks as the tables and a
+  footnote saying which p-values they read, ``fail`` on failed tasks).
 
 When the sweep has debiased copies of static models (``models[i].mitigation``), also:
 
@@ -42,14 +51,23 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from audit.multitest import add_adjusted_pvalues
 from audit.naming import natural_key
 from jobs.builders import ARTIFACT_MAX_BYTES
+from jobs.spec import MultipleComparisons
 
 COLUMNS = [
-    "model", "language", "test", "metric", "status", "value", "effect_size", "p_value", "ci_low",
-    "ci_high", "coverage_min", "n_items", "error", "key", "run_id", "model_ref", "revision", "backend",
-    "embedding", "metric_name", "dataset_digest", "seed", "params",
+    "model", "language", "test", "metric", "status", "value", "effect_size", "p_value", "p_holm", "p_bh",
+    "ci_low", "ci_high", "coverage_min", "n_items", "error", "key", "run_id", "model_ref", "revision", "backend",
+    "embedding", "metric_name", "dataset_digest", "seed", "params", "n_family", "ci_method", "groups",
 ]
+
+#: The p-value column each ``multiple_comparisons.marks`` reads.
+MARK_COLUMNS = {"holm": "p_holm", "bh": "p_bh", "raw": "p_value"}
+_MARK_NAMES = {"holm": "Holm-adjusted", "bh": "Benjamini-Hochberg-adjusted", "raw": "uncorrected"}
+#: What each WEAT/SEAT interval method resamples (captions).
+CI_METHODS = {"targets": "percentile bootstrap of the target words, attribute sets fixed (as the permutation test)",
+              "targets_attributes": "percentile bootstrap of the target and the attribute words"}
 
 _LATEX_SPECIAL = {
     "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
@@ -64,9 +82,64 @@ def results_frame(rows: Iterable[dict]) -> pd.DataFrame:
         if c not in df.columns:
             df[c] = None
     df = df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
-    for c in ("value", "effect_size", "p_value", "ci_low", "ci_high", "coverage_min", "n_items"):
+    for c in ("value", "effect_size", "p_value", "p_holm", "p_bh", "ci_low", "ci_high", "coverage_min", "n_items",
+              "n_family"):
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
     return df.reset_index(drop=True)
+
+
+def family_text(family: tuple[str, ...] | list[str]) -> str:
+    """How a multiple-comparison family reads in captions."""
+    family = tuple(family)
+    if not family:
+        return "all tests of the sweep"
+    if family == ("model", "metric"):
+        return "all tests of one model and metric in the sweep"
+    return "the tests sharing " + ", ".join(family)
+
+
+def marks_text(mc: MultipleComparisons | None = None) -> str:
+    """What the significance marks read, one phrase: ``Holm-adjusted p-values over all tests of
+    one model and metric in the sweep`` / ``uncorrected p-values``."""
+    mc = mc or MultipleComparisons()
+    if mc.marks == "raw":
+        return "uncorrected p-values"
+    return f"{_MARK_NAMES[mc.marks]} p-values over {family_text(mc.family)}"
+
+
+def adjust_pvalues(df: pd.DataFrame, mc: MultipleComparisons | None = None) -> pd.DataFrame:
+    """The results table with ``p_holm``, ``p_bh`` and ``n_family``: the p-values of the
+    finished tasks adjusted per family (:func:`audit.multitest.add_adjusted_pvalues`: Holm 1979,
+    Benjamini & Hochberg 1995; missing p-values pass through and do not count), the family
+    being the rows that share the values of ``mc.family`` (default ``model``, ``metric``).
+    Failed tasks get NaN."""
+    mc = mc or MultipleComparisons()
+    out = df.copy()
+    for c in ("p_holm", "p_bh", "n_family"):
+        out[c] = np.nan
+    fin = (out["status"] == "finished").to_numpy() if len(out) else np.zeros(0, dtype=bool)
+    if fin.any():
+        cols = list(dict.fromkeys([*mc.family, "p_value"]))
+        adj = add_adjusted_pvalues(out.loc[fin, cols].astype({"p_value": "float64"}), family=tuple(mc.family))
+        for c in ("p_holm", "p_bh", "n_family"):
+            out.loc[fin, c] = adj[c].to_numpy(dtype=np.float64)
+    return out
+
+
+def _with_adjusted(df: pd.DataFrame, mc: MultipleComparisons | None) -> pd.DataFrame:
+    """``df`` itself when it has the adjusted columns (and ``mc`` is not given), else
+    :func:`adjust_pvalues`."""
+    if mc is None and {"p_holm", "p_bh"} <= set(df.columns) and (df["p_holm"].notna().any() or df["p_value"].isna().all()):
+        return df
+    return adjust_pvalues(df, mc)
+
+
+def ci_text(sub: pd.DataFrame) -> str:
+    """The interval method(s) of some results, for captions (``""`` when none is recorded)."""
+    if "ci_method" not in sub.columns:
+        return ""
+    methods = sorted({str(m) for m in sub["ci_method"].dropna() if str(m)})
+    return "; ".join(f"ci_method {m}: {CI_METHODS.get(m, m)}" for m in methods)
 
 
 def latex_escape(s: str) -> str:
@@ -86,7 +159,7 @@ def significance_mark(p: float | None) -> str:
     return ""
 
 
-def _cell(row: pd.Series | None, digits: int) -> str:
+def _cell(row: pd.Series | None, digits: int, mark_col: str = "p_value") -> str:
     if row is None:
         return ""
     if row["status"] != "finished":
@@ -94,7 +167,7 @@ def _cell(row: pd.Series | None, digits: int) -> str:
     v = row["value"]
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "--"
-    mark = significance_mark(row["p_value"])
+    mark = significance_mark(row[mark_col])
     s = f"{v:.{digits}f}".replace("-", "$-$", 1) if v < 0 else f"{v:.{digits}f}"
     return s + (f"$^{{{mark}}}$" if mark else "")
 
@@ -109,8 +182,13 @@ def _order(values: Iterable[str], first: list[str] | None = None) -> list[str]:
 
 
 def latex_table(df: pd.DataFrame, metric: str, language: str, *, model_order: list[str] | None = None,
-                digits: int = 2) -> str:
-    """A booktabs table (models x tests) of one metric in one language."""
+                digits: int = 2, multiple_comparisons: MultipleComparisons | None = None) -> str:
+    """A booktabs table (models x tests) of one metric in one language; the significance marks
+    read the p-value ``multiple_comparisons.marks`` names (default Holm-adjusted), the caption
+    says which, over which family, and the results' interval method."""
+    mc = multiple_comparisons or MultipleComparisons()
+    df = _with_adjusted(df, multiple_comparisons)
+    mark_col = MARK_COLUMNS[mc.marks]
     sub = df[(df["metric"] == metric) & (df["language"] == language)]
     models = _order(sub["model"], model_order)
     tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
@@ -126,13 +204,16 @@ def latex_table(df: pd.DataFrame, metric: str, language: str, *, model_order: li
         r"\midrule",
     ]
     for m in models:
-        lines.append(latex_escape(m) + " & " + " & ".join(_cell(cells.get((m, t)), digits) for t in tests) + r" \\")
+        lines.append(latex_escape(m) + " & " + " & ".join(_cell(cells.get((m, t)), digits, mark_col) for t in tests)
+                     + r" \\")
+    ci = ci_text(sub)
     lines += [
         r"\bottomrule",
         r"\end{tabular}",
         r"\caption{" + latex_escape(metric) + f" ({latex_escape(language)}): headline value per model and test. "
-        r"$^{*}$~$p<0.05$, $^{**}$~$p<0.01$, $^{***}$~$p<0.001$ (permutation test, uncorrected); "
-        r"\textit{fail}: the task failed (see the run log).}",
+        r"$^{*}$~$p<0.05$, $^{**}$~$p<0.01$, $^{***}$~$p<0.001$ (" + latex_escape(marks_text(mc)) + "); "
+        + (f"intervals (plots, results.parquet): {latex_escape(ci)}; " if ci else "")
+        + r"\textit{fail}: the task failed (see the run log).}",
         r"\label{tab:" + re.sub(r"[^A-Za-z0-9]+", "-", f"{metric}-{language}") + "}",
         r"\end{table}",
         "",
@@ -173,14 +254,17 @@ def _plot_effects(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
     ax.set_xticks(range(len(tests)))
     ax.set_xticklabels([t.split("/", 1)[-1] for t in tests], rotation=45, ha="right")
     ax.set_ylabel(f"{metric} (headline value)")
-    ax.set_title(f"{metric} ({language}): value with confidence interval")
+    methods = sorted({str(m) for m in ok["ci_method"].dropna() if str(m)}) if "ci_method" in ok.columns else []
+    ax.set_title(f"{metric} ({language}): value with confidence interval"
+                 + (f" (ci_method {', '.join(methods)})" if methods else ""), fontsize=9)
     if models:
         ax.legend(fontsize=7, loc="best")
     fig.savefig(path)
     plt.close(fig)
 
 
-def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, model_order: list[str]) -> None:
+def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, model_order: list[str],
+                  mc: MultipleComparisons | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,9 +273,12 @@ def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
     ok = sub[sub["status"] == "finished"]
     tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
     models = _order(sub["model"], model_order)
+    mc = mc or MultipleComparisons()
     mat = np.full((len(models), len(tests)), np.nan)
+    marks = {}
     for _, r in ok.iterrows():
         mat[models.index(r["model"]), tests.index(r["test"])] = r["value"]
+        marks[(r["model"], r["test"])] = significance_mark(r[MARK_COLUMNS[mc.marks]])
     vmax = np.nanmax(np.abs(mat)) if np.isfinite(mat).any() else 1.0
     vmax = vmax if vmax > 0 else 1.0
     fig, ax = plt.subplots(figsize=(max(4.0, 0.8 * len(tests) + 2.5), max(2.6, 0.5 * len(models) + 1.8)), dpi=110,
@@ -201,7 +288,8 @@ def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
     for i in range(len(models)):
         for j in range(len(tests)):
             if np.isfinite(mat[i, j]):
-                ax.text(j, i, f"{mat[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                ax.text(j, i, f"{mat[i, j]:.2f}{marks.get((models[i], tests[j]), '')}", ha="center", va="center",
+                        fontsize=7,
                         color="white" if abs(mat[i, j]) > 0.6 * vmax else "black")
             elif (models[i], tests[j]) in failed:
                 ax.text(j, i, "fail", ha="center", va="center", fontsize=7, color="0.45", style="italic")
@@ -211,13 +299,58 @@ def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
     ax.set_yticklabels(models)
     ax.set_title(f"{metric} ({language})")
     fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.text(0.01, 0.005, f"* p<0.05, ** p<0.01, *** p<0.001: {marks_text(mc)}", fontsize=6, color="0.3",
+             ha="left", va="bottom", wrap=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_comparison(table: pd.DataFrame, path: Path, *, title: str, new_label: str = "new",
+                    baseline_label=lambda b: f"baseline {b}") -> None:
+    """Two revisions side by side (the watcher's regression report): per compared (baseline,
+    test, metric) row of a comparison table (:mod:`audit.regression`, with each side's own
+    interval ``ci_a_low`` ... ``ci_b_high``), the baseline's headline (grey) and the new
+    revision's (blue; red where the row is flagged a regression), each with its interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = table[table["status"] == "compared"]
+    base_col = ok["baseline"] if "baseline" in ok.columns else pd.Series([""] * len(ok), index=ok.index)
+    names = ok["language"].astype(str) + "/" + ok["test"].astype(str)
+    keys = sorted(dict.fromkeys(zip(base_col, names, ok["metric"])), key=lambda k: (str(k[0]), natural_key(k[1]), k[2]))
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.9 * len(keys) + 2.5), 3.8), dpi=110, layout="constrained")
+    for i, (base, test, metric) in enumerate(keys):
+        r = ok[(base_col == base) & (names == test) & (ok["metric"] == metric)].iloc[0]
+        flagged = bool(r.get("regression")) if r.get("regression") is not None else False
+        for dx, v, lo, hi, colour, label in (
+                (-0.15, r["value_a"], r.get("ci_a_low"), r.get("ci_a_high"), "0.5", baseline_label(base)),
+                (0.15, r["value_b"], r.get("ci_b_low"), r.get("ci_b_high"), "tab:red" if flagged else "tab:blue",
+                 new_label + (" (regression)" if flagged else ""))):
+            has = lo is not None and hi is not None and np.isfinite(lo) and np.isfinite(hi)
+            err = [[max(v - lo, 0.0)], [max(hi - v, 0.0)]] if has else None
+            ax.errorbar([i + dx], [v], yerr=err, fmt="o", color=colour, capsize=3, ms=5, label=label)
+    ax.axhline(0, color="0.7", lw=0.8)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([f"{t.split('/', 1)[-1]}\n{m}" for _, t, m in keys], fontsize=8)
+    ax.set_ylabel("headline value (interval: each audit's own)")
+    ax.set_title(title, fontsize=9)
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles))
+    ax.legend(seen.values(), seen.keys(), fontsize=7, loc="best")
     fig.savefig(path)
     plt.close(fig)
 
 
 def write_reports(df: pd.DataFrame, out_dir: str | Path, *, model_order: list[str] | None = None,
-                  mitigations: dict[str, dict] | None = None) -> list[Path]:
-    """Write the Parquet table, LaTeX tables and plots; return the paths written.
+                  mitigations: dict[str, dict] | None = None,
+                  multiple_comparisons: MultipleComparisons | None = None) -> list[Path]:
+    """Write the Parquet table (with the adjusted p-values of :func:`adjust_pvalues`), LaTeX
+    tables and plots; return the paths written.
+
+    multiple_comparisons: the family and the marks (the spec's ``multiple_comparisons:``;
+                 default: family model x metric, Holm-adjusted marks).
 
     mitigations: debiased model name -> its manifest (``base_model``, ``method``, ...). ``None``
                  finds them for the models of ``df`` whose reference is ``built:<name>`` in
@@ -228,24 +361,26 @@ def write_reports(df: pd.DataFrame, out_dir: str | Path, *, model_order: list[st
     (out / "tables").mkdir(parents=True, exist_ok=True)
     (out / "plots").mkdir(parents=True, exist_ok=True)
     written = []
+    mc = multiple_comparisons or MultipleComparisons()
+    df = adjust_pvalues(df, mc)
     p = out / "results.parquet"
     df.to_parquet(p, index=False)
     written.append(p)
     for (metric, lang), sub in df.groupby(["metric", "language"], sort=True):
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{metric}_{lang}")
         t = out / "tables" / f"{stem}.tex"
-        t.write_text(latex_table(df, metric, lang, model_order=model_order), encoding="utf-8")
+        t.write_text(latex_table(df, metric, lang, model_order=model_order, multiple_comparisons=mc), encoding="utf-8")
         written.append(t)
         if (sub["status"] == "finished").any():
             e = out / "plots" / f"effects_{stem}.png"
             _plot_effects(sub, metric, lang, e, model_order or [])
             h = out / "plots" / f"heatmap_{stem}.png"
-            _plot_heatmap(sub, metric, lang, h, model_order or [])
+            _plot_heatmap(sub, metric, lang, h, model_order or [], mc)
             written += [e, h]
     if mitigations is None:
         mitigations = find_mitigations(df, out.parent / "models")
     if mitigations:
-        written += write_mitigation_reports(df, out, mitigations)
+        written += write_mitigation_reports(df, out, mitigations, multiple_comparisons=mc)
     return written
 
 
@@ -256,6 +391,7 @@ def write_reports(df: pd.DataFrame, out_dir: str | Path, *, model_order: list[st
 BEFORE_AFTER_COLUMNS = [
     "model", "base_model", "method", "language", "test", "metric", "value_before", "value_after", "change",
     "abs_change", "p_before", "p_after", "status_before", "status_after", "revision_before", "revision_after",
+    "p_marks_before", "p_marks_after",
 ]
 
 
@@ -281,16 +417,21 @@ def find_mitigations(df: pd.DataFrame, models_dir: str | Path) -> dict[str, dict
     return out
 
 
-def before_after_frame(df: pd.DataFrame, mitigations: dict[str, dict]) -> pd.DataFrame:
+def before_after_frame(df: pd.DataFrame, mitigations: dict[str, dict],
+                       multiple_comparisons: MultipleComparisons | None = None) -> pd.DataFrame:
     """One row per (debiased model, language, test, metric) that the original also ran.
 
     ``value_before``/``value_after``: the headline value (WEAT/SEAT: the effect size *d*) of the
     original and of the debiased model; ``change = after - before``; ``abs_change = |after| -
     |before|`` (negative: the association shrank; *d* is scale-free and may flip sign, see
-    ``docs/mitigation.md``); ``p_before``/``p_after`` their p-values. A failed task leaves its
+    ``docs/mitigation.md``); ``p_before``/``p_after`` their raw p-values, ``p_marks_before``/
+    ``p_marks_after`` the p-values the significance marks read (``multiple_comparisons.marks``:
+    Holm-adjusted by default, over the sweep's families). A failed task leaves its
     value NaN (``status_before``/``status_after`` say why). Rows follow the order of
     ``mitigations``, then natural test order.
     """
+    mark_col = MARK_COLUMNS[(multiple_comparisons or MultipleComparisons()).marks]
+    df = _with_adjusted(df, multiple_comparisons)
     rows = []
     for name, man in mitigations.items():
         base = man.get("base_model")
@@ -313,9 +454,12 @@ def before_after_frame(df: pd.DataFrame, mitigations: dict[str, dict]) -> pd.Dat
                 "p_after": a["p_value"] if a["status"] == "finished" else np.nan,
                 "status_before": b["status"], "status_after": a["status"],
                 "revision_before": b.get("revision"), "revision_after": a.get("revision"),
+                "p_marks_before": b[mark_col] if b["status"] == "finished" else np.nan,
+                "p_marks_after": a[mark_col] if a["status"] == "finished" else np.nan,
             })
     out = pd.DataFrame(rows, columns=BEFORE_AFTER_COLUMNS)
-    for c in ("value_before", "value_after", "change", "abs_change", "p_before", "p_after"):
+    for c in ("value_before", "value_after", "change", "abs_change", "p_before", "p_after", "p_marks_before",
+              "p_marks_after"):
         out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
     if len(out):
         order = {n: i for i, n in enumerate(mitigations)}
@@ -333,10 +477,11 @@ def _num(v: float, digits: int, *, sign: bool = False, mark: str = "") -> str:
     return s + (f"$^{{{mark}}}$" if mark else "")
 
 
-def before_after_latex(ba: pd.DataFrame, metric: str, language: str, *, digits: int = 2) -> str:
+def before_after_latex(ba: pd.DataFrame, metric: str, language: str, *, digits: int = 2,
+                       multiple_comparisons: MultipleComparisons | None = None) -> str:
     """A booktabs table (tests x debiased models) of one metric and language: for each debiased
     model its original's value, its own value and the change (after - before), with the
-    significance marks of :func:`significance_mark`."""
+    significance marks of :func:`significance_mark` on ``p_marks_before``/``p_marks_after``."""
     sub = ba[(ba["metric"] == metric) & (ba["language"] == language)]
     models = list(dict.fromkeys(sub["model"]))
     tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
@@ -354,8 +499,8 @@ def before_after_latex(ba: pd.DataFrame, metric: str, language: str, *, digits: 
             if r is None:
                 parts += ["", "", ""]
                 continue
-            parts += [_num(r["value_before"], digits, mark=significance_mark(r["p_before"])),
-                      _num(r["value_after"], digits, mark=significance_mark(r["p_after"])),
+            parts += [_num(r["value_before"], digits, mark=significance_mark(r["p_marks_before"])),
+                      _num(r["value_after"], digits, mark=significance_mark(r["p_marks_after"])),
                       _num(r["change"], digits, sign=True)]
         lines.append(latex_escape(short) + " & " + " & ".join(parts) + r" \\")
     methods = ", ".join(f"{latex_escape(m)} = {latex_escape(str(sub[sub['model'] == m]['base_model'].iloc[0]))} "
@@ -363,7 +508,8 @@ def before_after_latex(ba: pd.DataFrame, metric: str, language: str, *, digits: 
     lines += [r"\bottomrule", r"\end{tabular}",
               r"\caption{" + latex_escape(metric) + f" ({latex_escape(language)}) before and after debiasing "
               f"({methods}): headline value of the original (before) and of the debiased copy (after), "
-              r"change = after $-$ before. $^{*}$~$p<0.05$, $^{**}$~$p<0.01$, $^{***}$~$p<0.001$ (uncorrected).}",
+              r"change = after $-$ before. $^{*}$~$p<0.05$, $^{**}$~$p<0.01$, $^{***}$~$p<0.001$ ("
+              + latex_escape(marks_text(multiple_comparisons)) + ").}",
               r"\label{tab:mitigation-" + re.sub(r"[^A-Za-z0-9]+", "-", f"{metric}-{language}") + "}",
               r"\end{table}", ""]
     return "\n".join(lines)
@@ -408,7 +554,8 @@ def _plot_before_after(ba: pd.DataFrame, metric: str, language: str, path: Path)
     plt.close(fig)
 
 
-def write_mitigation_reports(df: pd.DataFrame, out_dir: str | Path, mitigations: dict[str, dict]) -> list[Path]:
+def write_mitigation_reports(df: pd.DataFrame, out_dir: str | Path, mitigations: dict[str, dict], *,
+                             multiple_comparisons: MultipleComparisons | None = None) -> list[Path]:
     """The before/after table (CSV, Parquet, LaTeX), plots and the debiased models' manifests
     (with the vectors themselves when small); return the paths written."""
     import json
@@ -419,7 +566,7 @@ def write_mitigation_reports(df: pd.DataFrame, out_dir: str | Path, mitigations:
     mdir = out / "mitigation"
     mdir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    ba = before_after_frame(df, mitigations)
+    ba = before_after_frame(df, mitigations, multiple_comparisons)
     for ext in ("csv", "parquet"):
         p = mdir / f"before_after.{ext}"
         ba.to_csv(p, index=False) if ext == "csv" else ba.to_parquet(p, index=False)
@@ -428,7 +575,7 @@ def write_mitigation_reports(df: pd.DataFrame, out_dir: str | Path, mitigations:
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"mitigation_{metric}_{lang}")
         t = out / "tables" / f"{stem}.tex"
         t.parent.mkdir(parents=True, exist_ok=True)
-        t.write_text(before_after_latex(ba, metric, lang), encoding="utf-8")
+        t.write_text(before_after_latex(ba, metric, lang, multiple_comparisons=multiple_comparisons), encoding="utf-8")
         written.append(t)
         if np.isfinite(sub[["value_before", "value_after"]].to_numpy()).any():
             p = out / "plots" / f"{stem}.png"
@@ -459,7 +606,7 @@ def write_mitigation_reports(df: pd.DataFrame, out_dir: str | Path, mitigations:
 
 
 def headline_tables(df: pd.DataFrame, *, model_order: list[str] | None = None, digits: int = 3,
-                    max_columns: int = 8) -> str:
+                    max_columns: int = 8, multiple_comparisons: MultipleComparisons | None = None) -> str:
     """The headline values as plain text, one block per metric and language like the LaTeX
     tables: models (rows) x tests (columns), the value with the significance marks of
     :func:`significance_mark`, ``fail`` for a failed task, empty where nothing was planned;
@@ -467,6 +614,9 @@ def headline_tables(df: pd.DataFrame, *, model_order: list[str] | None = None, d
     Blocks wider than ``max_columns`` tests are split. ``""`` when nothing finished."""
     if df.empty or not (df["status"] == "finished").any():
         return ""
+    mc = multiple_comparisons or MultipleComparisons()
+    df = _with_adjusted(df, multiple_comparisons)
+    mark_col = MARK_COLUMNS[mc.marks]
     blocks = []
     for (metric, lang), sub in df.groupby(["metric", "language"], sort=True):
         models = _order(sub["model"], model_order)
@@ -478,11 +628,11 @@ def headline_tables(df: pd.DataFrame, *, model_order: list[str] | None = None, d
             elif r["value"] is None or not np.isfinite(r["value"]):
                 text = "--"
             else:
-                text = f"{r['value']:.{digits}f}{significance_mark(r['p_value'])}"
+                text = f"{r['value']:.{digits}f}{significance_mark(r[mark_col])}"
             key = (r["model"], r["test"])
             cells[key] = f"{cells[key]}/{text}" if key in cells else text  # e.g. two parameter sets
         short = [t.split("/", 1)[1] if t.startswith(f"{lang}/") else t for t in tests]
-        head = f"{metric} ({lang}): headline value per model and test; * p<0.05, ** p<0.01, *** p<0.001 (uncorrected)"
+        head = f"{metric} ({lang}): headline value per model and test; * p<0.05, ** p<0.01, *** p<0.001 ({marks_text(mc)})"
         parts = [head]
         for j in range(0, len(tests), max_columns):
             cols = tests[j:j + max_columns]
@@ -518,7 +668,8 @@ def failure_summary(df: pd.DataFrame, *, max_len: int = 300, max_tasks: int = 3)
     return lines
 
 
-def summary_table(df: pd.DataFrame, *, model_order: list[str] | None = None) -> str:
+def summary_table(df: pd.DataFrame, *, model_order: list[str] | None = None,
+                  multiple_comparisons: MultipleComparisons | None = None) -> str:
     """A terminal summary: counts per model and status, the headline values (model x test per
     metric and language, :func:`headline_tables`), then each distinct failure once with its
     count (:func:`failure_summary`)."""
@@ -526,7 +677,7 @@ def summary_table(df: pd.DataFrame, *, model_order: list[str] | None = None) -> 
         return "no tasks"
     counts = pd.crosstab(df["model"], df["status"], margins=True, margins_name="total")
     lines = [counts.to_string()]
-    heads = headline_tables(df, model_order=model_order)
+    heads = headline_tables(df, model_order=model_order, multiple_comparisons=multiple_comparisons)
     if heads:
         lines.append("\n" + heads)
     fails = failure_summary(df)

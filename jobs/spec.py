@@ -30,6 +30,10 @@ Fields (see ``docs/service.md`` for the full reference and examples)::
                                       # static models only: adds a debiased copy <name>+<method>
     ray: {address, num_cpus, object_store_memory, actor_num_cpus, actor_num_gpus,
           max_restarts, max_task_retries, batch_size, stats_num_cpus, exact_shards}
+    multiple_comparisons:             # adjusted p-values in the reports (jobs.report, docs/statistics.md)
+      family: [model, metric]         # the columns whose values define one family (default); [] = the sweep
+      marks: holm                     # which p-value the significance marks read: holm (default), bh, raw
+    tags: {team: nlp}                 # extra tags of the sweep's parent run (the watcher sets audit.watch.*)
 
 Strings may use environment variables as ``${VAR}`` or ``${VAR:-default}`` (e.g. a data folder
 that differs between a laptop and the cluster); an unset variable without default is an error
@@ -112,7 +116,7 @@ _LANGUAGE_BUILDS = {"fasttext": False, "llama": True, "qwen2": True, "mistral": 
 
 _TOP_FIELDS = {
     "name", "description", "seed", "output_dir", "tracking", "languages", "tests", "permutations",
-    "n_bootstrap", "metrics", "models", "ray",
+    "n_bootstrap", "metrics", "models", "ray", "multiple_comparisons", "tags",
 }
 _MODEL_FIELDS = {
     "ref", "name", "languages", "backend", "revision", "dtype", "device", "device_map", "allow_pickle",
@@ -133,6 +137,13 @@ _RAY_FIELDS = {
     "pending_timeout_s", "reuse_workers", "max_workers", "prefetch", "prefetch_disk_mb",
 }
 _BUILD_FIELDS = {"kind", "dim", "epoch", "language", "seed"}
+_MC_FIELDS = {"family", "marks"}
+#: Columns of the results table a multiple-comparison family may group by.
+FAMILY_COLUMNS = ("model", "metric", "language", "test", "params")
+#: Which p-value the significance marks of the reports read.
+MARKS = ("holm", "bh", "raw")
+#: Fields that do not change a sweep's tasks (left out of :meth:`SweepSpec.sweep_id`).
+_NOT_TASKS = ("output_dir", "tracking", "ray", "description", "multiple_comparisons", "tags")
 _DTYPES = ("float32", "float16", "bfloat16", "auto")
 
 
@@ -258,6 +269,22 @@ class RaySpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class MultipleComparisons:
+    """How the reports adjust p-values for multiple comparisons (``multiple_comparisons:``).
+
+    family: the results-table columns whose values define one family (:data:`FAMILY_COLUMNS`;
+            default ``("model", "metric")``: all tests of one model and metric in the sweep;
+            ``()``: the whole sweep is one family). Both Holm and Benjamini-Hochberg adjusted
+            p-values are computed for every family (:mod:`audit.multitest`).
+    marks:  the p-value the significance marks of LaTeX tables, heat maps and the summary read:
+            ``holm`` (default), ``bh`` or ``raw`` (uncorrected).
+    """
+
+    family: tuple[str, ...] = ("model", "metric")
+    marks: str = "holm"
+
+
+@dataclasses.dataclass(frozen=True)
 class SweepSpec:
     """A validated sweep specification (see the module docstring for the fields)."""
 
@@ -276,6 +303,8 @@ class SweepSpec:
     description: str = ""
     source: str = ""
     raw: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    multiple_comparisons: MultipleComparisons = MultipleComparisons()
+    tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def resolved_tracking_uri(self) -> str:
@@ -290,9 +319,10 @@ class SweepSpec:
 
     def sweep_id(self) -> str:
         """A hex digest of what defines the sweep's tasks (models, tests, metrics, languages,
-        seed, statistics defaults), not where it runs or writes: the same spec resumes the same
+        seed, statistics defaults), not where it runs or writes nor how it is reported (output_dir,
+        tracking, ray, description, multiple_comparisons, tags): the same spec resumes the same
         parent run wherever its output goes."""
-        keep = {k: v for k, v in self.raw.items() if k not in ("output_dir", "tracking", "ray", "description")}
+        keep = {k: v for k, v in self.raw.items() if k not in _NOT_TASKS}
         blob = json.dumps(keep, sort_keys=True, default=str, ensure_ascii=False).encode("utf-8")
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -557,6 +587,38 @@ def _ray(ctx: Ctx, v: Any) -> RaySpec:
     return RaySpec(**kw)
 
 
+def _multiple_comparisons(ctx: Ctx, v: Any) -> MultipleComparisons:
+    d = mapping(ctx, "multiple_comparisons", v, _MC_FIELDS)
+    family: tuple[str, ...] = MultipleComparisons.family
+    if d.get("family") is not None:
+        if not isinstance(d["family"], list):
+            raise ctx.data("multiple_comparisons.family", f"expected a list of column names, got {d['family']!r}")
+        family = tuple(string(ctx, f"multiple_comparisons.family[{i}]", c) for i, c in enumerate(d["family"]))
+        for i, c in enumerate(family):
+            if c not in FAMILY_COLUMNS:
+                raise ctx.param(f"multiple_comparisons.family[{i}]", f"unknown column {c!r}{suggest(c, FAMILY_COLUMNS)}; "
+                                f"known: {', '.join(FAMILY_COLUMNS)}")
+        if len(set(family)) != len(family):
+            raise ctx.param("multiple_comparisons.family", f"duplicate column in {list(family)}")
+    marks = string(ctx, "multiple_comparisons.marks", d["marks"]) if d.get("marks") is not None else "holm"
+    if marks not in MARKS:
+        raise ctx.param("multiple_comparisons.marks", f"unknown marks {marks!r}{suggest(marks, MARKS)}; "
+                        f"known: {', '.join(MARKS)}")
+    return MultipleComparisons(family=family, marks=marks)
+
+
+def _tags(ctx: Ctx, v: Any) -> dict[str, str]:
+    d = mapping(ctx, "tags", v)
+    out = {}
+    for k, x in d.items():
+        if isinstance(x, bool) or not isinstance(x, (str, int, float)):
+            raise ctx.data(f"tags.{k}", f"expected a string or a number, got {x!r}")
+        if k.startswith("audit.") and k != "audit.watch" and not k.startswith("audit.watch."):
+            raise ctx.param(f"tags.{k}", "tags starting with 'audit.' are set by biasaudit")
+        out[k] = str(x)
+    return out
+
+
 def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> SweepSpec:
     """Validate a parsed spec mapping and return a :class:`SweepSpec`.
 
@@ -624,10 +686,13 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
     description = d.get("description") or ""
     if not isinstance(description, str):
         raise ctx.data("description", f"expected text, got {description!r}")
+    mc = _multiple_comparisons(ctx, d["multiple_comparisons"]) if d.get("multiple_comparisons") is not None \
+        else MultipleComparisons()
     return SweepSpec(
         name=name, models=models, metrics=metrics, tests=tests, languages=languages, seed=seed,
         permutations=perms, n_bootstrap=nboot, output_dir=out, tracking_uri=uri, experiment=experiment,
         ray=_ray(ctx, d.get("ray")), description=description, source=source, raw=copy.deepcopy(d),
+        multiple_comparisons=mc, tags=_tags(ctx, d["tags"]) if d.get("tags") is not None else {},
     )
 
 

@@ -411,6 +411,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
                     spec.name, spec.sweep_id(), spec_text=spec_text,
                     params={"spec": spec.source, "seed": spec.seed, "models": ",".join(m.name for m in spec.models),
                             "metrics": ",".join(m.name for m in spec.metrics), "tasks": len(plan.tasks)},
+                    tags=dict(spec.tags),
                 )
                 invocation = int(tracker.client.get_run(parent_id).data.tags.get("audit.invocations", "1"))
                 finished = set(tracker.finished_keys())
@@ -482,12 +483,13 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         # a key's run may come from another sweep (or name) in the experiment: report it under this plan's name
         rows += [{**rows_by_key[t.key], "model": t.model} for t in plan.tasks if t.key and t.key in rows_by_key]
         rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-        df = report.results_frame(rows)
+        mc = spec.multiple_comparisons
+        df = report.adjust_pvalues(report.results_frame(rows), mc)
         failed = int((df["status"] != "finished").sum()) if len(df) else 0
         missing = len(plan.tasks) - len(df)
         model_order = [m.name for m in spec.models]
-        report.write_reports(df, rep_dir, model_order=model_order)
-        summary = report.summary_table(df, model_order=model_order)
+        report.write_reports(df, rep_dir, model_order=model_order, multiple_comparisons=mc)
+        summary = report.summary_table(df, model_order=model_order, multiple_comparisons=mc)
         _say("summary:\n" + summary)
         if missing:
             _say(f"{missing} planned task(s) have no run in the tracking store")
@@ -543,9 +545,14 @@ def parent_summary(tracker, plan, df, *, ran: int, resumed: int, loads: int, sec
     parent over all invocations, by status, and ``child_runs_superseded`` (runs of tasks no
     longer planned: an earlier commit of a moved branch); ``invocations``; this invocation's
     ``tasks_run``, ``tasks_resumed``, ``models_loaded``, ``workers_started``, ``seconds``
-    (logged at step = invocation number, so their history lists every invocation) and the
-    running totals ``tasks_run_total``, ``models_loaded_total``, ``seconds_total``."""
+    (logged at step = invocation number, so their history lists every invocation), the
+    running totals ``tasks_run_total``, ``models_loaded_total``, ``seconds_total``, and the
+    finished tasks significant at 0.05 by their raw, Holm- and BH-adjusted p-values
+    (``significant_raw``, ``significant_holm``, ``significant_bh``; the adjusted ones over the
+    families of ``multiple_comparisons``, as in ``reports/results.parquet``)."""
     n_ok = int((df["status"] == "finished").sum()) if len(df) else 0
+    sig = {f"significant_{k}": float((df[c].astype("float64") < 0.05).sum()) if c in df.columns and len(df) else 0.0
+           for k, c in (("raw", "p_value"), ("holm", "p_holm"), ("bh", "p_bh"))}
     totals = tracker.sweep_totals([t.key for t in plan.tasks if t.key])
     prev = {k.split(".", 1)[1]: totals.pop(k) for k in list(totals) if k.startswith("previous.")}
     return {
@@ -554,6 +561,7 @@ def parent_summary(tracker, plan, df, *, ran: int, resumed: int, loads: int, sec
         "tasks_run": ran, "tasks_resumed": resumed, "models_loaded": loads, "workers_started": workers,
         "seconds": seconds, "tasks_run_total": prev["tasks_run_total"] + ran,
         "models_loaded_total": prev["models_loaded_total"] + loads, "seconds_total": prev["seconds_total"] + seconds,
+        **sig,
     }
 
 

@@ -3,12 +3,16 @@
 Layout of an experiment (one per spec by default, ``biasaudit-<name>``):
 
 - one *parent* run per sweep (tag ``audit.role=sweep``, ``audit.sweep_id`` = the spec's
-  :meth:`jobs.spec.SweepSpec.sweep_id`); re-running the same spec resumes it (the same parent
-  gets the new child runs and the regenerated reports);
+  :meth:`jobs.spec.SweepSpec.sweep_id`, and the spec's ``tags:``); re-running the same spec
+  resumes it (the same parent gets the new child runs and the regenerated reports, among them
+  ``reports/results.parquet`` with the raw and the Holm/BH-adjusted p-values of every task:
+  adjusted p-values belong to the sweep, whose family they depend on, not to a child run);
 - one *child* run per task (tag ``audit.role=task``, ``mlflow.parentRunId``) with
   params   ``model``, ``model_name``, ``revision``, ``backend``, ``kind``, ``embedding``, ``test``,
-           ``language``, ``metric``, ``dataset_digest``, ``seed`` and ``param.<name>`` for each
-           metric parameter (JSON-encoded);
+           ``language``, ``metric``, ``dataset_digest``, ``seed``, ``param.<name>`` for each
+           metric parameter (JSON-encoded) and the result's string fields of
+           :data:`RESULT_STRING_FIELDS` (``ci_method``, ``p_method``, ``p_value_counts``,
+           ``groups``, ``groups_source``) where it has them;
   metrics  ``value`` (the headline number), ``effect_size``, ``p_value``, ``statistic``,
            ``ci_low``/``ci_high``, ``coverage.<set>`` and ``coverage_min``, every other numeric
            field of the result, ``n_items``, ``measure_seconds``/``analyse_seconds``;
@@ -78,6 +82,10 @@ _MAX_PARAM = 6000
 
 #: Fields of a result that become MLflow metrics under a fixed name.
 HEADLINE_FIELDS = ("effect_size", "p_value", "statistic")
+#: String fields of a result logged as params of its child run (where the result has them):
+#: which interval (``ci_method``: ``targets``/``targets_attributes``), how the p-value was
+#: obtained and what it counts, which side held the protected groups and who said so.
+RESULT_STRING_FIELDS = ("ci_method", "p_method", "p_value_counts", "groups", "groups_source")
 
 #: The tag MLflow's ``log_table`` sets to list a run's tables (the UI's evaluation view).
 _LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
@@ -313,14 +321,18 @@ class Tracker:
 
     # ------------------------------------------------------------------ parent
     def start_parent(self, sweep_name: str, sweep_id: str, *, spec_text: str | None = None,
-                     params: dict[str, Any] | None = None) -> tuple[str, bool]:
+                     params: dict[str, Any] | None = None, tags: dict[str, str] | None = None) -> tuple[str, bool]:
         """Create the sweep's parent run, or reopen the one of an earlier run of the same spec.
-        Returns ``(run_id, resumed)``."""
+        ``tags``: extra tags of the parent run (the spec's ``tags:``; the watcher's
+        ``audit.watch.*``), set on creation and again on resumption. Returns ``(run_id, resumed)``."""
+        extra = {str(k): str(v)[:_MAX_TAG] for k, v in (tags or {}).items()}
         found = self._search(f"tags.`audit.role` = '{ROLE_SWEEP}' and tags.`audit.sweep_id` = '{sweep_id}'")
         if found:
             found.sort(key=lambda r: r.info.start_time or 0)
             run_id = found[0].info.run_id
             self.client.update_run(run_id, status="RUNNING")
+            for k, v in extra.items():
+                self.client.set_tag(run_id, k, v)
             n = int(found[0].data.tags.get("audit.invocations", "1")) + 1
             self.client.set_tag(run_id, "audit.invocations", str(n))
             self.client.set_tag(run_id, "audit.driver", self.driver)
@@ -331,7 +343,7 @@ class Tracker:
             return run_id, True
         run = self.client.create_run(
             self.experiment_id, run_name=f"sweep:{sweep_name}",
-            tags={"audit.role": ROLE_SWEEP, "audit.sweep_id": sweep_id, "audit.sweep": sweep_name,
+            tags={**extra, "audit.role": ROLE_SWEEP, "audit.sweep_id": sweep_id, "audit.sweep": sweep_name,
                   "audit.invocations": "1", "audit.driver": self.driver, STATE_TAG: "running"},
         )
         self.parent_id = run.info.run_id
@@ -519,6 +531,8 @@ def _row(t: dict, p: dict, m: dict, run_id: str | None) -> dict[str, Any]:
         "metric_name": p.get("metric"),
         "dataset_digest": p.get("dataset_digest"),
         "seed": int(p["seed"]) if p.get("seed") not in (None, "None", "") else None,
+        "ci_method": p.get("ci_method"),
+        "groups": p.get("groups"),
         "params": json.dumps({k[6:]: json.loads(v) for k, v in p.items() if k.startswith("param.")}, sort_keys=True),
     }
 
@@ -602,6 +616,10 @@ def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None
     }
     if res is not None:
         params["dataset_digest"] = res.provenance.get("dataset_digest", "")
+        for k in RESULT_STRING_FIELDS:  # how the numbers were obtained: the interval, the groups' side ...
+            v = (res.fields or {}).get(k)
+            if isinstance(v, str) and v:
+                params.setdefault(k, v)
         for pkg, ver in (res.provenance.get("versions") or {}).items():
             tags[f"version.{pkg}"] = str(ver)
     for k, v in sorted(task.params.items()):

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from jobs import report
+from jobs.spec import MultipleComparisons
 
 ROWS = [
     {"model": "glove_6b", "language": "en", "test": "en/weat1", "metric": "weat", "status": "finished",
@@ -42,9 +43,22 @@ def test_latex_table_is_booktabs_with_marks_escapes_and_failures(df):
     assert r"\begin{tabular}{lrrr}" in lines
     # natural test order (weat2 before weat10) and the language prefix dropped in the header
     assert "Model & weat1 & weat2 & weat10 \\\\" in lines
+    # marks from Holm-adjusted p-values, family model x metric: glove 0.0004, 0.30 -> 0.0008, 0.30;
+    # minilm 0.03, (failed), 0.008 -> 0.03, 0.016
     assert r"glove\_6b & 1.53$^{***}$ & $-$0.25 &  \\" in lines
-    assert r"minilm & 0.61$^{*}$ & \textit{fail} & 0.20$^{**}$ \\" in lines
+    assert r"minilm & 0.61$^{*}$ & \textit{fail} & 0.20$^{*}$ \\" in lines
     assert r"\label{tab:weat-en}" in lines
+    assert ("(Holm-adjusted p-values over all tests of one model and metric in the sweep); "
+            r"\textit{fail}") in tex
+    # raw marks on request; the caption says so
+    raw = report.latex_table(df, "weat", "en", model_order=["glove_6b", "minilm"],
+                             multiple_comparisons=MultipleComparisons(marks="raw"))
+    assert r"minilm & 0.61$^{*}$ & \textit{fail} & 0.20$^{**}$ \\" in raw.splitlines()
+    assert "(uncorrected p-values)" in raw
+    # one family for the whole sweep: 0.0004, 0.008, 0.03, 0.30 -> Holm 0.0016, 0.024, 0.06, 0.30
+    one = report.latex_table(df, "weat", "en", multiple_comparisons=MultipleComparisons(family=()))
+    assert r"minilm & 0.61 & \textit{fail} & 0.20$^{*}$ \\" in one.splitlines()
+    assert "(Holm-adjusted p-values over all tests of the sweep)" in one
 
 
 def test_write_reports_files(df, tmp_path):
@@ -74,11 +88,12 @@ def test_latex_escape():
 def test_summary_headline_values_model_by_test_with_marks(df):
     s = report.summary_table(df, model_order=["glove_6b", "minilm"])
     lines = s.splitlines()
-    i = lines.index("weat (en): headline value per model and test; * p<0.05, ** p<0.01, *** p<0.001 (uncorrected)")
+    note = "Holm-adjusted p-values over all tests of one model and metric in the sweep"
+    i = lines.index(f"weat (en): headline value per model and test; * p<0.05, ** p<0.01, *** p<0.001 ({note})")
     assert lines[i + 1].split() == ["weat1", "weat2", "weat10"]  # natural order, language prefix dropped
     assert lines[i + 3].split() == ["glove_6b", "1.531***", "-0.250"]
-    assert lines[i + 4].split() == ["minilm", "0.610*", "fail", "0.200**"]
-    j = lines.index("same (en): headline value per model and test; * p<0.05, ** p<0.01, *** p<0.001 (uncorrected)")
+    assert lines[i + 4].split() == ["minilm", "0.610*", "fail", "0.200*"]
+    j = lines.index(f"same (en): headline value per model and test; * p<0.05, ** p<0.01, *** p<0.001 ({note})")
     assert lines[j + 3].split() == ["minilm", "0.120"]
     # wide tables are split into blocks of at most max_columns tests
     wide = report.results_frame([{"model": "m", "language": "en", "test": f"en/t{k}", "metric": "weat",

@@ -224,7 +224,9 @@ def test_sweep_audits_original_and_debiased_side_by_side_and_resumes(tmp_path, s
     assert pd.read_csv(rep / "mitigation" / "before_after.csv").shape == ba.shape
     tex = (rep / "tables" / "mitigation_weat_en.tex").read_text()
     assert r"\toprule" in tex and r"\bottomrule" in tex and r"\multicolumn{3}{c}{glove20k+hard\_debias}" in tex
-    assert "weat6 & 1.71$^{***}$ & 0.96" in tex and "$-$0.75" in tex
+    # marks from Holm-adjusted p-values (family glove20k x weat: 2 tests): 1/1001 sampled -> 0.002, **
+    assert "weat6 & 1.71$^{**}$ & 0.96" in tex and "$-$0.75" in tex
+    assert "(Holm-adjusted p-values over all tests of one model and metric in the sweep)" in tex
     png = (rep / "plots" / "mitigation_weat_en.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     # 4.1 MB matrix: below ARTIFACT_MAX_BYTES, so the vectors themselves are logged

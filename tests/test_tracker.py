@@ -78,6 +78,9 @@ def test_child_run_has_params_metrics_tags_and_table(tmp_path, db_uri, small_res
     assert p["model"] == ref and p["revision"] == res.provenance["revision"].strip()
     assert p["embedding"] == "lookup" and p["seed"] == "0" and p["param.permutations"] == '"exact"'
     assert p["dataset_digest"] == test.digest()
+    # the result's string fields: which interval, how the p-value was obtained
+    assert (p["ci_method"], p["p_method"]) == (res.fields["ci_method"], res.fields["p_method"]) == ("targets", "exact")
+    assert "groups" not in p  # WEAT is symmetric: no protected-group side recorded
     assert m["value"] == pytest.approx(res.value) and m["effect_size"] == pytest.approx(res.value)
     assert m["p_value"] == pytest.approx(res.fields["p_value"])
     assert m["ci_low"] == pytest.approx(res.fields["ci"][0]) and m["ci_high"] == pytest.approx(res.fields["ci"][1])
@@ -92,6 +95,26 @@ def test_child_run_has_params_metrics_tags_and_table(tmp_path, db_uri, small_res
     assert tr.finished_keys() == {res.provenance["key"]: run_id}
     rows = tr.rows_for([res.provenance["key"]])
     assert rows[res.provenance["key"]]["value"] == pytest.approx(res.value)
+    assert rows[res.provenance["key"]]["ci_method"] == "targets"
+
+
+def test_asymmetric_results_log_their_groups_and_parent_runs_their_tags(db_uri, small_result):
+    ref, test, _, _ = small_result
+    res = runner.score(ref, test, "same", seed=0)
+    assert (res.fields["groups"], res.fields["groups_source"]) == ("targets", "test")
+    tr = Tracker(db_uri, "exp-groups")
+    parent, _ = tr.start_parent("s", "grp", tags={"audit.watch.repo": "/m", "team": "nlp"})
+    assert {k: tr.client.get_run(parent).data.tags[k] for k in ("audit.watch.repo", "team")} == {
+        "audit.watch.repo": "/m", "team": "nlp"}
+    again, resumed = tr.start_parent("s", "grp", tags={"team": "bias"})
+    assert resumed and again == parent and tr.client.get_run(parent).data.tags["team"] == "bias"
+    o = TaskOutcome(index=0, status="finished", result=res, model={"model": ref, "kind": "static",
+                    "backend": "fasttext-vec", "revision": res.provenance["revision"]})
+    run_id = tr.log_task(_task(key=res.provenance["key"], metric="same"), sweep="s",
+                         model_spec=ModelSpec(ref=ref, name="tiny"), kind="static", plan_key=None, outcome=o)
+    p = tr.client.get_run(run_id).data.params
+    assert (p["groups"], p["groups_source"]) == ("targets", "test") and "ci_method" not in p
+    assert tr.rows_for([res.provenance["key"]])[res.provenance["key"]]["groups"] == "targets"
 
 
 def test_failed_task_is_recorded_and_not_counted_as_finished(db_uri):

@@ -38,6 +38,12 @@ what to watch and which audit to run on it::
         layout: revisions                             # <model>/<revision>/ sub-folders, or `digest`
         revisions: 1                                  # how many newest revisions to audit
         settle: 60                                    # ignore folders modified in the last 60 s
+    regression:                      # compare each audited revision with the previous one (optional)
+      metrics: [weat]                # default: every metric of the audit with a paired comparison
+      min_increase: 0.2              # |bias| (|effect size| for WEAT) must grow by at least this ...
+      alpha: 0.05                    # ... with a Holm-adjusted p-value (adjust: holm | bh) at most this
+      baseline: v1.0                 # also compare with this pinned revision (optional)
+      notify: {command: "notify-team --channel bias", url: "http://hooks.example/bias", timeout: 10}
 
 What happens in one poll (:meth:`Watcher.poll`):
 
@@ -82,17 +88,28 @@ What happens in one poll (:meth:`Watcher.poll`):
    the job's ``runtime_env`` (env var ``BIASAUDIT_SWEEP_SPEC``), so the cluster needs no access
    to the watcher's disk.
 
+6. Regression detection (with ``regression:``, :mod:`jobs.watch.regression`): a revision whose
+   sweep is FINISHED and not yet checked is compared with the previous audited revision of its
+   repository (and the pinned ``baseline``), task by task from the stored per-item tables, with
+   the rule of :func:`audit.regression.flag_regressions`. Its parent run gets
+   ``audit.regression=true|false``, ``audit.regression_tests``, ``audit.regression_baseline`` and
+   the diff report under ``regression/`` (also in ``<output_dir>/regressions/<sweep>/``); a
+   regression is a ``regression`` decision and runs the notification (a command with the JSON on
+   stdin, an HTTP POST of the JSON); no regression is a ``compared`` decision.
+
 Every decision (``found``, ``submitted``, ``skipped``, ``deferred``, ``stuck``, ``error``,
-``retry``, ``dry_run``, with the reason, the repository, the revision, the sweep name and the
-submission id) is printed and appended as a JSON line to ``<output_dir>/decisions.jsonl``; the
-generated specs are kept in ``<output_dir>/specs/`` (``audit run`` one of them to re-run or
-resume an audit by hand).
+``retry``, ``dry_run``, ``regression``, ``compared``, with the reason, the repository, the
+revision, the sweep name and the submission id) is printed and appended as a JSON line to
+``<output_dir>/decisions.jsonl``; the generated specs are kept in ``<output_dir>/specs/``
+(``audit run`` one of them to re-run or resume an audit by hand).
 
 Exit status (``--once``): 0 when every repository was resolved and every decision made, 1 when any
-error was recorded (hub unreachable after the retries, a submission refused) or a sweep is stuck,
-2 for an invalid watch spec or template (one line naming the file and field).
+error was recorded (hub unreachable after the retries, a submission refused, a notification that
+failed) or a sweep is stuck, 3 when a revision regressed (and nothing else went wrong), 2 for an
+invalid watch spec or template (one line naming the file and field).
 
 The package, one module per job: :mod:`~jobs.watch.spec` (the watch spec),
+:mod:`~jobs.watch.regression` (regression detection between audited revisions),
 :mod:`~jobs.watch.sweeps` (generated sweeps, digests, submission ids), :mod:`~jobs.watch.sources`
 (hub and local sources), :mod:`~jobs.watch.index` (what the MLflow store holds),
 :mod:`~jobs.watch.submit` (Ray jobs), :mod:`~jobs.watch.decisions` (the decision log),
@@ -104,14 +121,27 @@ from __future__ import annotations
 
 from jobs.watch.backoff import Backoff, SourceUnavailable, retry
 from jobs.watch.cli import build_parser, main, run_spec_from_env
-from jobs.watch.decisions import ACTIONS, Decision, DecisionLog, PollReport
-from jobs.watch.index import STATE_TAG, STUCK, STUCK_EXIT_CODE, STUCK_REASON_TAG, AuditIndex, SweepRecord
+from jobs.watch.decisions import ACTIONS, REGRESSION_EXIT_CODE, Decision, DecisionLog, PollReport
+from jobs.watch.index import (
+                             REGRESSION_BASELINE_TAG,
+                             REGRESSION_TAG,
+                             REGRESSION_TESTS_TAG,
+                             STATE_TAG,
+                             STUCK,
+                             STUCK_EXIT_CODE,
+                             STUCK_REASON_TAG,
+                             AuditIndex,
+                             SweepRecord,
+)
+from jobs.watch.regression import RegressionCheck, check_revision
 from jobs.watch.sources import HubSource, LocalSource, Source, backend_hint, iso_time, local_revision
 from jobs.watch.spec import (
                              DEFAULT_ENTRYPOINT,
                              SPEC_ENV,
                              AuditTemplate,
+                             Notify,
                              RaySubmit,
+                             RegressionSpec,
                              WatchEntry,
                              WatchSpec,
                              deep_merge,
@@ -132,6 +162,8 @@ from jobs.watch.watcher import Watcher
 
 __all__ = [
     "ACTIONS", "ACTIVE_STATES", "AlreadySubmitted", "AuditIndex", "AuditTemplate", "Backoff", "DEFAULT_ENTRYPOINT",
+    "Notify", "REGRESSION_BASELINE_TAG", "REGRESSION_EXIT_CODE", "REGRESSION_TAG", "REGRESSION_TESTS_TAG",
+    "RegressionCheck", "RegressionSpec", "check_revision",
     "Decision", "DecisionLog", "GeneratedSweep", "HubSource", "JobState", "LocalSource", "PollReport", "RaySubmit",
     "RaySubmitter", "Release", "SPEC_ENV", "STATE_TAG", "STUCK", "STUCK_EXIT_CODE", "STUCK_REASON_TAG", "Source",
     "SourceUnavailable", "SubmitError", "Submitter", "SweepRecord", "Watcher", "WatchEntry", "WatchSpec",

@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import TextIO
 
 #: Every action a decision can have.
-ACTIONS = ("found", "submitted", "skipped", "deferred", "stuck", "dry_run", "retry", "error")
+ACTIONS = ("found", "submitted", "skipped", "deferred", "stuck", "dry_run", "retry", "error", "regression", "compared")
+
+#: ``audit watch --once`` exit status when a poll found a regression (and recorded no error).
+REGRESSION_EXIT_CODE = 3
 
 
 @dataclasses.dataclass
@@ -22,7 +25,9 @@ class Decision:
             waits for a later poll: ``ray.max_jobs`` of this watch's sweeps are pending or
             running), ``stuck`` (a sweep whose tasks wait too long for resources, with the
             pending demand), ``error``, ``retry`` (a transient failure about to be retried),
-            ``found`` (a revision seen).
+            ``found`` (a revision seen), ``regression`` (an audited revision is more biased
+            than the one it was compared with: :mod:`jobs.watch.regression`), ``compared`` (an
+            audited revision was compared and did not regress, or had nothing to compare with).
     """
 
     action: str
@@ -68,15 +73,22 @@ class PollReport:
         return [d for d in self.decisions if d.action == "stuck"]
 
     @property
+    def regressions(self) -> list[Decision]:
+        return [d for d in self.decisions if d.action == "regression"]
+
+    @property
     def exit_code(self) -> int:
-        """1 when an error was recorded or a sweep is stuck (someone should look), else 0."""
-        return 1 if self.errors or self.stuck else 0
+        """1 when an error was recorded or a sweep is stuck (someone should look), else
+        :data:`REGRESSION_EXIT_CODE` (3) when a revision regressed, else 0."""
+        if self.errors or self.stuck:
+            return 1
+        return REGRESSION_EXIT_CODE if self.regressions else 0
 
     def summary(self) -> str:
         return (f"{self.count('found')} revision(s) seen: {self.count('submitted')} submitted, "
                 f"{self.count('skipped')} skipped, {self.count('dry_run')} to submit (dry run), "
                 f"{self.count('error')} error(s), {self.count('stuck')} stuck, {self.count('deferred')} deferred, "
-                f"{self.count('retry')} retried failure(s)")
+                f"{self.count('retry')} retried failure(s), {self.count('regression')} regression(s)")
 
 
 class DecisionLog:
@@ -105,4 +117,4 @@ class DecisionLog:
             print(f"watch {self.watch}: {text}", file=self.out, flush=True)
 
 
-__all__ = ["ACTIONS", "Decision", "PollReport", "DecisionLog"]
+__all__ = ["ACTIONS", "REGRESSION_EXIT_CODE", "Decision", "PollReport", "DecisionLog"]

@@ -11,6 +11,13 @@ from jobs.tracker import STATE_TAG, STUCK, STUCK_EXIT_CODE, STUCK_REASON_TAG
 from jobs.uris import redact_uri
 from jobs.validators import first_line
 from jobs.watch.backoff import SourceUnavailable
+from jobs.watch.sweeps import REPO_TAG, REVISION_TAG, SOURCE_TAG, WHEN_TAG
+
+#: Parent-run tags of the regression check (:mod:`jobs.watch.regression`, their writer):
+#: ``audit.regression`` is ``true`` or ``false`` once a revision was checked, with the tests
+#: that regressed and the baseline revision(s) it was compared with.
+REGRESSION_TAG, REGRESSION_TESTS_TAG, REGRESSION_BASELINE_TAG = (
+    "audit.regression", "audit.regression_tests", "audit.regression_baseline")
 
 # The contract with the sweep (its parent-run tags and exit status) is defined by the tracker,
 # the writer of those tags: jobs.tracker.STATE_TAG, STUCK_REASON_TAG, STUCK, STUCK_EXIT_CODE.
@@ -29,10 +36,22 @@ class SweepRecord:
     driver: str | None = None
     state: str | None = None
     stuck_reason: str | None = None
+    name: str = ""
+    source: str | None = None
+    repo: str | None = None
+    revision: str | None = None
+    when: str = ""
+    start_time: int = 0
+    regression: str | None = None
 
     @property
     def stuck(self) -> bool:
         return self.state == STUCK
+
+    @property
+    def order(self) -> tuple[str, int]:
+        """When the revision was made (commit date, folder time), then when it was audited."""
+        return (self.when or "", self.start_time)
 
 
 @dataclasses.dataclass
@@ -42,6 +61,29 @@ class AuditIndex:
 
     sweeps: dict[str, SweepRecord] = dataclasses.field(default_factory=dict)
     revisions: dict[tuple[str, str], dict[str, int]] = dataclasses.field(default_factory=dict)
+
+    def audits_of(self, source: str | None, repo: str | None) -> list[SweepRecord]:
+        """The sweeps of one watched repository (by their ``audit.watch.*`` tags), oldest
+        revision first (:attr:`SweepRecord.order`)."""
+        return sorted((r for r in self.sweeps.values() if r.repo is not None and r.repo == repo and r.source == source),
+                      key=lambda r: r.order)
+
+    def previous(self, rec: SweepRecord) -> SweepRecord | None:
+        """The latest FINISHED audit of another revision of ``rec``'s repository made before it."""
+        older = [r for r in self.audits_of(rec.source, rec.repo)
+                 if r.status == "FINISHED" and r.revision != rec.revision and r.order < rec.order]
+        return older[-1] if older else None
+
+    def pending_before(self, rec: SweepRecord) -> list[SweepRecord]:
+        """Audits of earlier revisions of ``rec``'s repository still running (the previous
+        revision may not be known yet)."""
+        return [r for r in self.audits_of(rec.source, rec.repo)
+                if r.status in ("RUNNING", "SCHEDULED") and r.revision != rec.revision and r.order < rec.order]
+
+    def revision(self, rec: SweepRecord, revision: str) -> SweepRecord | None:
+        """The latest FINISHED audit of ``revision`` of ``rec``'s repository."""
+        found = [r for r in self.audits_of(rec.source, rec.repo) if r.status == "FINISHED" and r.revision == revision]
+        return found[-1] if found else None
 
     def finished_revisions(self, ref: str) -> dict[str, int]:
         """revision -> count of FINISHED task runs of model ``ref`` ("which revisions of this
@@ -75,7 +117,10 @@ class AuditIndex:
                 tags = r.data.tags
                 idx.sweeps[name] = SweepRecord(r.info.run_id, r.info.status, int(tags.get("audit.invocations") or 1),
                                                int(failed) if failed is not None else None, tags.get("audit.driver"),
-                                               tags.get(STATE_TAG) or None, tags.get(STUCK_REASON_TAG) or None)
+                                               tags.get(STATE_TAG) or None, tags.get(STUCK_REASON_TAG) or None,
+                                               name=name, source=tags.get(SOURCE_TAG), repo=tags.get(REPO_TAG),
+                                               revision=tags.get(REVISION_TAG), when=tags.get(WHEN_TAG) or "",
+                                               start_time=int(start), regression=tags.get(REGRESSION_TAG))
             for r in _search_all(client, exp.experiment_id, "tags.`audit.role` = 'task'"):
                 key = (r.data.params.get("model", ""), r.data.params.get("revision", ""))
                 c = idx.revisions.setdefault(key, {})
@@ -98,4 +143,5 @@ def _search_all(client, experiment_id: str, filter_string: str) -> list:
             return runs
 
 
-__all__ = ["SweepRecord", "AuditIndex", "STATE_TAG", "STUCK_REASON_TAG", "STUCK", "STUCK_EXIT_CODE"]
+__all__ = ["SweepRecord", "AuditIndex", "STATE_TAG", "STUCK_REASON_TAG", "STUCK", "STUCK_EXIT_CODE", "REGRESSION_TAG",
+           "REGRESSION_TESTS_TAG", "REGRESSION_BASELINE_TAG"]

@@ -11,13 +11,16 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
+from audit import registry
 from audit.errors import ParameterError
 from jobs.uris import resolve_tracking_uri, store_identity, tracking_uri_problem
 from jobs.validators import (
     Ctx,
+    boolean,
     expand_env,
     given,
     integer,
@@ -26,6 +29,7 @@ from jobs.validators import (
     name,
     number,
     read_yaml,
+    str_list,
     string,
     suggest,
 )
@@ -38,8 +42,11 @@ DEFAULT_ENTRYPOINT = f"python -m jobs.watch --run-spec-env {SPEC_ENV} --no-progr
 
 _TOP_FIELDS = {
     "name", "description", "output_dir", "interval", "max_attempts", "backoff", "tracking",
-    "sweep_output_dir", "hub", "ray", "audit", "watch",
+    "sweep_output_dir", "hub", "ray", "audit", "watch", "regression",
 }
+_REGRESSION_FIELDS = {"metrics", "tests", "min_increase", "alpha", "adjust", "baseline", "previous", "n_bootstrap",
+                      "permutations", "seed", "notify"}
+_NOTIFY_FIELDS = {"command", "url", "timeout"}
 _BACKOFF_FIELDS = {"initial", "factor", "max", "retries", "jitter", "seed", "max_interval"}
 _HUB_FIELDS = {"endpoint", "branch", "timeout"}
 _RAY_FIELDS = {"address", "runtime_env", "entrypoint", "entrypoint_num_cpus", "entrypoint_num_gpus", "max_jobs"}
@@ -118,6 +125,53 @@ class RaySubmit:
 
 
 @dataclasses.dataclass(frozen=True)
+class Notify:
+    """What the watcher does when it finds a regression (``regression.notify``).
+
+    command: run (split like a shell line with :func:`shlex.split`, no shell) with the
+             regression's JSON on its standard input and ``AUDIT_REGRESSION_JSON`` naming a file
+             holding the same; a non-zero exit status is an ``error`` decision.
+    url:     an ``http(s)://`` address that gets the JSON as an HTTP POST
+             (``Content-Type: application/json``); a status >= 400 or no answer within
+             ``timeout`` seconds is an ``error`` decision.
+    """
+
+    command: str | None = None
+    url: str | None = None
+    timeout: float = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RegressionSpec:
+    """Regression detection between audited revisions (``regression:`` of the watch spec;
+    :mod:`jobs.watch.regression`).
+
+    metrics:      the metrics compared (default: every metric of the audit that offers a paired
+                  comparison, :func:`audit.registry.comparer`).
+    tests:        the tests compared (default: all the two audits share).
+    min_increase: smallest increase of the bias magnitude (|effect size| for WEAT) that counts.
+    alpha:        level of the adjusted p-value (``adjust``: ``holm`` or ``bh``, over the
+                  compared tests of each metric).
+    baseline:     a pinned baseline revision (of every watched repository), compared too.
+    previous:     compare with the previous audited revision of the repository (default true).
+    n_bootstrap, permutations, seed: of each comparison (:mod:`audit.compare`).
+    notify:       :class:`Notify` (``None``: no notification).
+    """
+
+    metrics: tuple[str, ...] | None = None
+    tests: tuple[str, ...] | None = None
+    min_increase: float = 0.0
+    alpha: float = 0.05
+    adjust: str = "holm"
+    baseline: str | None = None
+    previous: bool = True
+    n_bootstrap: int = 1000
+    permutations: int | str = "auto"
+    seed: int = 0
+    notify: Notify | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class WatchSpec:
     """A validated watch spec (see :mod:`jobs.watch` for the fields)."""
 
@@ -136,6 +190,7 @@ class WatchSpec:
     ray: RaySubmit = RaySubmit()
     description: str = ""
     source: str = ""
+    regression: RegressionSpec | None = None
 
     @property
     def resolved_tracking_uri(self) -> str:
@@ -290,6 +345,71 @@ def _ray(ctx: Ctx, v: Any) -> RaySubmit:
     return RaySubmit(**kw)
 
 
+def _regression(ctx: Ctx, v: Any) -> RegressionSpec:
+    d = mapping(ctx, "regression", v, _REGRESSION_FIELDS)
+    kw: dict[str, Any] = {}
+    if d.get("metrics") is not None:
+        metrics = str_list(ctx, "regression.metrics", d["metrics"])
+        for i, m in enumerate(metrics):
+            try:
+                comp = registry.comparer(m)
+            except ParameterError as e:
+                raise ctx.param(f"regression.metrics[{i}]", str(e)) from None
+            if comp is None:
+                raise ctx.param(f"regression.metrics[{i}]", f"{m} offers no paired comparison; comparable: "
+                                + ", ".join(n for n in registry.names() if registry.comparer(n) is not None))
+        kw["metrics"] = metrics
+    if d.get("tests") is not None:
+        kw["tests"] = str_list(ctx, "regression.tests", d["tests"])
+    if d.get("min_increase") is not None:
+        kw["min_increase"] = number(ctx, "regression.min_increase", d["min_increase"])
+    if d.get("alpha") is not None:
+        kw["alpha"] = number(ctx, "regression.alpha", d["alpha"], strict=True)
+        if kw["alpha"] > 1:
+            raise ctx.param("regression.alpha", f"must be <= 1, got {kw['alpha']}")
+    if d.get("adjust") is not None:
+        adj = string(ctx, "regression.adjust", d["adjust"])
+        if adj not in ("holm", "bh"):
+            raise ctx.param("regression.adjust", f"unknown adjustment {adj!r}{suggest(adj, ('holm', 'bh'))}; known: holm, bh")
+        kw["adjust"] = adj
+    if given(d.get("baseline")):
+        kw["baseline"] = string(ctx, "regression.baseline", str(d["baseline"]) if isinstance(d["baseline"], (int, float))
+                                and not isinstance(d["baseline"], bool) else d["baseline"])
+    if d.get("previous") is not None:
+        kw["previous"] = boolean(ctx, "regression.previous", d["previous"])
+    if not kw.get("previous", True) and "baseline" not in kw:
+        raise ctx.param("regression.previous", "false needs a `baseline` revision: nothing to compare with")
+    if d.get("n_bootstrap") is not None:
+        kw["n_bootstrap"] = integer(ctx, "regression.n_bootstrap", d["n_bootstrap"], minimum=0)
+    if d.get("permutations") is not None:
+        pm = d["permutations"]
+        if isinstance(pm, str):
+            if pm not in ("auto", "exact"):
+                raise ctx.param("regression.permutations", f"expected auto, exact or a positive integer, got {pm!r}")
+            kw["permutations"] = pm
+        else:
+            kw["permutations"] = integer(ctx, "regression.permutations", pm, minimum=1)
+    if d.get("seed") is not None:
+        kw["seed"] = integer(ctx, "regression.seed", d["seed"], minimum=0)
+    if d.get("notify") is not None:
+        n = mapping(ctx, "regression.notify", d["notify"], _NOTIFY_FIELDS)
+        command = string(ctx, "regression.notify.command", n["command"]) if given(n.get("command")) else None
+        url = string(ctx, "regression.notify.url", n["url"]) if given(n.get("url")) else None
+        if url is not None and not re.match(r"^https?://[^\s/]+", url):
+            raise ctx.param("regression.notify.url", f"{url!r}: expected an http(s):// URL")
+        if command is not None:
+            try:
+                if not shlex.split(command):
+                    raise ValueError("empty")
+            except ValueError as e:
+                raise ctx.param("regression.notify.command", f"{command!r}: cannot be split into a command ({e})") from None
+        if command is None and url is None:
+            raise ctx.data("regression.notify", "give a `command`, a `url` or both")
+        timeout = number(ctx, "regression.notify.timeout", n["timeout"], strict=True) if n.get("timeout") is not None else 10.0
+        kw["notify"] = Notify(command=command, url=url, timeout=timeout)
+    return RegressionSpec(**kw)
+
+
 def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
     """Validate a parsed watch spec (environment variables already expanded); errors name the
     file and the field."""
@@ -330,13 +450,14 @@ def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
     if not isinstance(d["watch"], list) or not d["watch"]:
         raise ctx.data("watch", f"expected a non-empty list, got {d['watch']!r}")
     entries = tuple(_entry(ctx, i, e, default, branch) for i, e in enumerate(d["watch"]))
+    regression = _regression(ctx, d["regression"]) if d.get("regression") is not None else None
     description = d.get("description") or ""
     if not isinstance(description, str):
         raise ctx.data("description", f"expected text, got {description!r}")
     return WatchSpec(name=watch_name, entries=entries, output_dir=out, interval=interval, max_attempts=max_attempts,
                      backoff=backoff, tracking_uri=uri, experiment=experiment, sweep_output_dir=sweep_out,
                      hub_endpoint=endpoint, hub_branch=branch, hub_timeout=timeout, ray=ray,
-                     description=description, source=source)
+                     description=description, source=source, regression=regression)
 
 
 def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | None = None,
@@ -356,5 +477,6 @@ def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | 
     return dataclasses.replace(spec, **changes) if changes else spec
 
 
-__all__ = ["SPEC_ENV", "DEFAULT_ENTRYPOINT", "AuditTemplate", "WatchEntry", "RaySubmit", "WatchSpec",
+__all__ = ["SPEC_ENV", "DEFAULT_ENTRYPOINT", "AuditTemplate", "WatchEntry", "RaySubmit", "WatchSpec", "Notify",
+           "RegressionSpec",
            "deep_merge", "parse_watch_spec", "load_watch_spec"]

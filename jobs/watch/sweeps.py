@@ -19,13 +19,19 @@ from jobs.validators import expand_env, read_yaml
 from jobs.watch.spec import WatchEntry, WatchSpec, deep_merge
 
 #: Fields of a generated sweep spec that do not change its tasks (left out of :func:`spec_digest`).
-_VOLATILE = ("name", "output_dir", "tracking", "ray", "description")
+_VOLATILE = ("name", "output_dir", "tracking", "ray", "description", "tags")
+
+#: Parent-run tags of a generated sweep (its ``tags:``): which watch, source, repository and
+#: revision it audits and when that revision was made. The regression check finds the previous
+#: audited revision of a repository by them (:meth:`jobs.watch.index.AuditIndex.previous`).
+WATCH_TAG, SOURCE_TAG, REPO_TAG, REVISION_TAG, WHEN_TAG = (
+    "audit.watch", "audit.watch.source", "audit.watch.repo", "audit.watch.revision", "audit.watch.when")
 
 
 def spec_digest(raw: Mapping[str, Any]) -> str:
     """sha256 (hex) of a generated sweep spec's canonical JSON (sorted keys), leaving out the
     fields that do not change its tasks: ``name``, ``output_dir``, ``tracking``, ``ray``,
-    ``description``. Computed on the unexpanded text (``${VAR}`` kept), so the same audit has the
+    ``description``, ``tags``. Computed on the unexpanded text (``${VAR}`` kept), so the same audit has the
     same digest on the watcher's machine and on the cluster."""
     keep = {k: v for k, v in raw.items() if k not in _VOLATILE}
     blob = json.dumps(keep, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8")
@@ -118,6 +124,8 @@ def generate_sweep(watch: WatchSpec, entry: WatchEntry, rel: Release) -> Generat
     raw["name"] = name
     raw["output_dir"] = f"{watch.resolved_sweep_output_dir}/{name}"
     raw["tracking"] = {"uri": watch.resolved_tracking_uri, "experiment": watch.resolved_experiment}
+    raw["tags"] = {**(raw.get("tags") or {}), WATCH_TAG: watch.name, SOURCE_TAG: rel.source, REPO_TAG: rel.repo,
+                   REVISION_TAG: rel.revision, WHEN_TAG: rel.when or ""}
     src = f"{audit.spec or watch.source} (generated for {rel.repo}@{rel.revision})"
     env = {**os.environ, **{str(k): str(v) for k, v in (watch.ray.runtime_env.get("env_vars") or {}).items()}}
     # the job would refuse an invalid spec: refuse it here, naming the field (variables as the job sees them)
@@ -132,4 +140,4 @@ def generate_sweep(watch: WatchSpec, entry: WatchEntry, rel: Release) -> Generat
 
 
 __all__ = ["spec_digest", "submission_id", "safe_name", "short_revision", "Release", "GeneratedSweep",
-           "generate_sweep"]
+           "generate_sweep", "WATCH_TAG", "SOURCE_TAG", "REPO_TAG", "REVISION_TAG", "WHEN_TAG"]

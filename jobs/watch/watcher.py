@@ -15,12 +15,15 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping, TextIO
 
+from filelock import FileLock, Timeout
+
 from audit.errors import AuditError
 from jobs.tracker import driver_alive
 from jobs.uris import redact_uri, store_identity
 from jobs.watch.backoff import SourceUnavailable, retry
 from jobs.watch.decisions import Decision, DecisionLog, PollReport
-from jobs.watch.index import STUCK_EXIT_CODE, AuditIndex, SweepRecord
+from jobs.watch.index import REGRESSION_TAG, STUCK_EXIT_CODE, AuditIndex, SweepRecord
+from jobs.watch.regression import check_revision, notify, payload, record, write_report
 from jobs.watch.sources import HubSource, LocalSource, Source
 from jobs.watch.spec import SPEC_ENV, WatchEntry, WatchSpec
 from jobs.watch.submit import ACTIVE_STATES, AlreadySubmitted, JobState, RaySubmitter, SubmitError, Submitter, job_state
@@ -132,6 +135,8 @@ class Watcher:
         if rec is not None:
             if rec.status == "FINISHED":
                 self._record(Decision("skipped", f"already audited: sweep run {rec.run_id} finished", **base))
+                if self.spec.regression is not None and rec.regression is None and not self.dry_run:
+                    self._check_regression(rec, index, base)
                 return
             jobs = self._jobs(rel, gen)
             if rec.status in ("RUNNING", "SCHEDULED"):
@@ -161,6 +166,50 @@ class Watcher:
             why = "new revision" if not known.get(rel.revision) else \
                 f"revision has {known[rel.revision]} finished run(s) under other specs; this audit is new"
         self._submit(entry, rel, gen, first, why, base)
+
+    # ------------------------------------------------------------------ regression detection
+    def _check_regression(self, rec: SweepRecord, index: AuditIndex, base: dict[str, Any]) -> None:
+        """Compare a finished audit with its baseline(s) once (:mod:`jobs.watch.regression`):
+        tags and report on its parent run, a ``regression``/``compared`` decision, the
+        notification. Racing watchers of one output directory take turns (a file lock) and the
+        second sees the first one's tag."""
+        from mlflow import MlflowClient
+
+        lock = FileLock(str(self.out_dir / "regression.lock"), timeout=600)
+        try:
+            with lock:
+                client = MlflowClient(tracking_uri=self.spec.resolved_tracking_uri)
+                if client.get_run(rec.run_id).data.tags.get(REGRESSION_TAG):
+                    return  # another watcher checked it meanwhile
+                check = check_revision(self.spec, index, rec, client)
+                if check is None:
+                    return  # an earlier revision's audit still runs: its result may be the baseline
+                write_report(self.spec, check, self.out_dir / "regressions" / rec.name)
+                record(client, self.spec, check)
+        except Timeout:
+            self._record(Decision("error", f"regression check waits for {lock.lock_file} (another watcher)", **base))
+            return
+        except AuditError as e:
+            self._record(Decision("error", f"regression check: {e}", **base))
+            return
+        except Exception as e:  # noqa: BLE001 - the store went away: no tag, the next poll tries again
+            self._record(Decision("error", f"regression check: tracking store "
+                                  f"{redact_uri(self.spec.resolved_tracking_uri)}: {type(e).__name__}: "
+                                  f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}", **base))
+            return
+        if check.error:
+            self._record(Decision("error", check.reason(), **base))
+            return
+        if not check.regression:
+            self._record(Decision("compared", check.reason(), **base))
+            return
+        done, failed = ([], [])
+        if self.spec.regression.notify is not None:
+            done, failed = notify(self.spec.regression.notify, payload(self.spec, check))
+        note = f" (notified: {'; '.join(done)})" if done else ""
+        self._record(Decision("regression", check.reason() + note, **base))
+        for f in failed:
+            self._record(Decision("error", f, **base))
 
     # ------------------------------------------------------------------ Ray jobs of an audit
     def _sid(self, rel: Release, gen: GeneratedSweep, attempt: int) -> str:
