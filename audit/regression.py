@@ -43,7 +43,7 @@ import pandas as pd
 
 from audit import catalog, registry, runner
 from audit.errors import AuditError, DataError, ParameterError
-from audit.measure.words import _paired_role
+from audit.measure.words import paired_role
 from audit.multitest import METHODS, add_adjusted_pvalues
 from audit.suites import WordSet, WordTest
 
@@ -108,7 +108,7 @@ def common_test(test: WordTest, meas_a, meas_b, metric: str, params: dict[str, A
     if all(list(meas_a.labels.get(k, ())) == list(meas_b.labels.get(k, ())) for k in labels):
         return None, missing_a, missing_b
     both = {k: found_a[k] & found_b[k] for k in labels}
-    paired = _paired_role(registry.get(metric), params, test)
+    paired = paired_role(registry.get(metric), params, test)
     keep: dict[str, list[str]] = {k: [w for w in s.words if w in both[k]] for k, s in zip(labels, sets)}
     for side, prefix in (("targets", "target"), ("attributes", "attribute")):
         group = [k for k in labels if k.startswith(prefix)]

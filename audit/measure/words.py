@@ -69,7 +69,7 @@ def _drop_unpaired(sets, resolved, dropped: dict[str, list[str]]) -> None:
         r.vectors = r.vectors[rows]
 
 
-def _paired_role(metric: Metric, analysis_params: Mapping[str, Any], test: WordTest) -> str | None:
+def paired_role(metric: Metric, analysis_params: Mapping[str, Any], test: WordTest) -> str | None:
     """The side whose sets pair up row by row: the protected-group side (the task's ``groups``
     parameter, else the test's) for ``paired="groups"``."""
     if metric.paired == "groups":
@@ -102,7 +102,7 @@ def measure_words(model, test: WordTest, metric: Metric, mp: Mapping[str, Any],
                   ap: Mapping[str, Any]) -> Measurement:
     """One vector per word of every set of ``test`` (see the module docstring)."""
     wv = model.handle if model.kind == "static" else _contextual_word_vectors(model, test, mp)
-    paired = _paired_role(metric, ap, test)
+    paired = paired_role(metric, ap, test)
     sets = [*test.targets, *test.attributes]
     if paired:
         group = test.targets if paired == "targets" else test.attributes
