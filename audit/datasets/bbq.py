@@ -396,7 +396,8 @@ def read_bbq(path: str | os.PathLike, *, name: str | None = None, language: str,
 def select_items(table: pd.DataFrame, categories: Sequence[str] | str | None = None,
                  limit: int | None = None) -> pd.DataFrame:
     """The items of the given ``categories`` (all when ``None``), at most ``limit`` per category
-    (the first ones in file order; ``None``: all).
+    and context condition (the first ones in file order; ``None``: all), so that a limited
+    selection keeps ambiguous and disambiguated items of every category.
 
     Raises :class:`ParameterError` for a category the test does not have (naming the known ones)
     or a bad ``limit``."""
@@ -410,8 +411,10 @@ def select_items(table: pd.DataFrame, categories: Sequence[str] | str | None = N
         table = table[table["category"].isin(list(categories))]
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ParameterError(f"limit: must be a positive integer (items per category), got {limit!r}")
-        table = table.groupby("category", sort=False, group_keys=False).head(limit)
+            raise ParameterError(f"limit: must be a positive integer (items per category and context condition), "
+                                 f"got {limit!r}")
+        table = table.groupby(["category", "context_condition"], sort=False, group_keys=False).head(limit)
+        table = table.sort_index()
     if len(table) == 0:
         raise ParameterError("the selection holds no items")
     return table.reset_index(drop=True)

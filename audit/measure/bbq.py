@@ -47,7 +47,8 @@ try:  # the batched causal primitive of the causal-LM work (audit.measure.lm_sco
 except ImportError:  # pragma: no cover - until that work is merged
     continuation_loglik = None
 
-__all__ = ["PROMPTS", "DEFAULT_PROMPT", "TABLE_COLUMNS", "default_prompt", "item_prompts", "option_requests",
+__all__ = ["PROMPTS", "DEFAULT_PROMPT", "TABLE_COLUMNS", "TRUNCATIONS", "default_prompt", "item_prompts",
+           "option_requests", "fit_prompts",
            "mlm_option_scores", "causal_option_scores", "bbq_option_scores", "CHOICES"]
 
 DEFAULT_PROMPT = "{context}\n\nQ: {question}\nA:"
@@ -76,11 +77,46 @@ def item_prompts(table: pd.DataFrame, prompt: str) -> list[str]:
         raise ParameterError(f"prompt: {prompt!r} is not a valid template ({e})") from None
 
 
-def option_requests(table: pd.DataFrame, prompt: str) -> list[tuple[str, str]]:
+def option_requests(prompts: Sequence[str], table: pd.DataFrame) -> list[tuple[str, str]]:
     """``(prompt, " " + answer)`` for every item and option, item by item (option 0, 1, 2)."""
-    prompts = item_prompts(table, prompt)
-    return [(p, DELIMITER + str(a)) for p, row in zip(prompts, table[[f"ans{i}" for i in range(N_OPTIONS)]].itertuples(
-        index=False)) for a in row]
+    answers = table[[f"ans{i}" for i in range(N_OPTIONS)]].itertuples(index=False)
+    return [(p, DELIMITER + str(a)) for p, row in zip(prompts, answers) for a in row]
+
+
+TRUNCATIONS = ("none", "left")
+
+
+def fit_prompts(tokenizer: Any, kind: str, limit: int, prompts: Sequence[str], options: Sequence[Sequence[str]]
+                ) -> tuple[list[str], np.ndarray]:
+    """``truncation="left"``: each prompt with as many leading words cut as needed for its
+    longest option to fit the model (``limit`` tokens, special tokens or the start token
+    included), and the number of words cut per prompt. A prompt that does not fit even with its
+    context cut to one word is a :class:`DataError`."""
+
+    def n_tokens(prompt: str, opts: Sequence[str]) -> int:
+        texts = [prompt + DELIMITER + str(o) for o in opts]
+        enc = tokenizer(texts, add_special_tokens=(kind == "mlm"))["input_ids"]
+        return max(len(e) for e in enc) + (1 if kind == "causal" else 0)
+
+    out, cut = [], np.zeros(len(prompts), dtype=np.int64)
+    for i, (p, opts) in enumerate(zip(prompts, options)):
+        if n_tokens(p, opts) <= limit:
+            out.append(p)
+            continue
+        words = p.split(" ")
+        lo, hi = 1, len(words) - 1  # smallest number of leading words to drop
+        if n_tokens(" ".join(words[hi:]), opts) > limit:
+            raise DataError(f"item {i}: the prompt does not fit the model's {limit} tokens even when cut to its last "
+                            "word")
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if n_tokens(" ".join(words[mid:]), opts) <= limit:
+                hi = mid
+            else:
+                lo = mid + 1
+        out.append(" ".join(words[lo:]))
+        cut[i] = lo
+    return out, cut
 
 
 def mlm_option_scores(model: Any, tokenizer: Any, requests: Sequence[tuple[str, str]], *,
@@ -125,15 +161,28 @@ def causal_option_scores(model: Any, tokenizer: Any, requests: Sequence[tuple[st
     return np.asarray(ll, dtype=np.float64), np.asarray(n, dtype=np.int64)
 
 
-def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_size: int | None = None
-                      ) -> pd.DataFrame:
-    """The measurement table (:data:`TABLE_COLUMNS`) of the items of ``table`` (a
-    :class:`MultipleChoice` table) on a masked or causal LM."""
+def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_size: int | None = None,
+                      truncation: str = "none") -> pd.DataFrame:
+    """The measurement table (:data:`TABLE_COLUMNS`, plus ``words_cut``) of the items of
+    ``table`` (a :class:`MultipleChoice` table) on a masked or causal LM.
+
+    ``truncation="none"`` (default): an item longer than the model accepts is a
+    :class:`DataError`; ``"left"``: its prompt loses leading words until it fits (lm-evaluation-
+    harness keeps the last tokens of an over-long causal input the same way), counted in
+    ``words_cut``."""
     kind = getattr(hf_model, "kind", None)
     if kind not in ("mlm", "causal"):
         raise ModelError(f"model {getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={kind!r}; BBQ needs a "
                          "masked LM (kind='mlm') or a causal LM (kind='causal')")
-    reqs = option_requests(table, prompt)
+    if truncation not in TRUNCATIONS:
+        raise ParameterError(f"truncation: must be one of {', '.join(TRUNCATIONS)}, got {truncation!r}")
+    prompts = item_prompts(table, prompt)
+    cut = np.zeros(len(prompts), dtype=np.int64)
+    if truncation == "left":
+        options = table[[f"ans{i}" for i in range(N_OPTIONS)]].itertuples(index=False)
+        prompts, cut = fit_prompts(hf_model.tokenizer, kind, max_sequence_length(hf_model.model, hf_model.tokenizer),
+                                   prompts, [list(o) for o in options])
+    reqs = option_requests(prompts, table)
     fn = mlm_option_scores if kind == "mlm" else causal_option_scores
     sc, nt = fn(hf_model.model, hf_model.tokenizer, reqs, batch_size=batch_size, device=hf_model.device)
     sc, nt = sc.reshape(-1, N_OPTIONS), nt.reshape(-1, N_OPTIONS)
@@ -146,7 +195,8 @@ def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_
     for i in range(N_OPTIONS):
         out[f"n_chars{i}"] = [len(str(a)) for a in table[f"ans{i}"]]
     out["where"] = table["where"].to_numpy()
-    return out[list(TABLE_COLUMNS)]
+    out["words_cut"] = cut
+    return out[[*TABLE_COLUMNS, "words_cut"]]
 
 
 def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, Any],
@@ -154,9 +204,11 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
     """Option scores of the selected items (``categories``, ``limit`` per category)."""
     items = select_items(test.table, mp["categories"], mp["limit"])
     prompt = mp["prompt"] or default_prompt(test.language)
-    table = bbq_option_scores(model.handle, items, prompt=prompt, batch_size=mp["batch_size"])
+    table = bbq_option_scores(model.handle, items, prompt=prompt, batch_size=mp["batch_size"],
+                              truncation=mp["truncation"])
     return Measurement(family=CHOICES.name, table=table,
                        info={"language": test.language, "kind": model.kind, "prompt": prompt,
+                             "truncation": mp["truncation"], "n_truncated": int((table["words_cut"] > 0).sum()),
                              "format": test.extra.get("format", ""),
                              "variant": "causal_ll" if model.kind == "causal" else "masked_pll"})
 
@@ -171,7 +223,7 @@ CHOICES = Family(
     kinds=("mlm", "causal"),
     test_type="multiple_choice",
     measure=measure_bbq,
-    params={"batch_size": None, "categories": None, "limit": None, "prompt": None},
+    params={"batch_size": None, "categories": None, "limit": None, "prompt": None, "truncation": "none"},
     method=_method,
     needs=lambda test: None,
     description="score of each answer option given the prompt: log-likelihood (causal LMs) or pseudo-log-"

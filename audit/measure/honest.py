@@ -20,15 +20,17 @@ Causal LMs (:func:`causal_first_words`)
     generated (a continuation without letters gives the empty completion, never hurtful).
 
     ``decoding="greedy"`` (default): the ``k`` most probable first tokens (ties by lower id),
-    each continued greedily (arg-max) to the end of its word, so ``k = 1`` is plain greedy
-    decoding and ``k > 1`` is the causal analogue of the masked LM's top-k.
+    each continued greedily (arg-max, ``model.generate`` greedy search) for up to
+    ``max_new_tokens`` tokens in all, so ``k = 1`` is plain greedy decoding and ``k > 1`` is the
+    causal analogue of the masked LM's top-k.
     ``decoding="sample"``: ``k`` independent continuations sampled from the model's distribution
     (temperature 1, no top-k/top-p truncation) by inverse-CDF sampling with uniform numbers from
     ``numpy.random.default_rng(SeedSequence(seed).spawn(n_templates)[i])``: reproducible for a
     seed and independent of batch size and order.
 
-Both run batched: templates sorted by length, right-padded under an attention mask (causal: each
-step re-runs the unfinished sequences, right padding leaves every real position unchanged).
+Both run batched: templates sorted by length and padded under an attention mask (right padding for
+the masked LM and the causal first token, left padding with the model's KV cache for the greedy
+continuation; sampled continuations re-run the unfinished sequences step by step).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from audit.backends.hf import run_batched
 from audit.datasets.honest import SLOT_MASK
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
@@ -92,7 +95,7 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
     """
     import torch
 
-    from audit.backends.hf import run_batched
+
 
     k = _check_k(k)
     mask_tok, mask_id = getattr(tokenizer, "mask_token", None), getattr(tokenizer, "mask_token_id", None)
@@ -157,13 +160,14 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
                        device: Any = None) -> tuple[list[list[str]], np.ndarray]:
     """``k`` first-word completions of each prompt under a causal LM (module docstring).
 
-    Returns ``(words, logprobs)``: per prompt the ``k`` words and the log-probability of the
-    tokens generated for each (float64, shape ``(n, k)``; greedy: most probable first token
-    first).
+    Returns ``(words, logprobs)``: per prompt the ``k`` words and the log-probability of each
+    completion's first token (float64, shape ``(n, k)``; greedy: most probable first).
+
+    Greedy branches are continued with ``model.generate`` (greedy search, KV cache, left padding)
+    for ``max_new_tokens - 1`` further tokens; sampled ones step by step (see the module
+    docstring for the random numbers).
     """
     import torch
-
-    from audit.backends.hf import run_batched
 
     k = _check_k(k)
     if decoding not in DECODINGS:
@@ -187,83 +191,90 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
             raise DataError(f"prompt {p!r} has {len(ids)} tokens; with {max_new_tokens} new tokens the model's limit "
                             f"of {limit} is exceeded")
         prefixes.append(ids)
+    n = len(prefixes)
 
-    def next_logp(seqs: list[list[int]]) -> Any:
-        """log_softmax (float32, CPU) of the next token after each sequence."""
+    def batched(fn, seqs: list[list[int]]) -> list[Any]:
         order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i))
-
-        def run(batch: list[int]) -> list[Any]:
-            L = max(len(seqs[i]) for i in batch)
-            ids = torch.full((len(batch), L), pad, dtype=torch.long)
-            att = torch.zeros((len(batch), L), dtype=torch.long)
-            for r, i in enumerate(batch):
-                ids[r, : len(seqs[i])] = torch.tensor(seqs[i], dtype=torch.long)
-                att[r, : len(seqs[i])] = 1
-            last = torch.tensor([len(seqs[i]) - 1 for i in batch], dtype=torch.long)
-            ids, att = ids.to(dev), att.to(dev)
-            with torch.inference_mode():
-                logits = model(input_ids=ids, attention_mask=att, use_cache=False).logits
-                rows = logits[torch.arange(len(batch), device=dev), last.to(dev)]
-                return list(torch.log_softmax(rows.float(), dim=-1).cpu())
-
-        res = run_batched(run, order, bs, device=dev)
+        res = run_batched(lambda batch: fn([seqs[i] for i in batch]), order, bs, device=dev)
         out: list[Any] = [None] * len(seqs)
         for i, v in zip(order, res):
             out[i] = v
-        return torch.stack(out) if out else torch.zeros(0)
+        return out
 
-    n = len(prefixes)
-    # branches: (template index, generated ids, summed log-prob, finished, word)
-    gen: list[list[int]] = []
-    owner: list[int] = []
-    score = np.zeros(n * k, dtype=np.float64)
+    def next_logp(batch: list[list[int]]) -> list[Any]:
+        """log_softmax (float32, CPU) of the next token after each sequence (right padding)."""
+        L = max(len(s) for s in batch)
+        ids = torch.full((len(batch), L), pad, dtype=torch.long)
+        att = torch.zeros((len(batch), L), dtype=torch.long)
+        for r, s in enumerate(batch):
+            ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
+            att[r, : len(s)] = 1
+        last = torch.tensor([len(s) - 1 for s in batch], dtype=torch.long, device=dev)
+        with torch.inference_mode():
+            logits = model(input_ids=ids.to(dev), attention_mask=att.to(dev), use_cache=False).logits
+            rows = logits[torch.arange(len(batch), device=dev), last]
+            return list(torch.log_softmax(rows.float(), dim=-1).cpu())
+
+    def greedy_more(batch: list[list[int]]) -> list[list[int]]:
+        """``max_new_tokens - 1`` greedy tokens after each sequence (left padding, KV cache)."""
+        L = max(len(s) for s in batch)
+        ids = torch.full((len(batch), L), pad, dtype=torch.long)
+        att = torch.zeros((len(batch), L), dtype=torch.long)
+        for r, s in enumerate(batch):
+            ids[r, L - len(s):] = torch.tensor(s, dtype=torch.long)
+            att[r, L - len(s):] = 1
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new_tokens - 1,
+                                 do_sample=False, num_beams=1, pad_token_id=pad, eos_token_id=eos,
+                                 temperature=None, top_k=None, top_p=None)
+        return [row[L:].tolist() for row in out.cpu()]
+
+    first = batched(next_logp, prefixes)
     if decoding == "sample":
         streams = np.random.SeedSequence(int(seed)).spawn(n)
         uniforms = [np.random.default_rng(s).random((k, max_new_tokens)) for s in streams]
-    first = next_logp(prefixes)
+
+    def draw(row: Any, u: float) -> int:
+        cdf = np.cumsum(row.double().exp().numpy())
+        return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
+
+    gen: list[list[int]] = []
+    owner: list[int] = []
+    score = np.zeros(n * k, dtype=np.float64)
     for i in range(n):
         row = first[i]
         if decoding == "greedy":
             toks = torch.sort(-row, stable=True).indices[:k].tolist()
         else:
-            cdf = np.cumsum(row.double().exp().numpy())
-            toks = [int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
-                    for u in uniforms[i][:, 0]]
+            toks = [draw(row, u) for u in uniforms[i][:, 0]]
         for j, t in enumerate(toks):
             gen.append([int(t)])
             owner.append(i)
             score[i * k + j] = float(row[t])
-    words = [""] * (n * k)
-    done = [False] * (n * k)
-
-    def settle(b: int, final: bool) -> None:
-        toks = gen[b]
-        ended = eos is not None and toks[-1] == eos
-        text = tokenizer.decode(toks[:-1] if ended else toks, skip_special_tokens=True)
-        w, complete = first_word(text)
-        if complete or ended or final:
-            words[b], done[b] = w, True
-
-    for b in range(n * k):
-        settle(b, max_new_tokens == 1)
-    for step in range(1, max_new_tokens):
-        live = [b for b in range(n * k) if not done[b]]
-        if not live:
-            break
-        lp = next_logp([prefixes[owner[b]] + gen[b] for b in live])
-        for r, b in enumerate(live):
-            row = lp[r]
-            if decoding == "greedy":
-                t = int(torch.sort(-row, stable=True).indices[0])
-            else:
-                cdf = np.cumsum(row.double().exp().numpy())
-                u = uniforms[owner[b]][b - owner[b] * k, step]
-                t = int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
-            gen[b].append(t)
-            score[b] += float(row[t])
-            settle(b, step == max_new_tokens - 1)
-    out_words = [words[i * k:(i + 1) * k] for i in range(n)]
-    return out_words, score.reshape(n, k)
+    if max_new_tokens > 1:
+        if decoding == "greedy":
+            live = [b for b in range(n * k) if eos is None or gen[b][-1] != eos]
+            more = batched(greedy_more, [prefixes[owner[b]] + gen[b] for b in live])
+            for b, extra in zip(live, more):
+                gen[b] += extra
+        else:
+            done = [eos is not None and g[-1] == eos for g in gen]
+            for step in range(1, max_new_tokens):
+                live = [b for b in range(n * k) if not done[b] and not first_word(
+                    tokenizer.decode(gen[b], skip_special_tokens=True))[1]]
+                if not live:
+                    break
+                lp = batched(next_logp, [prefixes[owner[b]] + gen[b] for b in live])
+                for r, b in enumerate(live):
+                    t = draw(lp[r], uniforms[owner[b]][b - owner[b] * k, step])
+                    gen[b].append(t)
+                    done[b] = eos is not None and t == eos
+    words = []
+    for g in gen:
+        if eos is not None and eos in g:
+            g = g[: g.index(eos)]
+        words.append(first_word(tokenizer.decode(g, skip_special_tokens=True))[0])
+    return [words[i * k:(i + 1) * k] for i in range(n)], score.reshape(n, k)
 
 
 # --------------------------------------------------------------------------- the measure step
