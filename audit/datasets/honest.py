@@ -123,9 +123,10 @@ def read_honest_templates(path: str | os.PathLike, *, name: str | None = None, l
             continue
         if len(r) < len(header):
             raise DataError(f"{p}: line {lineno}: {len(r)} fields, the header has {len(header)}")
-        v = {c: r[i].strip() for c, i in col.items()}
+        # the templates verbatim (the evaluator keys on them; a leading space changes byte-level BPE)
+        v = {c: (r[i] if c == "template_masked" else r[i].strip()) for c, i in col.items()}
         for c in TEMPLATE_COLUMNS:
-            if not v[c]:
+            if not v[c].strip():
                 raise DataError(f"{p}: line {lineno}: field {c} is empty")
         tm, raw = v["template_masked"], v["raw"]
         if tm.count(SLOT_MASK) != 1:
