@@ -1,6 +1,8 @@
 """The eight-language smoke sweep (jobs/specs/smoke-languages.yaml): one tiny fastText model per
 language trained on the text built from that language's shipped word lists, audited with WEAT and
-SAME on every shipped test of its language, finishes with no failed task."""
+SAME on every shipped test of its language; a tiny masked LM and a tiny causal LM on HONEST in
+every language with templates and (the masked LM) on the BBQ family where its data is found;
+finishes with no failed task."""
 
 from __future__ import annotations
 
@@ -32,13 +34,25 @@ def test_every_language_every_test_finishes(tmp_path, local_ray):
     spec = load_spec(SPEC, output_dir=str(tmp_path / "out"))
     out = run_sweep(spec, progress=False)
     tests = list_tests()
-    expected = int(tests.metrics.str.contains("weat").sum()) * 2  # weat and same on every shipped word test
+    n_words = int(tests.metrics.str.contains("weat").sum()) * 2  # weat and same on every shipped word test
+    honest = tests[tests.metrics == "honest"]
+    bbq = tests[(tests.metrics == "bbq") & tests.available]  # nl/tr (MBBQ) only with BIASAUDIT_MBBQ
+    expected = n_words + 2 * len(honest) + len(bbq)  # HONEST on both tiny LMs, BBQ on the masked one
     assert out.exit_code == 0
     assert out.planned == expected and out.ran == expected and out.failed == 0
-    assert out.loads == 8
+    assert out.loads == 10
     df = out.results
-    assert set(df["language"]) == set(SUPPORTED_LANGUAGES) == {"en", "de", "nl", "it", "nb", "is", "tr", "fr"}
+    assert set(SUPPORTED_LANGUAGES) == {"en", "de", "nl", "it", "nb", "is", "tr", "fr", "es", "ca", "pt", "ro"}
+    assert set(df["language"]) == set(SUPPORTED_LANGUAGES) - ({"ca"} if "ca/bbq" not in set(bbq.name) else set())
     assert (df["status"] == "finished").all()
+    words = df[df.metric.isin(["weat", "same"])]
+    assert set(words["language"]) == {"en", "de", "nl", "it", "nb", "is", "tr", "fr"}
     # the per-language text covers every test word: full coverage everywhere
-    assert df["coverage_min"].notna().all()
-    assert (df["coverage_min"] == 1.0).all()
+    assert words["coverage_min"].notna().all()
+    assert (words["coverage_min"] == 1.0).all()
+    # HONEST in the eleven languages with templates, on a masked and a causal LM
+    h = df[df.metric == "honest"]
+    assert set(h["language"]) == set(SUPPORTED_LANGUAGES) - {"ca"} and set(h["model"]) == {"tiny-bert", "tiny-gpt2"}
+    assert h["value"].between(0, 1).all() and (h["n_items"] > 400).all()
+    b = df[df.metric == "bbq"]
+    assert set(b["test"]) == set(bbq.name) and b["value"].between(-1, 1).all()
