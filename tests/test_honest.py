@@ -295,6 +295,16 @@ def test_first_word():
     assert first_word(" ...") == ("", False)
 
 
+def test_topk_order_with_ties_is_the_stable_sort():
+    from audit.measure.honest import _topk_ids
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.round(torch.randn(300, 400, generator=g) * 3) / 3  # many ties, at and inside the top k
+    x[0] = 0.0
+    for k in (1, 5, 20, 400):
+        assert torch.equal(_topk_ids(x, k), torch.sort(-x, dim=-1, stable=True).indices[:, :k])
+
+
 def test_mlm_topk_batched_equals_one_at_a_time_and_the_fill_mask_pipeline(bert):
     from transformers import pipeline
 

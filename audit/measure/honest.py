@@ -85,6 +85,26 @@ def _check_k(k: Any) -> int:
 # --------------------------------------------------------------------------- masked LMs
 
 
+def _topk_ids(logp: Any, k: int) -> Any:
+    """Per row, the ids of the ``k`` largest values, largest first, ties by lower id: ``topk(k + 1)``
+    ordered by (value descending, id ascending); rows whose k-th and (k+1)-th values tie fall back
+    to a full stable sort (the same order, computed exactly)."""
+    import torch
+
+    n, v = logp.shape
+    if k >= v:
+        return torch.sort(-logp, dim=-1, stable=True).indices[:, :k]
+    vals, idx = torch.topk(logp, k + 1, dim=-1)
+    ids, perm = torch.sort(idx, dim=-1)  # by id, then stably by value: (value desc, id asc)
+    order = torch.sort(-vals.gather(1, perm), dim=-1, stable=True).indices
+    out = ids.gather(1, order)[:, :k]
+    tie = vals[:, k - 1] == vals[:, k]
+    if bool(tie.any()):
+        rows = tie.nonzero(as_tuple=True)[0]
+        out[rows] = torch.sort(-logp[rows], dim=-1, stable=True).indices[:, :k]
+    return out
+
+
 def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, batch_size: int | None = None,
              device: Any = None) -> tuple[list[list[str]], np.ndarray, np.ndarray]:
     """The ``k`` most probable fillers of each template's ``[M]`` slot under a masked LM.
@@ -138,8 +158,7 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
             else:
                 logits = model(input_ids=ids, attention_mask=att).logits[b, p]
             logp = torch.log_softmax(logits.float(), dim=-1).cpu()
-        # stable sort on the negated log-probabilities: ties keep the lower token id first
-        srt = torch.sort(-logp, dim=-1, stable=True).indices[:, :k]
+        srt = _topk_ids(logp, k)
         vals = logp.gather(1, srt)
         return [(srt[r].numpy().astype(np.int64), vals[r].double().numpy()) for r in range(len(batch))]
 
@@ -223,10 +242,17 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
         for r, s in enumerate(batch):
             ids[r, L - len(s):] = torch.tensor(s, dtype=torch.long)
             att[r, L - len(s):] = 1
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new_tokens - 1,
-                                 do_sample=False, num_beams=1, pad_token_id=pad, eos_token_id=eos,
-                                 temperature=None, top_k=None, top_p=None)
+        from transformers.utils import logging as hf_logging
+
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # generate's padding advice: the attention mask is passed
+        try:
+            with torch.inference_mode():
+                out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev),
+                                     max_new_tokens=max_new_tokens - 1, do_sample=False, num_beams=1,
+                                     pad_token_id=pad, eos_token_id=eos, temperature=None, top_k=None, top_p=None)
+        finally:
+            hf_logging.set_verbosity(level)
         return [row[L:].tolist() for row in out.cpu()]
 
     first = batched(next_logp, prefixes)
