@@ -18,6 +18,8 @@ Three ways, same process, same requests:
   primitive: one tokenisation per request, identical sequences run once, length-sorted batches,
   the LM head only at the positions that predict answer tokens).
 
+The methods take turns on consecutive chunks of 1000 items (``--chunk``), each chunk scored whole
+by each method, and the times are summed, so that all three see the same load of a shared machine.
 The predicted answers (arg-max per item) are asserted identical and the log-likelihoods equal to
 1e-4; requests/s and the ratios are printed (goal: batched >= 3x the harness at batch 32).
 """
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--batch-size", type=int, default=None, help="batched: sequences per forward pass")
     ap.add_argument("--skip-batch-1", action="store_true", help="leave out the harness at batch size 1")
+    ap.add_argument("--chunk", type=int, default=1000, help="items per chunk of the interleaved timing (default 1000)")
     args = ap.parse_args(argv)
 
     import torch
@@ -81,25 +84,35 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data: {args.language}/bbq ({test.extra.get('format')}), {len(items)} items x 3 = {len(reqs)} requests; "
           f"longest sampled request {longest} tokens")
 
-    mbbq.causal_option_scores(model, tok, reqs[:30], batch_size=args.batch_size)  # warm-up
-    t0 = time.perf_counter()
-    ours, _ = mbbq.causal_option_scores(model, tok, reqs, batch_size=args.batch_size)
-    t_ours = time.perf_counter() - t0
-    pred = ours.reshape(-1, 3).argmax(1)
-
-    rows = [("batched", t_ours)]
+    methods = {"batched": lambda rq: mbbq.causal_option_scores(model, tok, rq, batch_size=args.batch_size)[0]}
     for bs in ((32,) if args.skip_batch_1 else (32, 1)):
         lm = harness_lm(model, tok, batch_size=bs)
-        loglikelihood(lm, reqs[:30])
-        t0 = time.perf_counter()
-        res = loglikelihood(lm, reqs)
-        t = time.perf_counter() - t0
-        ll = np.array([r[0] for r in res])
+        methods[f"harness, batch {bs}"] = (lambda lm_: lambda rq: np.array([r[0] for r in loglikelihood(lm_, rq)]))(lm)
+    for fn in methods.values():  # warm-up
+        fn(reqs[:30])
+    # the methods take turns on consecutive chunks of items, so that each sees the same load of a
+    # shared machine; each chunk is scored whole by each method (its own sorting and batching)
+    step = 3 * max(1, args.chunk)
+    times = dict.fromkeys(methods, 0.0)
+    lls = {name: [] for name in methods}
+    for a in range(0, len(reqs), step):
+        chunk = reqs[a: a + step]
+        for name, fn in methods.items():
+            t0 = time.perf_counter()
+            lls[name].append(fn(chunk))
+            times[name] += time.perf_counter() - t0
+    ours = np.concatenate(lls["batched"])
+    pred = ours.reshape(-1, 3).argmax(1)
+    for name in methods:
+        if name == "batched":
+            continue
+        ll = np.concatenate(lls[name])
         err = float(np.abs(ll - ours).max())
         same = int((ll.reshape(-1, 3).argmax(1) == pred).sum())
-        print(f"harness batch {bs}: max |ll - ours| = {err:.2e}; identical predictions {same}/{len(pred)}")
+        print(f"{name}: max |ll - batched| = {err:.2e}; identical predictions {same}/{len(pred)}")
         assert err <= 1e-4 and same == len(pred), "the harness and the batched scores disagree"
-        rows.append((f"harness, batch {bs}", t))
+    t_ours = times["batched"]
+    rows = list(times.items())
     print(f"{'method':<20}{'time (s)':>10}{'requests/s':>12}")
     for name, t in rows:
         print(f"{name:<20}{t:>10.1f}{len(reqs) / t:>12.0f}")
