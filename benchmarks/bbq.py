@@ -6,7 +6,9 @@ most of it the harness at batch size 1)
 
 Model: the tiny Llama-style causal LM of ``audit/tiny_models.py`` (``llama``; tiny GPT-2 where that
 builder is absent), its position limit raised to 1024 (rotary positions: no weights change) so that
-no request is truncated on either side. Data: the language's registered ``bbq`` test (EsBBQ for
+no request is truncated on either side; ``--model large``: a seeded random Llama (hidden 512, 4
+layers, 32000-row head, about 44M parameters) on the tiny tokenizer, where the compute dominates
+(use ``--items`` to take a part of the data). Data: the language's registered ``bbq`` test (EsBBQ for
 ``es``), every item, the harness's prompt for that language and the continuation ``" " + answer``.
 
 Three ways, same process, same requests:
@@ -38,12 +40,29 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 
+def build_large(tok):
+    """A seeded random ``LlamaForCausalLM``: hidden 512, 4 layers, 8 heads (2 key/value heads),
+    32000-row vocabulary (the tiny tokenizer's ids are its first rows), 1024 positions."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=max(32000, len(tok)), hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    return LlamaForCausalLM(cfg).eval()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--language", default="es", help="the registered bbq test's language (default es: EsBBQ)")
     ap.add_argument("--items", type=int, default=0, help="first N items per category and condition (0: all)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--batch-size", type=int, default=None, help="batched: sequences per forward pass")
+    ap.add_argument("--model", choices=("tiny", "large"), default="tiny",
+                    help="tiny (default): the tiny Llama of audit.tiny_models; large: a seeded random Llama with "
+                         "hidden 512, 4 layers, a 32000-row head (compute-bound; use --items)")
     ap.add_argument("--skip-batch-1", action="store_true", help="leave out the harness at batch size 1")
     ap.add_argument("--chunk", type=int, default=1000, help="items per chunk of the interleaved timing (default 1000)")
     args = ap.parse_args(argv)
@@ -72,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     if kind == "llama":
         model.config.max_position_embeddings = 1024
         tok.model_max_length = 1024
+    if args.model == "large":
+        model = build_large(tok)
+        kind = "llama (large, random weights)"
     test = load_test(f"{args.language}/bbq")
     items = select_items(test.table, None, args.items or None)
     prompts = mbbq.item_prompts(items, mbbq.default_prompt(args.language))
