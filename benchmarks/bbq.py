@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         tok.model_max_length = 1024
     if args.model == "large":
         model = build_large(tok)
-        kind = "llama (large, random weights)"
+        kind = "large Llama (random weights)"
     test = load_test(f"{args.language}/bbq")
     items = select_items(test.table, None, args.items or None)
     prompts = mbbq.item_prompts(items, mbbq.default_prompt(args.language))
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     limit = mbbq.max_sequence_length(model, tok)
     longest = max(len(tok(p + c)["input_ids"]) for p, c in reqs[:: max(1, len(reqs) // 2000)])
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: tiny {kind} ({n_params / 1e6:.2f}M parameters, vocabulary {len(tok)}, limit {limit} tokens); "
+    print(f"model: {kind if args.model == 'large' else 'tiny ' + kind} ({n_params / 1e6:.2f}M parameters, vocabulary {len(tok)}, limit {limit} tokens); "
           f"torch threads={torch.get_num_threads()}")
     print(f"data: {args.language}/bbq ({test.extra.get('format')}), {len(items)} items x 3 = {len(reqs)} requests; "
           f"longest sampled request {longest} tokens")
