@@ -25,7 +25,12 @@ __all__ = ["LANGUAGE_NAMES", "supported_metrics", "list_tests", "datasets_markdo
 
 #: English names of the supported languages, for listings.
 LANGUAGE_NAMES = {"en": "English", "de": "German", "nl": "Dutch", "it": "Italian", "nb": "Norwegian Bokmål",
-                  "is": "Icelandic", "tr": "Turkish", "fr": "French"}
+                  "is": "Icelandic", "tr": "Turkish", "fr": "French", "es": "Spanish", "ca": "Catalan",
+                  "pt": "Portuguese", "ro": "Romanian"}
+
+
+#: What one row of a stub test's table is, by test type (listings).
+_UNITS = {"pairs": "pairs", "completion": "templates", "multiple_choice": "items"}
 
 
 def supported_metrics(test: WordTest | SentencePairs) -> list[str]:
@@ -44,7 +49,8 @@ def list_tests(language: str | None = None, root: str | Path | None = None) -> p
     Columns: ``name`` (``en/weat1``), ``language``, ``targets`` and ``attributes`` (``"set
     (size), ..."``; for sentence-pair tests the number of pairs), ``provenance``, ``licence``,
     ``metrics`` (comma separated), ``path``, ``available`` (whether the data is there: always for
-    shipped tests; for stubs, whether their data file was found).
+    shipped tests; for stubs, whether their data file was found). For a stub, ``targets`` holds
+    its size (``1508 pairs``, ``810 templates``, ``11956 items``).
     """
     if language is not None:
         language = check_language(language, "list_tests", "language (argument)")
@@ -59,7 +65,7 @@ def list_tests(language: str | None = None, root: str | Path | None = None) -> p
             size = ""
             if ok:
                 try:
-                    size = f"{len(read_registered(path).table)} pairs"
+                    size = f"{len(read_registered(path).table)} {_UNITS.get(FORMAT_TYPES[stub.format], 'rows')}"
                 except DataError as e:
                     ok, size = False, str(e)
             rows.append({

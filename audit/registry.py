@@ -38,11 +38,15 @@ from audit.compare import (
 )
 from audit.entries import KIND_NAMES, MODEL_KINDS, Family, Measurement, Metric, check_count
 from audit.errors import DataError, ModelError, ParameterError
+from audit.measure.bbq import CHOICES
 from audit.measure.crows_pairs import PAIR_SCORES
+from audit.measure.honest import COMPLETIONS
 from audit.measure.lpbs import LPBS_SCORES
 from audit.measure.sentences import SEAT_SENTENCES
 from audit.measure.words import ASSOCIATION
+from audit.metrics.bbq import bbq_metric
 from audit.metrics.crows_pairs import crows_pairs_metric
+from audit.metrics.honest import honest_metric
 from audit.metrics.lpbs import lpbs_metric
 from audit.metrics.sets import (
     cramers_v_sets,
@@ -58,7 +62,7 @@ from audit.metrics.sets import (
     weat_sets_sharded,
 )
 from audit.result import MetricOutput
-from audit.suites import SentencePairs, WordTest
+from audit.suites import CompletionTemplates, MultipleChoice, SentencePairs, WordTest
 
 __all__ = [
     "METRICS", "FAMILIES", "TEST_TYPES", "register", "unregister", "get", "names", "families", "accepted_params", "split_params",
@@ -67,7 +71,8 @@ __all__ = [
 ]
 
 #: The Python type of each family's test objects.
-TEST_TYPES: dict[str, type] = {"words": WordTest, "pairs": SentencePairs}
+TEST_TYPES: dict[str, type] = {"words": WordTest, "pairs": SentencePairs, "completion": CompletionTemplates,
+                               "multiple_choice": MultipleChoice}
 
 
 # --------------------------------------------------------------------------------------
@@ -227,6 +232,24 @@ _ENTRIES: tuple[Metric, ...] = (
         result_names={"causal": "crows_pairs_causal"},
         items="one row per pair: both sentence scores and which one won",
     ),
+    Metric(
+        name="honest", family=COMPLETIONS,
+        analyse=lambda m, **p: honest_metric(m.table, language=m.info["language"], **p),
+        params={"hurtlex": None, "hurtlex_level": "conservative", "k": [1, 5, 20], "category_rule": "all"},
+        headline="HONEST@k (largest k): share of the top-k completions of the templates that are HurtLex lemmas",
+        reference="Nozza, Bianchi & Hovy (2021), HONEST: Measuring Hurtful Sentence Completion in Language "
+                  "Models, NAACL; HurtLex 1.2 (Bassignana, Basile & Patti 2018)",
+        items="one row per distinct template: its completions, which are hurtful, their HurtLex categories",
+    ),
+    Metric(
+        name="bbq", family=CHOICES, analyse=lambda m, **p: bbq_metric(m.table, **p),
+        params={"length_norm": "none", "n_bootstrap": 1000, "confidence": 0.95, "seed": None},
+        headline="BBQ ambiguous-context bias score s_AMB = (1 - acc_amb) * (2 n_biased / n_non_unknown - 1); also "
+                 "accuracies and s_DIS, overall and per category, bootstrap CIs",
+        reference="Parrish et al. (2022), BBQ: A Hand-Built Bias Benchmark for Question Answering, Findings of ACL; "
+                  "lm-evaluation-harness (multiple-choice scoring)",
+        items="one row per item: each option's score, the prediction, correct / unknown / biased",
+    ),
 )
 
 #: Metric name -> entry, in the order listings show them.
@@ -375,7 +398,8 @@ def _fit_reason(e: Metric, test: Any, params: Mapping[str, Any] | None = None) -
     """Why a test cannot serve metric ``e`` (type, set counts, what the family needs), or ``None``."""
     ttype = test_type_of(test)
     if ttype != e.family.test_type:
-        what = {"words": "word-set tests", "pairs": "sentence-pair tests (CrowS-Pairs)"}
+        what = {"words": "word-set tests", "pairs": "sentence-pair tests (CrowS-Pairs)",
+                "completion": "completion-template tests (HONEST)", "multiple_choice": "multiple-choice tests (BBQ)"}
         return f"{e.name} runs on {what.get(e.family.test_type, e.family.test_type)}, not on {test.name}"
     if ttype == "words":
         nt, na = e.set_counts({**(params or {}), "groups": (params or {}).get("groups") or test.groups})

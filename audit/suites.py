@@ -106,3 +106,75 @@ class SentencePairs:
         """``sha256:<hex>`` of the table's content (pandas' row hashes, index included)."""
         h = hashlib.sha256(pd.util.hash_pandas_object(self.table, index=True).values.tobytes()).hexdigest()
         return "sha256:" + h
+
+
+def _table_digest(table: Any) -> str:
+    """``sha256:<hex>`` of a table's content (pandas' row hashes, index included). Cells holding
+    lists or tuples (answer groups) are hashed through their JSON text."""
+    t = table
+    if isinstance(t, pd.DataFrame):
+        obj = [c for c in t.columns if t[c].dtype == object
+               and any(isinstance(v, (list, tuple, dict)) for v in t[c].head(50))]
+        if obj:
+            t = t.copy()
+            for c in obj:
+                t[c] = [json.dumps(v, ensure_ascii=False, sort_keys=True) if isinstance(v, (list, tuple, dict))
+                        else v for v in t[c]]
+    h = hashlib.sha256(pd.util.hash_pandas_object(t, index=True).values.tobytes()).hexdigest()
+    return "sha256:" + h
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletionTemplates:
+    """A test of sentence templates whose slot a language model completes (HONEST, Nozza et al.
+    2021): one row per template (:mod:`audit.datasets.honest`).
+
+    name:     registered name (``honest``) or the file stem.
+    language: ISO 639-1 code.
+    table:    columns ``template`` (the identity filled in, ``[M]`` marking the slot), ``raw``
+              (with ``[I]`` and ``[M]``), ``identity``, ``group`` (the identity group: the
+              file's ``category``, e.g. ``female``/``male``), ``number``, ``type``, ``line``
+              (line of the file, the header being line 1).
+    source:   the file it was read from.
+    """
+
+    name: str
+    language: str
+    table: Any = dataclasses.field(hash=False, compare=False)
+    provenance: str = ""
+    licence: str = ""
+    source: str = ""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
+
+    def digest(self) -> str:
+        """``sha256:<hex>`` of the template table's content."""
+        return _table_digest(self.table)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultipleChoice:
+    """A multiple-choice question-answering bias test in BBQ's schema (Parrish et al. 2022): one
+    row per item (:mod:`audit.datasets.bbq` maps every published layout onto it).
+
+    name:     registered name (``bbq``) or the file/folder stem.
+    language: ISO 639-1 code.
+    table:    one row per item: ``item``, ``category``, ``question_polarity`` (``neg``/``nonneg``),
+              ``context_condition`` (``ambig``/``disambig``), ``context``, ``question``, ``ans0``..
+              ``ans2``, ``label``, ``unknown`` (index of the unknown option), ``groups0``..``groups2``
+              (each answer's group labels), ``stereotyped_groups``, ``target`` (indices of the answers
+              about a stereotyped group), ``biased`` (indices of the biased answers), ``where``
+              (file and line).
+    source:   the file or folder it was read from; ``extra["format"]`` the published layout.
+    """
+
+    name: str
+    language: str
+    table: Any = dataclasses.field(hash=False, compare=False)
+    provenance: str = ""
+    licence: str = ""
+    source: str = ""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
+
+    def digest(self) -> str:
+        """``sha256:<hex>`` of the item table's content."""
+        return _table_digest(self.table)

@@ -237,8 +237,8 @@ CASES = [
     ("test-unknown-field", [*S[:4], "bad_field.yaml", *S[5:]],
      "bad_field.yaml: unknown field 'colour'; allowed: name, language, ‹*›"),
     ("test-unknown-language", [*S[:4], "bad_lang.yaml", *S[5:]],
-     "bad_lang.yaml: field language: language 'xx' is not supported; use one of en, de, nl, it, nb, is, tr, fr "
-     "(ISO 639-1; Norwegian Bokmål is 'nb')"),
+     "bad_lang.yaml: field language: language 'xx' is not supported; use one of en, de, nl, it, nb, is, tr, fr, "
+     "es, ca, pt, ro (ISO 639-1; Norwegian Bokmål is 'nb')"),
     ("test-unknown-metric", [*S[:4], "bad_metric.yaml", *S[5:]],
      "bad_metric.yaml: field metrics: unknown metric 'weet'; known: weat, ‹*›"),
     ("test-empty-set", [*S[:4], "bad_empty.yaml", *S[5:]],

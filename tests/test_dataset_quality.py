@@ -25,7 +25,11 @@ For each native test file, in every supported language folder (also the ones add
   ``wordfreq`` at all (``FORM_MIN`` = 1.0, the cut-off of its large lists) or be
   allow-listed, in the languages with a large list; in small-list languages (Turkish,
   Icelandic) inflected forms routinely fall under the cut-off and are not checked.
-* every allow-list entry is used by some test of its language (no stale entries).
+* every allow-list entry is used by some test of its language (no stale entries);
+* HONEST templates (:data:`HONEST_STUBS`): clean text, slots, provenance, MIT licence, no claimed
+  validation; biasaudit's translations are balanced (as many female as male identity terms in
+  each number, 15 templates each) and every word of their templates and identity terms passes
+  the word check.
 
 ``wordfreq`` look-ups are cached; the whole module runs in a few seconds.
 """
@@ -60,6 +64,13 @@ TEST_FILES = sorted(
 )
 TEMPLATE_FILES = sorted(ROOT / lang / "templates.yaml" for lang in ds.SUPPORTED_LANGUAGES
                         if (ROOT / lang / "templates.yaml").is_file())
+#: HONEST template stubs (the official sets and biasaudit's translations), and the translations.
+HONEST_STUBS = sorted(
+    f for lang in ds.SUPPORTED_LANGUAGES if (ROOT / lang).is_dir()
+    for f in (ROOT / lang).glob("*.yaml") if f.stem != "templates" and ds.stub_of(f) is not None
+    and ds.stub_of(f).format == "honest-templates"
+)
+HONEST_TRANSLATIONS = [f for f in HONEST_STUBS if "biasaudit translation" in ds.stub_of(f).provenance]
 LANGS_WITH_TESTS = sorted({f.parent.name for f in TEST_FILES})
 
 
@@ -238,6 +249,52 @@ def test_every_word_is_a_real_word(path: Path):
                      f"datasets/{lang}/allowlist.txt: " + "; ".join(bad))
 
 
+def honest_words(stub_path: Path) -> list[str]:
+    """The words of an HONEST template file: identity terms and the template text around the slots."""
+    t = ds.load_test(f"{stub_path.parent.name}/{stub_path.stem}").table
+    words = list(dict.fromkeys(t["identity"]))
+    for raw in dict.fromkeys(t["raw"]):
+        words += [w for w in raw.replace("[I]", " ").replace("[M]", " ").split() if w]
+    return list(dict.fromkeys(words))
+
+
+@pytest.mark.parametrize("path", HONEST_STUBS, ids=_id)
+def test_honest_templates(path: Path):
+    """Shipped HONEST templates: clean UTF-8 NFC text, every line with its slots (the reader
+    checks them), provenance and licence, no validation claimed; translations balanced: every
+    identity group has the same templates in each number."""
+    stub = ds.stub_of(path)
+    data = stub.path()
+    assert data.parent == path.parent and data.suffix == ".tsv"
+    raw = data.read_bytes()
+    text = raw.decode("utf-8")
+    assert not text.startswith("\ufeff") and "\r" not in text and unicodedata.normalize("NFC", text) == text, data
+    assert stub.provenance and stub.licence.startswith("MIT") and stub.description
+    for field in (stub.provenance, stub.description):
+        assert unclaimed_validation(field) == [], f"{path}: claims a validation: {unclaimed_validation(field)}"
+    t = ds.load_test(f"{path.parent.name}/{path.stem}").table
+    assert len(t) >= 400 and set(t["number"]) <= {"singular", "plural"}
+    if path in HONEST_TRANSLATIONS:
+        assert "not validated by native speakers" in stub.provenance
+        assert sorted(set(t["group"])) == ["female", "male"]
+        per = t.groupby(["group", "number"])["identity"].nunique().unstack()
+        assert (per.loc["female"] == per.loc["male"]).all(), per
+        assert t.groupby("identity")["raw"].nunique().eq(15).all()  # 5 occupation, 5 adjective, 5 verb templates
+        assert t["template"].is_unique
+
+
+@pytest.mark.parametrize("path", HONEST_TRANSLATIONS, ids=_id)
+def test_honest_translation_words_are_real_words(path: Path):
+    lang = path.parent.name
+    bad = []
+    for w in honest_words(path):
+        fails = word_failures(w, lang, WORD_MIN)
+        if fails:
+            bad.append(f"{w!r} ({', '.join(f'{x}: {zipf(x, lang):.2f}' for x in fails)} < {WORD_MIN})")
+    assert not bad, (f"{path}: not found in wordfreq ({lang}) at the threshold and not in "
+                     f"datasets/{lang}/allowlist.txt: " + "; ".join(bad))
+
+
 @pytest.mark.parametrize("lang", LANGS_WITH_TESTS)
 def test_allowlist_entries_have_reasons_and_are_used(lang: str):
     allowed = allowlist(lang)  # raises DataError for a line without a reason
@@ -247,6 +304,10 @@ def test_allowlist_entries_have_reasons_and_are_used(lang: str):
     for path in (p for p in TEST_FILES if p.parent.name == lang):
         t = _load(path)
         for w in [w for s in (*t.targets, *t.attributes) for w in s.words] + _form_entries(t):
+            used.add(w)
+            used.update(tokens(w, lang))
+    for path in (p for p in HONEST_TRANSLATIONS if p.parent.name == lang):
+        for w in honest_words(path):
             used.add(w)
             used.update(tokens(w, lang))
     stale = sorted(w for w in allowed if w not in used and w.casefold() not in used)

@@ -52,6 +52,12 @@ def _sets(t: WordTest) -> list[WordSet]:
     return [*t.targets, *t.attributes]
 
 
+def _word_tests(lang: str) -> list[str]:
+    """The registered word-set tests of a language (not CrowS-Pairs, HONEST or BBQ stubs)."""
+    df = catalog.list_tests(lang)
+    return [n for n, m in zip(df.name, df.metrics) if "weat" in m.split(", ")]
+
+
 def _write(tmp_path: Path, name: str, text: str | bytes) -> Path:
     p = tmp_path / name
     if isinstance(text, bytes):
@@ -197,7 +203,11 @@ def test_list_tests():
     row = df.set_index("name").loc["en/weat1"]
     assert row.targets == "flowers (25), insects (25)"
     assert row.metrics.split(", ")[:2] == ["weat", "seat"] and "lpbs" not in row.metrics
-    assert list(catalog.list_tests("de").name) == sorted(f"de/{s}" for s in CANONICAL)
+    assert _word_tests("de") == sorted(f"de/{s}" for s in CANONICAL)
+    de = catalog.list_tests("de").set_index("name")
+    assert de.loc["de/honest", "targets"] == "630 templates" and de.loc["de/honest", "metrics"] == "honest"
+    if de.loc["de/bbq", "available"]:
+        assert de.loc["de/bbq", "targets"] == "968 items" and de.loc["de/bbq", "metrics"] == "bbq"
     fr = catalog.list_tests("fr").set_index("name")
     assert fr.loc["fr/gender_math", "targets"] == "math (8), arts (8)"
     assert fr.loc["fr/gender_math", "metrics"].split(", ")[:3] == ["weat", "seat", "lpbs"]
@@ -763,16 +773,14 @@ def test_corpus_from_tests_covers_every_word_and_is_seeded():
     assert list(a) == ["fr", "tr"]
     assert a == ds.corpus_from_tests(["fr", "tr"], seed=3, sentences_per_word=6)
     assert a["fr"] != ds.corpus_from_tests(["fr"], seed=4, sentences_per_word=6)["fr"]
-    word_tests = {lang: [k for k, t in zip(catalog.list_tests(lang).name, catalog.list_tests(lang).targets)
-                         if not str(t).endswith(" pairs")] for lang in ("fr", "tr")}  # not fr/crows_pairs
-    n_fr = sum(len(s.words) for k in word_tests["fr"] for s in _sets(ds.load_test(k)))
+    n_fr = sum(len(s.words) for k in _word_tests("fr") for s in _sets(ds.load_test(k)))
     assert len(a["fr"]) == 6 * n_fr
     for lang, sentences in a.items():
         counts: dict[str, int] = {}
         for s in sentences:
             for tok in set(s.split()):
                 counts[tok] = counts.get(tok, 0) + 1
-        for key in word_tests[lang]:
+        for key in _word_tests(lang):
             for ws in _sets(ds.load_test(key)):
                 for w in ws.words:
                     assert all(counts.get(tok, 0) >= 6 for tok in w.split()), (key, w)
@@ -803,6 +811,6 @@ def test_tiny_fasttext_on_the_corpus_covers_the_tests(tmp_path):
     model = fasttext.train_unsupervised(str(path), model="skipgram", dim=8, epoch=1, minCount=1,
                                         bucket=2000, minn=3, maxn=4, thread=1, verbose=0)
     vocab = set(model.words)
-    missing = [w for k in catalog.list_tests("tr").name for s in _sets(ds.load_test(k)) for w in s.words
+    missing = [w for k in _word_tests("tr") for s in _sets(ds.load_test(k)) for w in s.words
                for tok in w.split() if tok not in vocab]
     assert missing == []

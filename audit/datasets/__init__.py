@@ -3,6 +3,10 @@
 - :mod:`audit.datasets.native`: the native YAML format (parse, validate, read, write);
 - :mod:`audit.datasets.bias`: the BIAS Detection Framework's WEAT ``.txt`` and SEAT/LPBS ``.jsonl``;
 - :mod:`audit.datasets.crows_pairs`: CrowS-Pairs in every published layout;
+- :mod:`audit.datasets.honest`: HONEST completion templates and the HurtLex lexicon (read from a
+  path, never shipped);
+- :mod:`audit.datasets.bbq`: the BBQ family (BBQ, MBBQ, GG-BBQ, EsBBQ, CaBBQ) mapped onto BBQ's schema;
+- :mod:`audit.datasets.external`: stubs registering tests whose data lives elsewhere;
 - :mod:`audit.datasets.registry`: the tests shipped under ``datasets/``, look-up by name or path,
   allow-lists;
 - :mod:`audit.datasets.templates`: template grammar and the single placeholder filler (SEAT,

@@ -12,7 +12,9 @@ import yaml
 
 from audit.errors import DataError
 
-SUPPORTED_LANGUAGES = ("en", "de", "nl", "it", "nb", "is", "tr", "fr")
+#: Languages of shipped tests and accepted language tags. Spanish, Catalan, Portuguese and Romanian
+#: have completion and question-answering tests (HONEST, the BBQ family) but no word lists.
+SUPPORTED_LANGUAGES = ("en", "de", "nl", "it", "nb", "is", "tr", "fr", "es", "ca", "pt", "ro")
 
 #: The language of a test read from a file outside any folder named after a language, when none
 #: is given (ISO 639-2 "undetermined"): static-vector metrics run on it; whatever needs the
@@ -181,3 +183,15 @@ def datasets_root() -> Path:
         return PACKAGED_DATASETS
     return Path(__file__).resolve().parents[2] / "datasets"
 
+
+def data_root() -> Path:
+    """Where stubs' ``data`` paths are resolved: ``$BIASAUDIT_DATA``, else ``../shared/data``
+    beside the checkout (from an installed package: relative to the working directory, as the
+    shipped specs' ``${BIASAUDIT_DATA:-../shared/data}``)."""
+    env = os.environ.get("BIASAUDIT_DATA")
+    if env:
+        return Path(env)
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file():
+        return checkout.parent / "shared" / "data"
+    return Path("..") / "shared" / "data"

@@ -12,7 +12,7 @@ from audit.datasets._common import (
     _check_language,
     datasets_root,
 )
-from audit.datasets.registry import _scan, read_registered
+from audit.datasets.registry import _scan, read_registered, stub_of
 from audit.datasets.templates import LPBS_USE, lpbs_items, seat_items
 from audit.errors import DataError, ParameterError
 from audit.suites import WordTest
@@ -108,6 +108,8 @@ def corpus_from_tests(languages: Iterable[str] | None = None, *, seed: int, sent
         raise ParameterError(f"sentences_per_word must be a positive integer, got {sentences_per_word!r}")
     base = Path(root) if root is not None else datasets_root()
     qualified, _ = _scan(base)
+    # word tests only: stubs (sentence pairs, templates, question answering, data elsewhere) give no words
+    qualified = {k: p for k, p in qualified.items() if stub_of(p) is None}
     if languages is None:
         langs = [l for l in SUPPORTED_LANGUAGES if any(k.startswith(l + "/") for k in qualified)]
     else:

@@ -6,7 +6,8 @@ Stub fields::
     name: crows_pairs                 # the registered name (with the language: en/crows_pairs)
     language: en
     format: crows-pairs               # the reader (:data:`READERS`)
-    data: crows-pairs/crows_pairs_anonymized.csv   # path under the data root
+    data: crows-pairs/crows_pairs_anonymized.csv   # path under the data root (a file or a
+                                                   # folder); ./name: beside the stub (shipped)
     env: BIASAUDIT_CROWS_PAIRS        # optional: environment variable with a full path (wins)
     url: https://...                  # where users download the data
     encoding: utf-8                   # optional, for readers that take one (default: detected)
@@ -25,7 +26,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from audit.datasets._common import _check_keys, _check_language, _text, _where
+from audit.datasets._common import _check_keys, _check_language, _text, _where, data_root
+from audit.datasets import bbq as bbq_data
+from audit.datasets import honest as honest_data
 from audit.datasets.crows_pairs import read_crows_pairs
 from audit.errors import DataError
 
@@ -40,24 +43,24 @@ def _read_crows_pairs(path: Path, stub: "Stub") -> Any:
                             licence=stub.licence, encoding=stub.encoding or None, invalid=stub.invalid or "error")
 
 
+def _read_honest(path: Path, stub: "Stub") -> Any:
+    return honest_data.read_honest_templates(path, name=stub.name, language=stub.language, provenance=stub.provenance,
+                                             licence=stub.licence, description=stub.description)
+
+
+def _read_bbq(path: Path, stub: "Stub") -> Any:
+    return bbq_data.read_bbq(path, name=stub.name, language=stub.language, provenance=stub.provenance,
+                             licence=stub.licence, description=stub.description)
+
+
 #: format -> ``reader(path, stub) -> test object``.
-READERS: dict[str, Callable[[Path, "Stub"], Any]] = {"crows-pairs": _read_crows_pairs}
+READERS: dict[str, Callable[[Path, "Stub"], Any]] = {
+    "crows-pairs": _read_crows_pairs, honest_data.FORMAT: _read_honest, bbq_data.FORMAT: _read_bbq}
 #: format -> the type of test object its reader returns (``words``: a WordTest; ``pairs``: a
-#: SentencePairs), known without reading the data.
-FORMAT_TYPES: dict[str, str] = {"crows-pairs": "pairs"}
-
-
-def data_root() -> Path:
-    """Where stubs' ``data`` paths are resolved: ``$BIASAUDIT_DATA``, else ``../shared/data``
-    beside the checkout (from an installed package: relative to the working directory, as the
-    shipped specs' ``${BIASAUDIT_DATA:-../shared/data}``)."""
-    env = os.environ.get("BIASAUDIT_DATA")
-    if env:
-        return Path(env)
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "pyproject.toml").is_file():
-        return checkout.parent / "shared" / "data"
-    return Path("..") / "shared" / "data"
+#: SentencePairs; ``completion``: CompletionTemplates; ``multiple_choice``: MultipleChoice), known
+#: without reading the data.
+FORMAT_TYPES: dict[str, str] = {"crows-pairs": "pairs", honest_data.FORMAT: "completion",
+                                bbq_data.FORMAT: "multiple_choice"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +81,12 @@ class Stub:
     source: str = ""
 
     def path(self) -> Path:
-        """The data file: ``$<env>`` when set, else ``data`` under :func:`data_root`."""
+        """The data file or folder: ``$<env>`` when set, else ``data`` beside the stub when it
+        starts with ``./`` (data shipped with the project), else under :func:`data_root`."""
         if self.env and os.environ.get(self.env):
             return Path(os.environ[self.env])
+        if self.data.startswith("./") and self.source:
+            return Path(self.source).parent / self.data[2:]
         p = Path(self.data).expanduser()
         return p if p.is_absolute() else data_root() / p
 

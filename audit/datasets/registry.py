@@ -13,13 +13,18 @@ from audit.datasets._common import (
     _read_text,
     datasets_root,
 )
+from audit.datasets.bbq import looks_like_bbq, read_bbq
 from audit.datasets.bias import read_bias_jsonl, read_bias_weat_txt
 from audit.datasets.crows_pairs import TEST_NAME as CROWS_PAIRS_TEST
 from audit.datasets.crows_pairs import read_crows_pairs
 from audit.datasets.external import FORMAT_TYPES, Stub, is_stub, load_stub, parse_stub
+from audit.datasets.honest import looks_like_honest, read_honest_templates
 from audit.datasets.native import parse_native
 from audit.errors import DataError
-from audit.suites import SentencePairs, WordTest
+from audit.suites import CompletionTemplates, MultipleChoice, SentencePairs, WordTest
+
+#: Any test object the readers return.
+AnyTest = WordTest | SentencePairs | CompletionTemplates | MultipleChoice
 
 _TEST_SUFFIXES = (".yaml", ".yml")
 _BIAS_TXT_SUFFIXES = (".txt",)
@@ -63,7 +68,7 @@ def _looks_like_file(ref: str) -> bool:
     return Path(ref).suffix.lower() in _TEST_SUFFIXES + _BIAS_TXT_SUFFIXES + _BIAS_JSON_SUFFIXES + _PAIRS_SUFFIXES
 
 
-def read_registered(path: Path) -> WordTest | SentencePairs:
+def read_registered(path: Path) -> AnyTest:
     """A YAML file of the datasets folder: a native test, or a stub whose data is elsewhere
     (:mod:`audit.datasets.external`)."""
     data = _load_yaml(path)
@@ -78,27 +83,60 @@ def stub_of(path: Path) -> Stub | None:
     return parse_stub(data, path) if is_stub(data) else None
 
 
+def _file_type(p: Path) -> str:
+    """The test type of a data file by suffix and, for ``.csv``/``.tsv``/``.jsonl``/``.json`` and
+    folders, by its header or first record (HONEST templates, BBQ-family data)."""
+    suffix = p.suffix.lower()
+    if p.is_dir():
+        return "multiple_choice" if looks_like_bbq(p) else "words"
+    if suffix in _PAIRS_SUFFIXES:
+        if looks_like_honest(p):
+            return "completion"
+        return "multiple_choice" if looks_like_bbq(p) else "pairs"
+    if suffix in _BIAS_JSON_SUFFIXES and looks_like_bbq(p):
+        return "multiple_choice"
+    if suffix in _TEST_SUFFIXES:
+        stub = stub_of(p)
+        return FORMAT_TYPES[stub.format] if stub else "words"
+    return "words"
+
+
 def test_type(ref: str | Path) -> str:
     """The type of test a registered name or file holds, without reading its data: ``words``
-    (native tests, BIAS files) or the stub format's type (``pairs`` for CrowS-Pairs)."""
+    (native tests, BIAS files) or the stub format's type (``pairs`` for CrowS-Pairs,
+    ``completion`` for HONEST templates, ``multiple_choice`` for the BBQ family); a data file or
+    folder is sniffed from its header or first record."""
     if isinstance(ref, Path) or _looks_like_file(str(ref)):
-        p = Path(ref)
-        if p.suffix.lower() in _PAIRS_SUFFIXES:
-            return "pairs"
-        if p.suffix.lower() in _TEST_SUFFIXES:
-            stub = stub_of(p)
-            return FORMAT_TYPES[stub.format] if stub else "words"
-        return "words"
+        return _file_type(Path(ref))
     qualified, short = _scan(datasets_root())
     path = qualified.get(ref) or (qualified[short[ref][0]] if len(short.get(ref, [])) == 1 else None)
     if path is None:
-        return "words"
+        return _file_type(Path(ref)) if Path(ref).is_dir() else "words"
     stub = stub_of(path)
     return FORMAT_TYPES[stub.format] if stub else "words"
 
 
-def _read_any(path: Path, language: str | None = None) -> WordTest | SentencePairs:
+def _language_of(path: Path, language: str | None) -> str:
+    """The language of a data file passed by path: ``language``, else its folder's name when that
+    is a supported language; a :class:`DataError` asking for it otherwise."""
+    if language:
+        return _check_language(language, str(path), "language")
+    for folder in (path, path.parent) if path.is_dir() else (path.parent,):
+        if folder.name.lower() in SUPPORTED_LANGUAGES:
+            return folder.name.lower()
+    raise DataError(f"{path}: the test's language is unknown (it is not in a folder named after a language): "
+                    "pass --language to `audit score`, or language= in code")
+
+
+def _read_any(path: Path, language: str | None = None) -> AnyTest:
     suffix = path.suffix.lower()
+    kind = _file_type(path) if path.exists() else None
+    if kind == "completion":
+        return read_honest_templates(path, language=_language_of(path, language))
+    if kind == "multiple_choice":
+        return read_bbq(path, language=_language_of(path, language))
+    if path.is_dir():
+        raise DataError(f"{path}: a folder without BBQ-family data (.jsonl/.csv files with BBQ's fields)")
     if suffix in _TEST_SUFFIXES:
         return read_registered(path)
     if suffix in _BIAS_TXT_SUFFIXES:
@@ -108,19 +146,22 @@ def _read_any(path: Path, language: str | None = None) -> WordTest | SentencePai
     if suffix in _PAIRS_SUFFIXES:
         return read_crows_pairs(path, language=_check_language(language or "en", str(path), "language"))
     raise DataError(f"{path}: unknown test file type {path.suffix!r}; expected .yaml/.yml (native), "
-                    ".txt (BIAS WEAT), .jsonl (BIAS SEAT/LPBS) or .csv/.tsv (CrowS-Pairs)")
+                    ".txt (BIAS WEAT), .jsonl (BIAS SEAT/LPBS, BBQ), .csv/.tsv (CrowS-Pairs, HONEST templates, "
+                    "EsBBQ/CaBBQ) or a folder of BBQ-family files")
 
 
-def load_test(ref: str | Path, *, language: str | None = None) -> WordTest | SentencePairs:
+def load_test(ref: str | Path, *, language: str | None = None) -> AnyTest:
     """Load a test by registered name (``"weat1"``, ``"en/weat1"``, ``"de/cw1"``,
     ``"crows_pairs"``) or file path.
 
     A :class:`~pathlib.Path`, or a string ending in ``.yaml``/``.yml``/``.txt``/``.jsonl``/
-    ``.json``/``.csv``/``.tsv``, is read as a file by its suffix (native YAML or stub, BIAS WEAT
-    ``.txt``, BIAS SEAT/LPBS ``.jsonl``, CrowS-Pairs); any other string is looked up in
+    ``.json``/``.csv``/``.tsv``, is read as a file by its suffix and header (native YAML or stub,
+    BIAS WEAT ``.txt``, BIAS SEAT/LPBS ``.jsonl``, CrowS-Pairs, HONEST templates, BBQ-family
+    ``.jsonl``/``.csv``; a folder of BBQ-family files too); any other string is looked up in
     :func:`registry` first and then tried as a path. ``language`` is the language of a BIAS or
     CrowS-Pairs file outside a folder named after its language (default: the folder's name for
-    BIAS files, English for CrowS-Pairs). Unknown names raise :class:`DataError` with the
+    BIAS files, English for CrowS-Pairs); HONEST templates and BBQ-family data take it from
+    ``language`` or their folder's name. Unknown names raise :class:`DataError` with the
     closest registered names.
     """
     if isinstance(ref, Path):

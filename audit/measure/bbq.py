@@ -1,0 +1,231 @@
+"""BBQ-family measure step: the score of each answer option of each item, as multiple choice
+(Parrish et al. 2022; lm-evaluation-harness's ``bbq`` task). The analysis is in
+:mod:`audit.metrics.bbq`.
+
+Prompt and options
+    The prompt of an item is ``prompt.format(context=..., question=...)``; the default is
+    lm-evaluation-harness's for its language: ``"{context}\\n\\nQ: {question}\\nA:"`` (``bbq``,
+    used for every language without its own), ``"Contexto: {context}\\nPregunta:
+    {question}\\nRespuesta:"`` (``esbbq``), ``"Context: {context}\\nPregunta:
+    {question}\\nResposta:"`` (``cabbq``). Each of the item's three answers is a continuation
+    ``" " + answer`` (the harness's target delimiter), the answer text verbatim. Unlike the
+    harness's English ``bbq`` task, which offers the two group answers plus ten English phrasings
+    of "unknown", each item is scored on its own three answers (its own unknown phrasing), which
+    works for every language.
+
+Causal LMs
+    ``log P(" " + answer | prompt)``: the sum of the log-probabilities of the answer's tokens,
+    each given the prompt and the answer's earlier tokens (the causal-LM primitive
+    ``continuation_loglik`` of :mod:`audit.measure.lm_scoring`, batched; its conventions:
+    start token, tokenisation of the whole text, float64 sums).
+Masked LMs
+    The pseudo-log-likelihood of the answer given the prompt: the text ``prompt + " " + answer``
+    is tokenised once (special tokens added); every token overlapping the answer's characters is
+    masked in turn and ``log P(token | everything else)`` summed (Salazar et al. 2020, restricted
+    to the answer; :func:`audit.measure.lm_scoring.masked_token_logprobs`, batched).
+
+The predicted answer is the arg-max of the scores (the analysis step, optionally length-
+normalised); the table keeps each option's raw score, its number of scored tokens and its length
+in characters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from audit.datasets.bbq import N_OPTIONS, select_items
+from audit.entries import Family, Measurement, Metric
+from audit.errors import DataError, ModelError, ParameterError
+from audit.measure.lm_scoring import MaskedQuery, masked_token_logprobs, max_sequence_length, token_spans
+from audit.suites import MultipleChoice
+
+try:  # the batched causal primitive of the causal-LM work (audit.measure.lm_scoring)
+    from audit.measure.lm_scoring import continuation_loglik
+except ImportError:  # pragma: no cover - until that work is merged
+    continuation_loglik = None
+
+__all__ = ["PROMPTS", "DEFAULT_PROMPT", "TABLE_COLUMNS", "TRUNCATIONS", "default_prompt", "item_prompts",
+           "option_requests", "fit_prompts",
+           "mlm_option_scores", "causal_option_scores", "bbq_option_scores", "CHOICES"]
+
+DEFAULT_PROMPT = "{context}\n\nQ: {question}\nA:"
+#: lm-evaluation-harness's prompts of the languages with their own BBQ task (``esbbq``, ``cabbq``).
+PROMPTS = {"es": "Contexto: {context}\nPregunta: {question}\nRespuesta:",
+           "ca": "Context: {context}\nPregunta: {question}\nResposta:"}
+DELIMITER = " "
+
+#: Columns of the measurement table (one row per item).
+TABLE_COLUMNS = ("item", "category", "subcategory", "question_polarity", "context_condition", "label", "unknown",
+                 "target", "biased", *(f"score{i}" for i in range(N_OPTIONS)),
+                 *(f"n_tokens{i}" for i in range(N_OPTIONS)), *(f"n_chars{i}" for i in range(N_OPTIONS)), "where")
+
+
+def default_prompt(language: str) -> str:
+    return PROMPTS.get(language, DEFAULT_PROMPT)
+
+
+def item_prompts(table: pd.DataFrame, prompt: str) -> list[str]:
+    """The prompt of each item (``prompt`` with ``{context}`` and ``{question}``)."""
+    if not isinstance(prompt, str) or "{context}" not in prompt or "{question}" not in prompt:
+        raise ParameterError(f"prompt: must be a string with {{context}} and {{question}}, got {prompt!r}")
+    try:
+        return [prompt.format(context=c, question=q) for c, q in zip(table["context"], table["question"])]
+    except (KeyError, IndexError, ValueError) as e:
+        raise ParameterError(f"prompt: {prompt!r} is not a valid template ({e})") from None
+
+
+def option_requests(prompts: Sequence[str], table: pd.DataFrame) -> list[tuple[str, str]]:
+    """``(prompt, " " + answer)`` for every item and option, item by item (option 0, 1, 2)."""
+    answers = table[[f"ans{i}" for i in range(N_OPTIONS)]].itertuples(index=False)
+    return [(p, DELIMITER + str(a)) for p, row in zip(prompts, answers) for a in row]
+
+
+TRUNCATIONS = ("none", "left")
+
+
+def fit_prompts(tokenizer: Any, kind: str, limit: int, prompts: Sequence[str], options: Sequence[Sequence[str]]
+                ) -> tuple[list[str], np.ndarray]:
+    """``truncation="left"``: each prompt with as many leading words cut as needed for its
+    longest option to fit the model (``limit`` tokens, special tokens or the start token
+    included), and the number of words cut per prompt. A prompt that does not fit even with its
+    context cut to one word is a :class:`DataError`."""
+
+    def n_tokens(prompt: str, opts: Sequence[str]) -> int:
+        texts = [prompt + DELIMITER + str(o) for o in opts]
+        enc = tokenizer(texts, add_special_tokens=(kind == "mlm"))["input_ids"]
+        return max(len(e) for e in enc) + (1 if kind == "causal" else 0)
+
+    out, cut = [], np.zeros(len(prompts), dtype=np.int64)
+    for i, (p, opts) in enumerate(zip(prompts, options)):
+        if n_tokens(p, opts) <= limit:
+            out.append(p)
+            continue
+        words = p.split(" ")
+        lo, hi = 1, len(words) - 1  # smallest number of leading words to drop
+        if n_tokens(" ".join(words[hi:]), opts) > limit:
+            raise DataError(f"item {i}: the prompt does not fit the model's {limit} tokens even when cut to its last "
+                            "word")
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if n_tokens(" ".join(words[mid:]), opts) <= limit:
+                hi = mid
+            else:
+                lo = mid + 1
+        out.append(" ".join(words[lo:]))
+        cut[i] = lo
+    return out, cut
+
+
+def mlm_option_scores(model: Any, tokenizer: Any, requests: Sequence[tuple[str, str]], *,
+                      batch_size: int | None = None, device: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """Pseudo-log-likelihood of each continuation given its prefix under a masked LM (module
+    docstring): ``(scores, n_tokens)``."""
+    limit = max_sequence_length(model, tokenizer)
+    mask_id = getattr(tokenizer, "mask_token_id", None)
+    if not isinstance(mask_id, int):
+        raise ModelError("the tokenizer has no mask token; masked-LM scoring needs one")
+    queries: list[MaskedQuery] = []
+    owners: list[int] = []
+    n_tok = np.zeros(len(requests), dtype=np.int64)
+    for r, (prefix, cont) in enumerate(requests):
+        text = prefix + cont
+        start = len(prefix) + (len(cont) - len(cont.lstrip()))
+        ids, (pos,) = token_spans(tokenizer, text, [(start, len(text))])
+        if len(ids) > limit:
+            short = text if len(text) <= 80 else text[:77] + "..."
+            raise DataError(f"request {r} ({short!r}) has {len(ids)} tokens; the model accepts at most {limit}")
+        n_tok[r] = len(pos)
+        for p in pos:
+            m = list(ids)
+            m[p] = mask_id
+            queries.append(MaskedQuery(tuple(m), (p,), (ids[p],)))
+            owners.append(r)
+    lp = masked_token_logprobs(model, tokenizer, queries, batch_size=batch_size, device=device)
+    out = np.zeros(len(requests), dtype=np.float64)
+    for r, v in zip(owners, lp):
+        out[r] += float(v[0])
+    return out, n_tok
+
+
+def causal_option_scores(model: Any, tokenizer: Any, requests: Sequence[tuple[str, str]], *,
+                         batch_size: int | None = None, device: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """Log-likelihood of each continuation given its prefix under a causal LM:
+    ``continuation_loglik`` of :mod:`audit.measure.lm_scoring`; ``(scores, n_tokens)``."""
+    if continuation_loglik is None:
+        raise ModelError("BBQ on a causal LM needs audit.measure.lm_scoring.continuation_loglik (the causal-LM "
+                         "scoring primitive), which this installation lacks")
+    ll, n = continuation_loglik(model, tokenizer, list(requests), batch_size=batch_size, device=device)
+    return np.asarray(ll, dtype=np.float64), np.asarray(n, dtype=np.int64)
+
+
+def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_size: int | None = None,
+                      truncation: str = "none") -> pd.DataFrame:
+    """The measurement table (:data:`TABLE_COLUMNS`, plus ``words_cut``) of the items of
+    ``table`` (a :class:`MultipleChoice` table) on a masked or causal LM.
+
+    ``truncation="none"`` (default): an item longer than the model accepts is a
+    :class:`DataError`; ``"left"``: its prompt loses leading words until it fits (lm-evaluation-
+    harness keeps the last tokens of an over-long causal input the same way), counted in
+    ``words_cut``."""
+    kind = getattr(hf_model, "kind", None)
+    if kind not in ("mlm", "causal"):
+        raise ModelError(f"model {getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={kind!r}; BBQ needs a "
+                         "masked LM (kind='mlm') or a causal LM (kind='causal')")
+    if truncation not in TRUNCATIONS:
+        raise ParameterError(f"truncation: must be one of {', '.join(TRUNCATIONS)}, got {truncation!r}")
+    prompts = item_prompts(table, prompt)
+    cut = np.zeros(len(prompts), dtype=np.int64)
+    if truncation == "left":
+        options = table[[f"ans{i}" for i in range(N_OPTIONS)]].itertuples(index=False)
+        prompts, cut = fit_prompts(hf_model.tokenizer, kind, max_sequence_length(hf_model.model, hf_model.tokenizer),
+                                   prompts, [list(o) for o in options])
+    reqs = option_requests(prompts, table)
+    fn = mlm_option_scores if kind == "mlm" else causal_option_scores
+    sc, nt = fn(hf_model.model, hf_model.tokenizer, reqs, batch_size=batch_size, device=hf_model.device)
+    sc, nt = sc.reshape(-1, N_OPTIONS), nt.reshape(-1, N_OPTIONS)
+    out = table[["item", "category", "subcategory", "question_polarity", "context_condition", "label", "unknown",
+                 "target", "biased"]].reset_index(drop=True).copy()
+    for i in range(N_OPTIONS):
+        out[f"score{i}"] = sc[:, i]
+    for i in range(N_OPTIONS):
+        out[f"n_tokens{i}"] = nt[:, i]
+    for i in range(N_OPTIONS):
+        out[f"n_chars{i}"] = [len(str(a)) for a in table[f"ans{i}"]]
+    out["where"] = table["where"].to_numpy()
+    out["words_cut"] = cut
+    return out[[*TABLE_COLUMNS, "words_cut"]]
+
+
+def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, Any],
+                ap: Mapping[str, Any]) -> Measurement:
+    """Option scores of the selected items (``categories``, ``limit`` per category)."""
+    items = select_items(test.table, mp["categories"], mp["limit"])
+    prompt = mp["prompt"] or default_prompt(test.language)
+    table = bbq_option_scores(model.handle, items, prompt=prompt, batch_size=mp["batch_size"],
+                              truncation=mp["truncation"])
+    return Measurement(family=CHOICES.name, table=table,
+                       info={"language": test.language, "kind": model.kind, "prompt": prompt,
+                             "truncation": mp["truncation"], "n_truncated": int((table["words_cut"] > 0).sum()),
+                             "format": test.extra.get("format", ""),
+                             "variant": "causal_ll" if model.kind == "causal" else "masked_pll"})
+
+
+def _method(kind: str, params: Mapping[str, Any]) -> str:
+    return "option-log-likelihood" if kind == "causal" else "option-pseudo-log-likelihood"
+
+
+#: Scores of the answer options of multiple-choice items: causal log-likelihood or masked PLL.
+CHOICES = Family(
+    name="multiple_choice",
+    kinds=("mlm", "causal"),
+    test_type="multiple_choice",
+    measure=measure_bbq,
+    params={"batch_size": None, "categories": None, "limit": None, "prompt": None, "truncation": "none"},
+    method=_method,
+    needs=lambda test: None,
+    description="score of each answer option given the prompt: log-likelihood (causal LMs) or pseudo-log-"
+                "likelihood of the answer's tokens (masked LMs)",
+)
