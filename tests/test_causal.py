@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -487,3 +488,19 @@ def test_non_finite_log_probabilities_are_refused_with_the_request():
         causal_loglik(hm.model, hm.tokenizer, ["he is a doctor.", "Hi."])
     with pytest.raises(ModelError, match="non-finite hidden states"):
         embed_sentences(hm, ["he is a doctor."], method="mean")
+
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq" / "en").is_dir(),
+                    reason="needs ../shared/data/bbq")
+def test_shared_contexts_near_the_position_limit_gpt2():
+    """Learned positions (GPT-2, 128): BBQ prompts cut on the left to the model's length share their
+    context across the answer options; the padding after a short option used to get positions past
+    the last one (IndexError in the shared-context path): the task now finishes with finite scores
+    (option log-likelihoods against one-request passes: tests/test_bbq.py)."""
+    from audit import runner
+
+    model = runner.load_model(str(tiny_models.tiny_model_dir("gpt2")), backend="hf-causal")
+    res = runner.score(model, "en/bbq", "bbq", {"limit": 1, "truncation": "left", "n_bootstrap": 0})
+    items = res.items
+    assert len(items) > 0 and np.isfinite(res.value)

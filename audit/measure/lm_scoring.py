@@ -735,6 +735,8 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
     ctxs = sorted(groups, key=lambda c: (-len(c), c))
     out: dict[int, np.ndarray] = {}
     head = None
+    cfg = getattr(model, "config", None)
+    n_positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     try:
         for a in range(0, len(ctxs), batch_size):
             cb = ctxs[a: a + batch_size]
@@ -780,6 +782,8 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
                     q_ids, q_att = q_ids.to(dev), q_att.to(dev)
                     full_att = torch.cat([att[sel], q_att], dim=1)
                     q_pos = pos[sel][:, -1:] + 1 + torch.arange(Lq, device=dev)[None, :]
+                    if n_positions:  # padding after a short continuation may pass the model's last
+                        q_pos = q_pos.clamp(max=n_positions - 1)  # position (learned positions): masked anyway
                     h = base(input_ids=q_ids, attention_mask=full_att, position_ids=q_pos, past_key_values=c2,
                              use_cache=True).last_hidden_state
                     bi = [r for r, q in enumerate(conts) for _ in range(len(q) - 1)]
