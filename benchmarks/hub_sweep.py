@@ -51,7 +51,7 @@ KINDS = {"bert": "hf-mlm", "roberta": "hf-mlm", "distilbert": "hf-mlm", "gpt2": 
 
 def build_hub(n_models: int, throttle: float):
     from hub_server import LoopbackHub, variant_files
-    from tiny_models import tiny_model_dir
+    from audit.tiny_models import tiny_model_dir
 
     hub = LoopbackHub(throttle_bps=throttle)
     models = []

@@ -101,6 +101,9 @@ def cluster(tmp_path_factory):
         "HF_HUB_DISABLE_UPDATE_CHECK": "1", "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
         "TOKENIZERS_PARALLELISM": "false", "BIASAUDIT_DATA": str(SHARED), "BIASAUDIT_CROWS_PAIRS": str(CROWS),
         "BIASAUDIT_HUB_RETRY_DELAY": "0.2", "BIASAUDIT_HUB_RETRIES": "3", "BIASAUDIT_HOME": str(root / "home"),
+        # whatever the machine's environment says: no token, Transformers online, no other store
+        "HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "", "HF_TOKEN_PATH": str(home / "token"),
+        "TRANSFORMERS_OFFLINE": "0", "MLFLOW_TRACKING_URI": "",
     }
     try:
         with local_head(num_cpus=2, log_path=root / "head.log") as address:
@@ -111,12 +114,13 @@ def cluster(tmp_path_factory):
 
 def write_spec(path: Path, name: str, models: list[dict], out: Path) -> Path:
     data = {
-        "name": name, "seed": 0, "output_dir": str(out), "languages": ["en"],
+        "name": name, "seed": 0, "output_dir": str(out), "tracking": {"uri": f"sqlite:///{out}/mlflow.db"},
+        "languages": ["en"],
         "permutations": 200, "n_bootstrap": 50,
         "metrics": [{"name": "seat", "tests": ["weat7"]},
                     {"name": "crows_pairs", "params": {"limit": 8}, "tests": ["crows_pairs"]}],
         "models": models,
-        "ray": {"actor_num_cpus": 0.5, "stats_num_cpus": 0.5, "batch_size": 4, "pending_timeout_s": 300},
+        "ray": {"actor_num_cpus": 0.5, "stats_num_cpus": 0.5, "batch_size": 4, "max_workers": 2, "pending_timeout_s": 300},
     }
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
@@ -285,7 +289,7 @@ def test_transient_and_permanent_hub_faults(cluster):
 def write_watch(cluster: Cluster, name: str, template: Path) -> Path:
     out = cluster.root / name
     data = {
-        "name": "hub-e2e-watch", "output_dir": str(out),
+        "name": "hub-e2e-watch", "output_dir": str(out), "tracking": {"uri": f"sqlite:///{out}/mlflow.db"},
         "backoff": {"initial": 0.5, "factor": 2, "max": 5, "retries": 2, "jitter": 0},
         "hub": {"endpoint": cluster.hub.endpoint},
         "ray": {"address": cluster.address, "entrypoint_num_cpus": 0,
