@@ -18,7 +18,8 @@ One hub and one head serve the module's three tests:
   watch --once`` and ``python -m jobs.watch --once``) on one store submit a new revision once,
   a watch on another store audits the same revision into its own store.
 
-The metrics are kept small (SEAT on WEAT 7; CrowS-Pairs on 8 pairs): about 3 minutes here.
+The metrics are kept small (SEAT on WEAT 7; CrowS-Pairs on 8 pairs): 2 min 49 s here at load
+average 3, 3 min 48 s at load average 7 (2 CPUs).
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ def write_spec(path: Path, name: str, models: list[dict], out: Path) -> Path:
         "metrics": [{"name": "seat", "tests": ["weat7"]},
                     {"name": "crows_pairs", "params": {"limit": 8}, "tests": ["crows_pairs"]}],
         "models": models,
-        "ray": {"actor_num_cpus": 0.5, "stats_num_cpus": 0.5, "batch_size": 4, "max_workers": 2, "pending_timeout_s": 300},
+        # 2 workers on 2 CPUs: fewer processes importing torch at once than the pool's default 3
+        "ray": {"actor_num_cpus": 0.5, "stats_num_cpus": 0.5, "batch_size": 4, "max_workers": 2,
+                "pending_timeout_s": 300},
     }
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
@@ -295,7 +298,8 @@ def write_watch(cluster: Cluster, name: str, template: Path) -> Path:
         "ray": {"address": cluster.address, "entrypoint_num_cpus": 0,
                 "runtime_env": {"working_dir": str(REPO), "env_vars": cluster.job_env(HF_HUB_OFFLINE="0")}},
         "audit": {"spec": str(template), "model": {"languages": ["en"]},
-                  "overrides": {"metrics": [{"name": "crows_pairs", "params": {"limit": 8}, "tests": ["crows_pairs"]}]}},
+                  "overrides": {"metrics": [{"name": "crows_pairs", "params": {"limit": 8},
+                                             "tests": ["crows_pairs"]}]}},
         "watch": [{"repo": "umbrella/gpt2-7", "model": {"backend": "hf-causal"}}],
     }
     path = cluster.root / f"{name}.yaml"
@@ -311,8 +315,8 @@ def test_watchers_on_separate_stores_and_racing_watchers(cluster):
     from ray.job_submission import JobSubmissionClient
 
     hub, root = cluster.hub, cluster.root
-    new = hub.commit("umbrella/gpt2-7", {"model.safetensors": variant_files(tiny_model_dir("gpt2"), seed=777)["model.safetensors"]},
-                     message="new release")
+    weights = variant_files(tiny_model_dir("gpt2"), seed=777)["model.safetensors"]
+    new = hub.commit("umbrella/gpt2-7", {"model.safetensors": weights}, message="new release")
     template = write_spec(root / "watch-template.yaml", "template", [model_entry("umbrella/gpt2-7", "gpt2")],
                           root / "unused")
     a, b = write_watch(cluster, "watch-a", template), write_watch(cluster, "watch-b", template)
