@@ -6,12 +6,19 @@ chosen free (so it never collides with another Ray on the machine), waits until 
 answers, yields its dashboard address (``http://127.0.0.1:<port>``, what ``ray job submit
 --address`` takes), and stops it by killing that process group. It never runs ``ray stop``
 (which would stop every Ray of the machine).
+
+Each head gets a private temporary directory (``ray start --temp-dir``), removed when it stops.
+Ray's job supervisor gives a job's entrypoint the address of "its" cluster from the file
+``<temp dir>/ray_current_cluster``, which every ``ray start`` on the machine overwrites when they
+share the default ``/tmp/ray``: with another head started after this one (another test, another
+user), this head's jobs connected to that other cluster (or to a stopped one, waiting for ever).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -75,9 +82,11 @@ def local_head(*, num_cpus: int = 2, object_store_memory: int = 200_000_000, tim
         "--runtime-env-agent-port": free_port(), "--metrics-export-port": free_port(),
         "--node-manager-port": free_port(), "--object-manager-port": free_port(),
     }
+    # short (Unix socket paths live below it) and private (see the module docstring)
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
     cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
            "--dashboard-host", "127.0.0.1", "--include-dashboard", "true", "--num-cpus", str(num_cpus),
-           "--object-store-memory", str(object_store_memory), "--disable-usage-stats"]
+           "--object-store-memory", str(object_store_memory), "--disable-usage-stats", "--temp-dir", temp_dir]
     for k, v in ports.items():
         cmd += [k, str(v)]
     log = open(log_path, "ab") if log_path else tempfile.TemporaryFile()  # noqa: SIM115
@@ -96,3 +105,4 @@ def local_head(*, num_cpus: int = 2, object_store_memory: int = 200_000_000, tim
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
         log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)

@@ -84,6 +84,8 @@ class Progress:
                 f"{self.loads} model{'s' if self.loads != 1 else ''} loaded, {format_seconds(elapsed)} elapsed, {left}")
 
     def tick(self, now: float | None = None) -> None:
+        """A plain line when ``interval`` seconds have passed; none once every task is done (the
+        driver still writes its last results: :meth:`close` prints the final line, once)."""
         now = self.clock() if now is None else now
         # the line of a finished run is close()'s, so that it is printed once
         if self._bar is None and now - self.last >= self.interval and self.done < self.total:

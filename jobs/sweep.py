@@ -27,9 +27,10 @@ Steps (``docs/service.md``):
    ``<output_dir>/reports`` and onto the parent run, print a summary (counts, the headline
    values per metric, each distinct failure once with its count).
 
-Inside a Ray job whose working directory is Ray's temporary copy (``ray job submit
---working-dir``), relative output paths are anchored at ``$BIASAUDIT_HOME`` (default
-``~/.biasaudit``), never at the copy, which Ray deletes (:func:`job_output_dir`).
+Inside a Ray job, relative output paths are anchored at ``$BIASAUDIT_HOME`` (default
+``~/.biasaudit``), never at the driver's working directory: Ray's temporary copy of the working
+directory (``ray job submit --working-dir``), which Ray deletes, or, without one, the directory
+the node's ``ray start`` ran in (:func:`job_output_dir`).
 
 Exit status: 0 when every planned task has a finished result, 1 when any failed (the summary
 lists each failure's reason), 2 for an invalid spec or option (one line naming the culprit),
@@ -296,38 +297,39 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def job_output_dir(spec: SweepSpec, *, job: dict | None = None, cwd: Path | None = None) -> tuple[SweepSpec, str | None]:
-    """Keep a sweep run inside ``ray job submit`` from writing into Ray's temporary copy of the
-    working directory (deleted with the job, where nobody finds the results).
+    """Keep a sweep run inside ``ray job submit`` from writing where nobody finds the results.
 
-    Inside a Ray job (``RAY_JOB_CONFIG_JSON_ENV_VAR`` set by Ray for the entrypoint) whose
-    working directory is such a copy (the job has a ``working_dir``, or the current directory
-    is under Ray's ``runtime_resources``): a relative ``output_dir`` (the spec's or
-    ``--output-dir``'s) is anchored at :func:`persistent_home`, so ``out/smoke`` becomes
-    ``~/.biasaudit/out/smoke``; an absolute one inside the copy, or a SQLite tracking URI
-    there, is refused. Returns the (possibly changed) spec and a line saying what changed
-    (``None`` when nothing did). Outside a job, or a job without a copy, nothing changes."""
+    Inside a Ray job (``RAY_JOB_CONFIG_JSON_ENV_VAR`` set by Ray for the entrypoint) the driver's
+    working directory is either Ray's temporary copy of the working directory (the job has a
+    ``working_dir``, or the current directory is under Ray's ``runtime_resources``), deleted
+    with the job, or, for a job without one (the package installed from a wheel through the
+    runtime_env's ``pip``), the directory the node's ``ray start`` ran in, not the submitter's.
+    So a relative ``output_dir`` (the spec's or ``--output-dir``'s) is anchored at
+    :func:`persistent_home`: ``out/smoke`` becomes ``~/.biasaudit/out/smoke``. A relative SQLite
+    tracking URI, and an absolute output directory or SQLite store inside the copy, are refused.
+    Returns the (possibly changed) spec and a line saying what changed (``None`` when nothing
+    did). Outside a job nothing changes."""
     job = in_ray_job() if job is None else job
     if job is None:
         return spec, None
     cwd = Path.cwd() if cwd is None else Path(cwd)
     copy = bool((job.get("runtime_env") or {}).get("working_dir")) or "runtime_resources" in cwd.resolve().parts
-    if not copy:
-        return spec, None
+    where = (f"the Ray job's temporary copy of the working directory ({cwd}), deleted after the job" if copy else
+             f"the Ray job driver's working directory ({cwd}, where the node's `ray start` ran)")
     src = spec.source or "spec"
     db = sqlite_path(spec.tracking_uri) if spec.tracking_uri else None
-    if db is not None and (not db.is_absolute() or _inside(db, cwd)):
-        raise ParameterError(f"{src}: tracking.uri: {spec.tracking_uri} lies in the Ray job's temporary copy of the "
-                             f"working directory ({cwd}), deleted after the job; give an absolute path on persistent "
-                             "storage or an MLflow server")
+    if db is not None and (not db.is_absolute() or (copy and _inside(db, cwd))):
+        raise ParameterError(f"{src}: tracking.uri: {spec.tracking_uri} lies in {where}; give an absolute path on "
+                             "persistent storage or an MLflow server")
     out = spec.output_dir
     if out.is_absolute():
-        if _inside(out, cwd):
-            raise ParameterError(f"{src}: output_dir: {out} lies in the Ray job's temporary copy of the working directory "
-                                 f"({cwd}), deleted after the job; give a path on persistent storage (--output-dir)")
+        if copy and _inside(out, cwd):
+            raise ParameterError(f"{src}: output_dir: {out} lies in {where}; give a path on persistent storage "
+                                 "(--output-dir)")
         return spec, None
     new = persistent_home() / out
     note = (f"inside a Ray job: output directory {out} -> {new} (relative output paths are anchored at "
-            f"$BIASAUDIT_HOME, default ~/.biasaudit, not at the job's temporary copy {cwd}; see docs/service.md)")
+            f"$BIASAUDIT_HOME, default ~/.biasaudit, not at {where}; see docs/service.md)")
     return dataclasses.replace(spec, output_dir=new), note
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from actors.model_actor import MeasureRequest, ModelAssignment, ModelServer, rss_bytes
+from audit.runner import load_test
+from audit.tiny_models import tiny_model_dir
 from jobs import pool
 from jobs.pool import NodeOffer, SchedulingError, check_feasible, pool_size, with_ray_options
 from jobs.prefetch import Prefetcher, Snapshot, select_files
@@ -264,7 +266,6 @@ def _medium_bert(root: Path) -> Path:
     """A BERT masked LM of ~10.7M parameters (~43 MB of float32 weights) with the tiny
     tokenizer: big enough that keeping it would show in the resident memory."""
     import torch
-    from audit.tiny_models import tiny_model_dir
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
     out = root / "medium-bert"
@@ -285,8 +286,6 @@ RELEASE_BOUND = 0.25
 
 
 def test_release_gives_the_models_memory_back(tmp_path):
-    from audit.runner import load_test
-
     model_dir = _medium_bert(tmp_path)
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     test = load_test("weat7")

@@ -110,6 +110,30 @@ def test_job_output_dir_is_anchored_outside_the_jobs_temporary_copy(tmp_path, mo
         sweep.job_output_dir(rel_db, job=job, cwd=copy)
 
 
+def test_job_output_dir_without_a_working_dir_copy_is_anchored_too(tmp_path, monkeypatch):
+    """A job that runs the installed wheel (runtime_env ``pip``, no ``working_dir``): its driver's
+    working directory is the one the node's ``ray start`` ran in, not the submitter's (measured
+    on a loopback head: ``out/smoke`` landed in the head's directory). Relative output paths go
+    under ``$BIASAUDIT_HOME`` as with a copy (before: into the head's directory); a relative
+    SQLite store is refused; an absolute output directory is kept."""
+    head_cwd = tmp_path / "where-ray-start-ran"
+    head_cwd.mkdir()
+    home = tmp_path / "home"
+    monkeypatch.setenv("BIASAUDIT_HOME", str(home))
+    job = {"runtime_env": {"pip": ["/shared/wheels/biasaudit-0.1.0-py3-none-any.whl"]},
+           "metadata": {"job_submission_id": "raysubmit_3"}}
+    spec = load_spec(write_spec(tmp_path, "wheel", '  - {name: a, ref: "m.vec"}', out=Path("out/wheel")))
+    moved, note = sweep.job_output_dir(spec, job=job, cwd=head_cwd)
+    assert moved.output_dir == home / "out" / "wheel"
+    assert note.startswith(f"inside a Ray job: output directory out/wheel -> {home / 'out' / 'wheel'}")
+    assert f"not at the Ray job driver's working directory ({head_cwd}" in note
+    absolute = load_spec(write_spec(tmp_path, "abs2", '  - {name: a, ref: "m.vec"}', out=tmp_path / "shared"))
+    assert sweep.job_output_dir(absolute, job=job, cwd=head_cwd) == (absolute, None)
+    rel_db = load_spec(write_spec(tmp_path, "db2", '  - {name: a, ref: "m.vec"}'), tracking_uri="sqlite:///out/mlflow.db")
+    with pytest.raises(sweep.ParameterError, match=r"tracking.uri: sqlite:///out/mlflow.db lies in the Ray job driver's"):
+        sweep.job_output_dir(rel_db, job=job, cwd=head_cwd)
+
+
 def test_main_inside_a_ray_job_writes_to_biasaudit_home(tmp_path, monkeypatch, capsys):
     """``python -m jobs.sweep SPEC`` run literally by ``ray job submit --working-dir .``: the
     spec's relative ``output_dir`` lands under ``$BIASAUDIT_HOME``, not in the job's copy of the
@@ -225,11 +249,11 @@ def test_progress_reporter_plain_lines_and_estimate():
     assert said[-1] == "progress: 4/10 tasks (40%), 1 failed, 1 model loaded, 1m01s elapsed, about 1m32s left"
     p.update(done=10, failed=1, loads=2)
     now[0] = 200.0
-    p.tick()  # finished: the last line is close()'s alone, even when a tick falls between
+    p.tick()  # all done: the last line is close()'s, printed once
     assert len(said) == 2
-    now[0] = 161.0
     p.close()
-    assert said[-1] == "progress: 10/10 tasks (100%), 1 failed, 2 models loaded, 1m01s elapsed, done"
+    assert said[-1] == "progress: 10/10 tasks (100%), 1 failed, 2 models loaded, 1m40s elapsed, done"
+    assert len(said) == 3
     q = Progress(3, label="y", bar=False, interval=30, say=said.append)
     q.close(final_line=False)  # a refused run prints no last line
     assert len(said) == 3
