@@ -82,7 +82,7 @@ class Task:
 
     @property
     def run_name(self) -> str:
-        return f"{self.model}/{self.test_name.split('/')[-1]}/{self.metric}"
+        return f"{self.model}/{self.language}/{self.test_name.split('/')[-1]}/{self.metric}"
 
     def ident(self) -> tuple:
         import json

@@ -201,24 +201,49 @@ def embedding_method(kind: str, metric: str, params: dict[str, Any]) -> str:
     return registry.get(metric).family.method(kind, params)
 
 
+#: At most this many metrics per child run (nested per-category tables are flattened into them).
+MAX_RUN_METRICS = 1000
+
+
+def _flatten_fields(prefix: str, x: Any, out: dict[str, float]) -> None:
+    """Finite numbers of a (nested) field as dotted metric names: ``per_category.Age.s_amb``; a
+    two-number interval (a key named ``ci``, or any key under ``cis``) as ``<name>_low`` /
+    ``<name>_high``; a short list of numbers element-wise (``<name>.0``, ...)."""
+    if len(out) >= MAX_RUN_METRICS:
+        return
+    if isinstance(x, dict):
+        for k, v in x.items():
+            _flatten_fields(f"{prefix}.{k}" if prefix else str(k), v, out)
+        return
+    if isinstance(x, (list, tuple)):
+        parts = prefix.split(".")
+        if len(x) == 2 and (parts[-1] == "ci" or (len(parts) > 1 and parts[-2] == "cis")):
+            for end, v in zip(("low", "high"), x):
+                f = _finite(v)
+                if f is not None:
+                    out[_sanitize(f"{prefix}_{end}")] = f
+        elif len(x) <= 20:
+            for i, v in enumerate(x):
+                f = _finite(v)
+                if f is not None:
+                    out[_sanitize(f"{prefix}.{i}")] = f
+        return
+    f = _finite(x)
+    if f is not None:
+        out[_sanitize(prefix)] = f
+
+
 def result_metrics(res) -> dict[str, float]:
-    """The MLflow metrics of a :class:`audit.result.Result` (finite numbers only)."""
+    """The MLflow metrics of a :class:`audit.result.Result`: the headline ``value``, every finite
+    number of its fields (nested tables flattened by :func:`_flatten_fields`: per bias type, per
+    category, per group; the headline interval as ``ci_low``/``ci_high``), coverage per set and
+    its minimum, and the number of items."""
     out: dict[str, float] = {}
     v = _finite(res.value)
     if v is not None:
         out["value"] = v
-    fields = res.fields or {}
-    for k, x in fields.items():
-        if k == "ci" and isinstance(x, (list, tuple)) and len(x) == 2:
-            lo, hi = _finite(x[0]), _finite(x[1])
-            if lo is not None:
-                out["ci_low"] = lo
-            if hi is not None:
-                out["ci_high"] = hi
-            continue
-        f = _finite(x)
-        if f is not None:
-            out[_sanitize(k)] = f
+    for k, x in (res.fields or {}).items():
+        _flatten_fields(k, x, out)
     covs = []
     for k, c in (res.coverage or {}).items():
         f = _finite(c)

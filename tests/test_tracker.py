@@ -265,3 +265,21 @@ def test_store_errors_at_construction_go_to_the_write_ahead_log_path(tmp_path, m
     monkeypatch.setattr(mlflow, "MlflowClient", Broken)
     with pytest.raises(TrackingUnavailable, match=r"unreachable \(OperationalError: table _alembic_tmp_experiments"):
         Tracker(f"sqlite:///{tmp_path}/mlflow.db", "x")
+
+
+def test_nested_fields_reach_mlflow_as_dotted_metrics():
+    """Per-category / per-group tables (BBQ, HONEST, CrowS-Pairs per bias type) are flattened into
+    child-run metrics; intervals become _low/_high; strings and non-finite numbers stay out."""
+    from audit.result import Result
+    from jobs.tracker import result_metrics
+
+    res = Result(metric="bbq", value=0.1, items=None, coverage={}, missing={}, params={}, seed=0, provenance={},
+                 fields={"per_category": {"Age": {"s_amb": 0.2, "ci": [0.1, 0.3]}}, "cis": {"s_dis": [-0.1, 0.4]},
+                         "ci": [0.0, 0.2], "p_value_counts": "non-neutral pairs", "n_attributes": [8, 9],
+                         "bad": float("nan")})
+    m = result_metrics(res)
+    assert m["per_category.Age.s_amb"] == 0.2
+    assert (m["per_category.Age.ci_low"], m["per_category.Age.ci_high"]) == (0.1, 0.3)
+    assert (m["cis.s_dis_low"], m["cis.s_dis_high"]) == (-0.1, 0.4) and (m["ci_low"], m["ci_high"]) == (0.0, 0.2)
+    assert (m["n_attributes.0"], m["n_attributes.1"]) == (8.0, 9.0)
+    assert "bad" not in m and not any("p_value_counts" in k for k in m) and m["value"] == 0.1

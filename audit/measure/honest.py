@@ -46,9 +46,9 @@ from audit.datasets.honest import SLOT_MASK
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
 from audit.measure.lm_scoring import (
-    _model_device,
-    _pad_id,
-    _split_verified,
+    model_device,
+    pad_token_id,
+    split_verified,
     causal_prefix_id,
     default_batch_size,
     max_sequence_length,
@@ -135,8 +135,8 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
     vocab = int(model.get_output_embeddings().weight.shape[0]) if model.get_output_embeddings() is not None else None
     if vocab is not None and k > vocab:
         raise ParameterError(f"k: {k} completions asked, the vocabulary has {vocab} tokens")
-    dev = _model_device(model, device)
-    pad = _pad_id(tokenizer)
+    dev = model_device(model, device)
+    pad = pad_token_id(tokenizer)
     order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i][0]), i))
 
     def run(batch: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -151,7 +151,7 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
         p = torch.tensor([seqs[i][1] for i in batch], dtype=torch.long)
         ids, att, b, p = ids.to(dev), att.to(dev), b.to(dev), p.to(dev)
         with torch.inference_mode():
-            split = _split_verified(model, ids, att)
+            split = split_verified(model, ids, att)
             if split is not None:
                 encoder, head = split
                 logits = head(encoder(ids, att)[b, p])
@@ -198,8 +198,8 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
     start = causal_prefix_id(tokenizer)
     eos = getattr(tokenizer, "eos_token_id", None)
     limit = max_sequence_length(model, tokenizer)
-    dev = _model_device(model, device)
-    pad = _pad_id(tokenizer)
+    dev = model_device(model, device)
+    pad = pad_token_id(tokenizer)
     bs = default_batch_size(dev) if batch_size is None else batch_size
     prefixes: list[list[int]] = []
     for p in prompts:

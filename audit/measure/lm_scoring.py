@@ -101,7 +101,7 @@ def require_kind(hf_model: Any, kind: str, what: str) -> None:
         raise ModelError(f"model {ref!r} is loaded as kind={got!r}; {what} needs {need}")
 
 
-def _model_device(model: Any, device: Any = None) -> Any:
+def model_device(model: Any, device: Any = None) -> Any:
     import torch
 
     if device is not None:
@@ -169,7 +169,7 @@ def token_spans(tokenizer: Any, text: str, char_spans: Sequence[tuple[int, int]]
 def _split_head(model: Any) -> tuple[Callable, Callable] | None:
     """``(encoder(input_ids, attention_mask) -> hidden (B, L, H), head(rows (n, H)) -> logits
     (n, V))`` from the base model (``model.<base_model_prefix>``) and a known head attribute, or
-    ``None``. Unverified: see :func:`_split_verified`."""
+    ``None``. Unverified: see :func:`split_verified`."""
     prefix = getattr(model, "base_model_prefix", None)
     base = getattr(model, prefix, None) if prefix else None
     if base is None:
@@ -217,7 +217,7 @@ def _gather_chunked(rows_logits: Callable[[Any], Any], n_rows: int, targets: Any
     return torch.cat([o.cpu() for o in out]) if out else torch.zeros(0)
 
 
-def _split_verified(model: Any, input_ids: Any, attention_mask: Any, **kw: Any) -> tuple[Callable, Callable] | None:
+def split_verified(model: Any, input_ids: Any, attention_mask: Any, **kw: Any) -> tuple[Callable, Callable] | None:
     """The encoder/head split of ``model`` if it reproduces the full forward pass (checked once
     per model on the first batch: logits of up to 8 positions within 1e-3 relative in float32,
     5e-2 in half precision), else ``None``."""
@@ -254,7 +254,7 @@ def _target_logprobs(model: Any, input_ids: Any, attention_mask: Any, b_idx: Any
     """``log softmax(logits[b, p])[t]`` for each (b, p, t): the head runs only on those rows
     (when the split is verified), in chunks of :data:`HEAD_CHUNK_ROWS`; float32 softmax.
     ``kw`` (``position_ids``, ``use_cache``) go to the forward pass."""
-    split = _split_verified(model, input_ids, attention_mask, **kw)
+    split = split_verified(model, input_ids, attention_mask, **kw)
     if split is not None:
         encoder, head = split
         hidden = encoder(input_ids, attention_mask, **kw)
@@ -279,7 +279,7 @@ def default_batch_size(device: Any) -> int:
     return DEFAULT_BATCH_CUDA if dev_type == "cuda" else DEFAULT_BATCH_CPU
 
 
-def _pad_id(tokenizer: Any) -> int:
+def pad_token_id(tokenizer: Any) -> int:
     for attr in ("pad_token_id", "eos_token_id", "unk_token_id"):
         v = getattr(tokenizer, attr, None)
         if isinstance(v, int):
@@ -319,8 +319,8 @@ def masked_token_logprobs(model: Any, tokenizer: Any, queries: Sequence[MaskedQu
 
     if not queries:
         return []
-    dev = _model_device(model, device)
-    pad = _pad_id(tokenizer)
+    dev = model_device(model, device)
+    pad = pad_token_id(tokenizer)
     for q in queries:
         if len(q.positions) != len(q.targets):
             raise ParameterError("MaskedQuery: positions and targets differ in length")
@@ -642,7 +642,7 @@ def causal_token_logprobs(model: Any, sequences: Sequence[tuple[Sequence[int], i
         index.setdefault(k, len(index))
     uniq = list(index)
     order = sorted(range(len(uniq)), key=lambda i: (-len(uniq[i][0]), i))
-    dev = _model_device(model, device)
+    dev = model_device(model, device)
     fwd = {"use_cache": False} if _accepts(model.forward, "use_cache") else {}
     with_pos = _accepts(model.forward, "position_ids")
 
@@ -750,7 +750,7 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
             pos = (att.cumsum(1) - 1).clamp(min=0)
             with torch.inference_mode():
                 if head is None:
-                    split = _split_verified(model, ids, att, position_ids=pos, use_cache=False)
+                    split = split_verified(model, ids, att, position_ids=pos, use_cache=False)
                     if split is None:
                         return None
                     head = split[1]
@@ -890,7 +890,7 @@ def continuation_loglik(model: Any, tokenizer: Any, requests: Sequence[tuple[str
             if len(ids) <= n_ctx:
                 raise DataError(f"{what}: the continuation {cont!r} has no tokens to score")
             raise DataError(f"{what} has {len(ids)} tokens; the model accepts at most {limit}")
-    lp = causal_token_logprobs(model, seqs, batch_size=batch_size, device=device, pad_id=_pad_id(tokenizer),
+    lp = causal_token_logprobs(model, seqs, batch_size=batch_size, device=device, pad_id=pad_token_id(tokenizer),
                                padding_side=padding_side)
     ll = np.array([float(v.sum()) for v in lp], dtype=np.float64)
     n = np.array([len(v) for v in lp], dtype=np.int64)
