@@ -62,7 +62,7 @@ from audit.metrics.sets import (
     weat_sets_sharded,
 )
 from audit.result import MetricOutput
-from audit.suites import CompletionTemplates, MultipleChoice, SentencePairs, WordTest
+from audit.suites import CompletionTemplates, MultipleChoice, SentencePairs, UnreadableTest, WordTest
 
 __all__ = [
     "METRICS", "FAMILIES", "TEST_TYPES", "register", "unregister", "get", "names", "families", "accepted_params", "split_params",
@@ -349,6 +349,8 @@ def split_params(name: str, params: Mapping[str, Any] | None) -> tuple[dict[str,
 
 
 def test_type_of(test: Any) -> str | None:
+    if isinstance(test, UnreadableTest):
+        return test.test_type
     for name, cls in TEST_TYPES.items():
         if isinstance(test, cls):
             return name
@@ -395,8 +397,11 @@ def check_declared(test: Any) -> None:
 
 
 def _fit_reason(e: Metric, test: Any, params: Mapping[str, Any] | None = None) -> str | None:
-    """Why a test cannot serve metric ``e`` (type, set counts, what the family needs), or ``None``."""
+    """Why a test cannot serve metric ``e`` (type, set counts, what the family needs), or ``None``.
+    A test that could not be read serves every metric of its type (its tasks fail with its error)."""
     ttype = test_type_of(test)
+    if isinstance(test, UnreadableTest) and ttype in (None, e.family.test_type):
+        return None
     if ttype != e.family.test_type:
         what = {"words": "word-set tests", "pairs": "sentence-pair tests (CrowS-Pairs)",
                 "completion": "completion-template tests (HONEST)", "multiple_choice": "multiple-choice tests (BBQ)"}

@@ -26,7 +26,7 @@ from audit.entries import Measurement
 from audit.errors import DataError, ModelError
 from audit.provenance import load_key, package_versions, task_key
 from audit.result import MetricOutput, Result
-from audit.suites import SentencePairs, WordTest
+from audit.suites import SentencePairs, UnreadableTest, WordTest
 
 __all__ = ["LoadedModel", "load_model", "resolve_packaged", "kind_from_architectures", "infer_hf_kind",
            "load_test", "measure", "analyse", "score", "make_result", "words_for", "Measurement"]
@@ -218,6 +218,8 @@ def measure(model: LoadedModel, test: WordTest | SentencePairs, metric: str,
     """Run the model-dependent step of a task (on the model's actor in a sweep)."""
     e = registry.get(metric)
     registry.check_kind(metric, model.kind, model.ref)
+    if isinstance(test, UnreadableTest):
+        raise DataError(test.error)
     if registry.test_type_of(test) != e.family.test_type:
         raise DataError(f"metric {metric!r} cannot run on test {getattr(test, 'name', test)!r}: "
                         f"{registry.applies(metric, test)}")

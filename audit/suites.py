@@ -178,3 +178,21 @@ class MultipleChoice:
     def digest(self) -> str:
         """``sha256:<hex>`` of the item table's content."""
         return _table_digest(self.table)
+
+
+@dataclasses.dataclass(frozen=True)
+class UnreadableTest:
+    """A registered test whose file could not be read (a malformed template file, a BBQ row whose
+    label is out of range, ...). A sweep plans its tasks as usual and each of them fails with
+    ``error`` (one line naming the file, line and field), so the other tests go on.
+
+    test_type: the type of test the file would hold (``None``: unknown, every type's metrics).
+    """
+
+    name: str
+    language: str
+    error: str
+    test_type: str | None = None
+
+    def digest(self) -> str:
+        return "unreadable:" + hashlib.sha256(self.error.encode("utf-8")).hexdigest()

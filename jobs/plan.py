@@ -33,6 +33,7 @@ from audit.errors import AuditError, DataError, ParameterError
 from audit.naming import natural_key
 from audit.provenance import load_key, task_key
 from audit.runner import load_test, words_for
+from audit.suites import UnreadableTest
 from jobs.resolve import model_kind, probe_revision, resolve_ref
 from jobs.spec import ModelSpec, SweepSpec
 from jobs.validators import suggest
@@ -268,9 +269,12 @@ def expand(spec: SweepSpec, *, infos: dict[str, ModelInfo] | None = None) -> Pla
             try:
                 loaded[name] = load_test(name)
             except DataError as e:
-                if not _is_stub_data_missing(name):
-                    raise
-                unavailable[name] = str(e)
+                if _is_stub_data_missing(name):
+                    unavailable[name] = str(e)
+                elif _is_file_ref(name) or "/" not in name:
+                    raise  # a file named in the spec: its error is the spec's
+                else:  # a registered test that cannot be read: its tasks fail with the reason
+                    loaded[name] = UnreadableTest(name, name.split("/", 1)[0], str(e), _type_or_none(name))
         return loaded.get(name)
 
     tasks: list[Task] = []
@@ -369,7 +373,15 @@ def _candidates(pattern: str, lang: str, test_type: str, reg: dict[str, list[str
             return []
         test = get_test(pattern)
         return [pattern] if test is not None and test.language == lang else []
-    return [n for n in match_tests(pattern, reg.get(lang, [])) if dataset_test_type(n) == test_type]
+    return [n for n in match_tests(pattern, reg.get(lang, [])) if _type_or_none(n) in (test_type, None)]
+
+
+def _type_or_none(name: str) -> str | None:
+    """The test type of a registered name, ``None`` when its file cannot even be parsed."""
+    try:
+        return dataset_test_type(name)
+    except DataError:
+        return None
 
 
 # --------------------------------------------------------------------------------------

@@ -386,3 +386,24 @@ def test_causal_build_kinds_and_training_languages():
         parse(models=[{"name": "m", "build": {"kind": "mistral", "language": ["en", "xx"]}}])
     with pytest.raises(ParameterError, match="unknown kind 'lama'.*did you mean 'llama'"):
         parse(models=[{"name": "m", "build": {"kind": "lama"}}])
+
+
+def test_an_unreadable_registered_test_fails_its_tasks_not_the_sweep(small_registry):
+    """A malformed shipped (or user-registered) test file no longer stops planning: its tasks are
+    planned and each fails with the reader's one-line error; the other tests go on."""
+    from audit import runner
+    from audit.suites import UnreadableTest
+
+    bad = small_registry / "en" / "broken.yaml"
+    text = (small_registry / "en" / "weat1.yaml").read_text(encoding="utf-8")
+    bad.write_text(text.replace("name: weat1", "name: broken") + "templates:\n  seat: [This is it.]\n", encoding="utf-8")
+    s = parse(models=[{"ref": "glove-6b-50d", "params": {"casefold": True}}], languages=["en"],
+              metrics=["weat"], tests=["weat1", "broken"], permutations=100)
+    p = plan_mod.expand(s)
+    assert sorted(t.test for t in p.tasks) == ["en/broken", "en/weat1"]
+    broken = p.tests["en/broken"]
+    assert isinstance(broken, UnreadableTest) and str(bad) in broken.error
+    lm = runner.load_model("glove-6b-50d", words=plan_mod.words_for_tasks(p, p.tasks))
+    with pytest.raises(DataError, match=r"broken\.yaml: templates\.seat\.singular\[0\] 'This is it\.' must contain"):
+        runner.measure(lm, broken, "weat", {"casefold": True})
+    assert runner.measure(lm, p.tests["en/weat1"], "weat", {"casefold": True}).targets
