@@ -120,6 +120,9 @@ class Metric:
                   (the test's ``groups`` field, :attr:`audit.suites.WordTest.groups`), the other
                   the words measured; a ``groups`` parameter overrides the test (the set counts
                   swap with the side).
+    breakdowns:   ``(table, scores)`` pairs: nested tables of the result's fields (``per_category``:
+                  category -> {score: value, ``ci``: {score: [low, high]}}) that the reports turn
+                  into a model x category LaTeX table and a bar plot of each score.
     sharded:      optional ``sharded(measurement, params, seed, shards, map_fn) -> MetricOutput |
                   None``: the analysis with its exact permutation count split into ``shards``
                   pieces mapped by ``map_fn`` (``None`` when splitting does not pay).
@@ -139,6 +142,7 @@ class Metric:
     paired: str | None = None
     roles: bool = False
     sharded: Callable[..., MetricOutput | None] | None = None
+    breakdowns: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def model_kinds(self) -> tuple[str, ...]:

@@ -231,6 +231,7 @@ _ENTRIES: tuple[Metric, ...] = (
                   "(causal LMs)",
         result_names={"causal": "crows_pairs_causal"},
         items="one row per pair: both sentence scores and which one won",
+        breakdowns=(("per_bias_type", ("metric_score", "stereo_score", "antistereo_score")),),
     ),
     Metric(
         name="honest", family=COMPLETIONS,
@@ -240,6 +241,7 @@ _ENTRIES: tuple[Metric, ...] = (
         reference="Nozza, Bianchi & Hovy (2021), HONEST: Measuring Hurtful Sentence Completion in Language "
                   "Models, NAACL; HurtLex 1.2 (Bassignana, Basile & Patti 2018)",
         items="one row per distinct template: its completions, which are hurtful, their HurtLex categories",
+        breakdowns=(("per_group", ("k20", "k5", "k1")), ("per_category", ("k20", "k5", "k1"))),
     ),
     Metric(
         name="bbq", family=CHOICES, analyse=lambda m, **p: bbq_metric(m.table, **p),
@@ -249,6 +251,7 @@ _ENTRIES: tuple[Metric, ...] = (
         reference="Parrish et al. (2022), BBQ: A Hand-Built Bias Benchmark for Question Answering, Findings of ACL; "
                   "lm-evaluation-harness (multiple-choice scoring)",
         items="one row per item: each option's score, the prediction, correct / unknown / biased",
+        breakdowns=(("per_category", ("s_amb", "s_dis", "acc_amb", "acc_disamb")),),
     ),
 )
 

@@ -43,6 +43,7 @@ sweep reports its old and new results together).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -51,6 +52,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from audit import registry
 from audit.multitest import add_adjusted_pvalues
 from audit.naming import natural_key
 from jobs.builders import ARTIFACT_MAX_BYTES
@@ -343,6 +345,135 @@ def plot_comparison(table: pd.DataFrame, path: Path, *, title: str, new_label: s
     plt.close(fig)
 
 
+# --------------------------------------------------------------------------------------
+# Breakdowns: a headline by category, group or bias type (the registry entry's ``breakdowns``)
+# --------------------------------------------------------------------------------------
+
+
+def breakdown_frame(df: pd.DataFrame, metric: str, table: str, scores: Iterable[str]) -> pd.DataFrame:
+    """Long table of one breakdown of ``metric``'s finished results: ``model, language, test,
+    category, score, value, low, high`` from the results' ``breakdowns`` column (the flattened
+    ``<table>.<category>.<score>`` and ``<table>.<category>.ci.<score>_low/_high`` numbers)."""
+    rows = []
+    scores = list(scores)
+    sub = df[(df["metric"].isin(_metric_names(metric))) & (df["status"] == "finished")]
+    for r in sub.itertuples(index=False):
+        raw = getattr(r, "breakdowns", None)
+        if not isinstance(raw, str) or not raw:
+            continue
+        nums = json.loads(raw)
+        cats = sorted({k[len(table) + 1:].split(".", 1)[0] for k in nums if k.startswith(table + ".")}, key=natural_key)
+        for c in cats:
+            for s in scores:
+                v = nums.get(f"{table}.{c}.{s}")
+                if v is None:
+                    continue
+                rows.append({"model": r.model, "language": r.language, "test": r.test, "category": c, "score": s,
+                             "value": v, "low": nums.get(f"{table}.{c}.ci.{s}_low"),
+                             "high": nums.get(f"{table}.{c}.ci.{s}_high")})
+    return pd.DataFrame(rows, columns=["model", "language", "test", "category", "score", "value", "low", "high"])
+
+
+def _metric_names(metric: str) -> set[str]:
+    """The names results of a registered metric are recorded under (its name per model kind)."""
+    e = registry.get(metric)
+    return {metric, *e.result_names.values()}
+
+
+def breakdown_latex(bd: pd.DataFrame, metric: str, table: str, score: str, *, model_order: list[str] | None = None,
+                    digits: int = 3) -> str:
+    """Model x category table of one score of a breakdown (intervals in brackets when present)."""
+    sub = bd[bd["score"] == score]
+    cats = sorted(dict.fromkeys(sub["category"]), key=natural_key)
+    rows = _order(sub["model"], model_order)
+    lines = ["\\begin{table}[ht]", "\\centering", "\\small",
+             f"\\begin{{tabular}}{{l{'r' * len(cats)}}}", "\\toprule",
+             "model & " + " & ".join(latex_escape(c) for c in cats) + " \\\\", "\\midrule"]
+    for m in rows:
+        cells = []
+        for c in cats:
+            x = sub[(sub["model"] == m) & (sub["category"] == c)]
+            if not len(x):
+                cells.append("--")
+                continue
+            v, lo, hi = x.iloc[0][["value", "low", "high"]]
+            cell = f"{v:.{digits}f}"
+            if pd.notna(lo) and pd.notna(hi):
+                cell += f" [{lo:.2f}, {hi:.2f}]"
+            cells.append(cell)
+        lines.append(latex_escape(m) + " & " + " & ".join(cells) + " \\\\")
+    tests = ", ".join(sorted(dict.fromkeys(sub["test"])))
+    lines += ["\\bottomrule", "\\end{tabular}",
+              f"\\caption{{{latex_escape(metric)}: {latex_escape(score)} by {latex_escape(table.replace('per_', ''))} "
+              f"({latex_escape(tests)}); brackets: confidence interval where the metric gives one.}}",
+              "\\end{table}", ""]
+    return "\n".join(lines)
+
+
+def _plot_breakdown(bd: pd.DataFrame, metric: str, table: str, score: str, path: Path, model_order: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sub = bd[bd["score"] == score]
+    cats = sorted(dict.fromkeys(sub["category"]), key=natural_key)
+    models = _order(sub["model"], model_order)
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(cats) * max(1, len(models)) + 2.0), 3.6), dpi=110,
+                           layout="constrained")
+    width = 0.8 / max(1, len(models))
+    for j, m in enumerate(models):
+        x = sub[sub["model"] == m].set_index("category")
+        pos = [i - 0.4 + width * (j + 0.5) for i, c in enumerate(cats) if c in x.index]
+        vals = [float(x.loc[c, "value"]) for c in cats if c in x.index]
+        lo = [float(x.loc[c, "value"] - x.loc[c, "low"]) if pd.notna(x.loc[c, "low"]) else 0.0 for c in cats if c in x.index]
+        hi = [float(x.loc[c, "high"] - x.loc[c, "value"]) if pd.notna(x.loc[c, "high"]) else 0.0 for c in cats if c in x.index]
+        ax.bar(pos, vals, width=width, label=m, yerr=[np.maximum(lo, 0), np.maximum(hi, 0)], capsize=2)
+    ax.axhline(0, color="0.6", lw=0.8)
+    ax.set_xticks(range(len(cats)))
+    ax.set_xticklabels(cats, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(score)
+    ax.set_title(f"{metric}: {score} by {table.replace('per_', '')}", fontsize=9)
+    if models:
+        ax.legend(fontsize=7, loc="best")
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_breakdowns(df: pd.DataFrame, out_dir: str | Path, *, model_order: list[str] | None = None) -> list[Path]:
+    """For every metric whose registry entry declares breakdowns, and every language: a LaTeX
+    table (model x category) of each score and a bar plot of the first, under ``tables/`` and
+    ``plots/``; plus ``breakdowns.parquet`` (the long table of all of them)."""
+    out = Path(out_dir)
+    written: list[Path] = []
+    frames = []
+    if "breakdowns" not in df.columns:
+        return written
+    for name, e in registry.METRICS.items():
+        for table, scores in e.breakdowns:
+            bd = breakdown_frame(df, name, table, scores)
+            if not len(bd):
+                continue
+            frames.append(bd.assign(metric=name, table=table))
+            for lang, sub in bd.groupby("language", sort=True):
+                for k, score in enumerate(scores):
+                    if not (sub["score"] == score).any():
+                        continue
+                    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{name}_{lang}_{table}_{score}")
+                    tp = out / "tables" / f"{stem}.tex"
+                    tp.write_text(breakdown_latex(sub, name, table, score, model_order=model_order), encoding="utf-8")
+                    written.append(tp)
+                    if k == 0:
+                        pp = out / "plots" / f"{stem}.png"
+                        _plot_breakdown(sub, name, table, score, pp, model_order or [])
+                        written.append(pp)
+    if frames:
+        p = out / "breakdowns.parquet"
+        pd.concat(frames, ignore_index=True).to_parquet(p, index=False)
+        written.append(p)
+    return written
+
+
 def write_reports(df: pd.DataFrame, out_dir: str | Path, *, model_order: list[str] | None = None,
                   mitigations: dict[str, dict] | None = None,
                   multiple_comparisons: MultipleComparisons | None = None) -> list[Path]:
@@ -377,6 +508,7 @@ def write_reports(df: pd.DataFrame, out_dir: str | Path, *, model_order: list[st
             h = out / "plots" / f"heatmap_{stem}.png"
             _plot_heatmap(sub, metric, lang, h, model_order or [], mc)
             written += [e, h]
+    written += write_breakdowns(df, out, model_order=model_order)
     if mitigations is None:
         mitigations = find_mitigations(df, out.parent / "models")
     if mitigations:

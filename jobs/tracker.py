@@ -217,7 +217,7 @@ def _flatten_fields(prefix: str, x: Any, out: dict[str, float]) -> None:
         return
     if isinstance(x, (list, tuple)):
         parts = prefix.split(".")
-        if len(x) == 2 and (parts[-1] == "ci" or (len(parts) > 1 and parts[-2] == "cis")):
+        if len(x) == 2 and (parts[-1] == "ci" or (len(parts) > 1 and parts[-2] in ("ci", "cis"))):
             for end, v in zip(("low", "high"), x):
                 f = _finite(v)
                 if f is not None:
@@ -559,6 +559,8 @@ def _row(t: dict, p: dict, m: dict, run_id: str | None) -> dict[str, Any]:
         "ci_method": p.get("ci_method"),
         "groups": p.get("groups"),
         "params": json.dumps({k[6:]: json.loads(v) for k, v in p.items() if k.startswith("param.")}, sort_keys=True),
+        # the nested numbers (per category, group, bias type) the reports break a headline down by
+        "breakdowns": json.dumps({k: v for k, v in m.items() if k.startswith("per_")}, sort_keys=True),
     }
 
 

@@ -115,3 +115,35 @@ def test_summary_lists_each_distinct_failure_once_with_its_count():
             "model 'x' could not be loaded: ModelError: no weights") in s
     assert s.count("could not be loaded") == 1
     assert "  ft | en | en/weat1 | weat: CoverageError: lost 40%" in s
+
+
+def test_breakdowns_by_category_from_the_registry(tmp_path):
+    """A metric whose registry entry declares breakdowns (BBQ: per category) gets a model x
+    category LaTeX table per score and a bar plot, from the flattened numbers of its MLflow rows."""
+    import json as _json
+
+    from audit.result import Result
+    from jobs.report import breakdown_frame, results_frame, write_breakdowns
+    from jobs.tracker import _row, result_metrics
+
+    def row(model, s_amb_age, lo, hi):
+        res = Result(metric="bbq", value=0.1, items=None, coverage={}, missing={}, params={}, seed=0, provenance={},
+                     fields={"per_category": {"Age": {"s_amb": s_amb_age, "s_dis": 0.5, "ci": {"s_amb": [lo, hi]}},
+                                              "Religion": {"s_amb": -0.25, "s_dis": 0.0}}})
+        tags = {"audit.model": model, "audit.language": "en", "audit.test": "en/bbq", "audit.metric": "bbq",
+                "audit.status": "finished"}
+        return _row(tags, {}, result_metrics(res), None)
+
+    df = results_frame([row("m1", 0.125, 0.05, 0.2), row("m2", -0.5, -0.7, -0.3)])
+    assert _json.loads(df["breakdowns"][0])["per_category.Age.ci.s_amb_low"] == 0.05
+    bd = breakdown_frame(df, "bbq", "per_category", ["s_amb", "s_dis"])
+    age = bd[(bd.category == "Age") & (bd.score == "s_amb")].set_index("model")
+    assert age.loc["m1", "value"] == 0.125 and (age.loc["m2", "low"], age.loc["m2", "high"]) == (-0.7, -0.3)
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "plots").mkdir()
+    paths = {p.name for p in write_breakdowns(df, tmp_path, model_order=["m2", "m1"])}
+    assert {"bbq_en_per_category_s_amb.tex", "bbq_en_per_category_s_dis.tex", "bbq_en_per_category_s_amb.png",
+            "breakdowns.parquet"} <= paths
+    tex = (tmp_path / "tables" / "bbq_en_per_category_s_amb.tex").read_text()
+    assert "model & Age & Religion" in tex and "m1 & 0.125 [0.05, 0.20] & -0.250" in tex
+    assert tex.index("m2 &") < tex.index("m1 &")
