@@ -72,10 +72,11 @@ def test_sweep_records_and_isolates_failures(tmp_path, local_ray):
 
     import mlflow
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
-    client = mlflow.tracking.MlflowClient()
+    # a client of its own: mlflow.set_tracking_uri would set MLFLOW_TRACKING_URI for every later test
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    exps = [e.experiment_id for e in client.search_experiments()]
     runs = {(r.data.tags.get("audit.test"), r.data.tags.get("audit.metric"), r.data.tags.get("audit.model")): r
-            for r in mlflow.search_runs(search_all_experiments=True, output_format="list")}
+            for r in client.search_runs(exps)}
     bbq_run = runs[("en/bbq", "bbq", "tiny-bert")]
     m = bbq_run.data.metrics
     assert {"value", "acc", "acc_amb", "acc_disamb", "s_dis", "s_amb", "ci_low", "ci_high", "n_items"} <= set(m)

@@ -201,7 +201,7 @@ def test_registry_weat():
     with pytest.raises(ParameterError, match=r"unknown metric 'weta' \(did you mean 'weat'\?\); known metrics: weat, seat"):
         get_metric("weta")
     assert set(METRICS) == {
-        "weat", "seat", "lpbs", "crows_pairs",
+        "weat", "seat", "lpbs", "crows_pairs", "honest", "bbq",
         "same", "gweat", "direct_bias", "rnd", "rnsb", "mac", "ect", "ripa", "cramers_v",
     }
     for name, s in METRICS.items():
