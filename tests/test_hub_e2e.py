@@ -58,10 +58,10 @@ pytestmark = pytest.mark.skipif(not CROWS.is_file(), reason=f"reference data not
 
 KINDS = ("bert", "roberta", "distilbert", "gpt2")
 BACKEND = {"bert": "hf-mlm", "roberta": "hf-mlm", "distilbert": "hf-mlm", "gpt2": "hf-causal"}
-#: 12 checkpoints: 3 of each kind, 6 by each of two authors; masked LMs get SEAT and CrowS-Pairs
-#: (2 tasks), GPT-2 CrowS-Pairs (1 task): 9 * 2 + 3 = 21 tasks.
+#: 12 checkpoints: 3 of each kind, 6 by each of two authors; every model gets SEAT (on its hidden
+#: states for GPT-2) and CrowS-Pairs: 12 * 2 = 24 tasks.
 REPOS = [(f"{'acme' if i < 6 else 'umbrella'}/{KINDS[i % 4]}-{i}", KINDS[i % 4]) for i in range(12)]
-N_TASKS = 21
+N_TASKS = 24
 SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -179,7 +179,7 @@ def test_sweep_resume_branch_move_offline(cluster):
     assert len({r.data.tags["audit.key"] for r in runs}) == N_TASKS
     for repo, kind in REPOS:
         mine = by_model(runs)[repo]
-        assert len(mine) == (1 if kind == "gpt2" else 2), repo
+        assert len(mine) == 2, repo                                            # SEAT and CrowS-Pairs
         assert {r.data.params["revision"] for r in mine} == {heads[repo]}       # the commit, never "main"
         assert all("value" in r.data.metrics for r in mine)
     metrics = sorted({r.data.tags["audit.metric"] for r in runs})
@@ -267,7 +267,7 @@ def test_transient_and_permanent_hub_faults(cluster):
                "check the id, or set HF_TOKEN to a token that can read it")
     gated = (f"is gated (HTTP 401): log in at {endpoint}/umbrella/gated-gpt2, accept its licence on the model "
              "page, then set HF_TOKEN to a token of that account")
-    for repo, line, n in (("acme/no-such-model", missing, 2), ("umbrella/gated-gpt2", gated, 1)):
+    for repo, line, n in (("acme/no-such-model", missing, 2), ("umbrella/gated-gpt2", gated, 2)):
         failed = runs[repo]
         assert len(failed) == n and {r.info.status for r in failed} == {"FAILED"}
         for r in failed:
@@ -275,10 +275,10 @@ def test_transient_and_permanent_hub_faults(cluster):
             assert line in error and "\n" not in error, error
     # the gated model's probe got its commit (metadata is public): recorded with the failed load
     assert {r.data.params["revision"] for r in runs["umbrella/gated-gpt2"]} == {hub.head("umbrella/gated-gpt2")}
-    assert "3 failed task(s), 2 distinct failure(s):" in text
-    summary = text.split("3 failed task(s), 2 distinct failure(s):", 1)[1].splitlines()[1:3]
+    assert "4 failed task(s), 2 distinct failure(s):" in text
+    summary = text.split("4 failed task(s), 2 distinct failure(s):", 1)[1].splitlines()[1:3]
     assert summary[0].startswith("  acme--no-such-model: 2 tasks (") and missing in summary[0], summary
-    assert summary[1].startswith("  umbrella--gated-gpt2 | en | en/crows_pairs") and gated in summary[1], summary
+    assert summary[1].startswith("  umbrella--gated-gpt2: 2 tasks (") and gated in summary[1], summary
     # the retries were said in the job's log
     assert "model 'acme/flaky-bert': hub: HTTP 503 (retry 1 of 3 in 0.20 s)" in text
     assert "model 'acme/flaky-bert': download: HTTP 503 (retry 2 of 3 in 0.40 s)" in text
