@@ -441,9 +441,10 @@ def _plot_breakdown(bd: pd.DataFrame, metric: str, table: str, score: str, path:
 
 
 def write_breakdowns(df: pd.DataFrame, out_dir: str | Path, *, model_order: list[str] | None = None) -> list[Path]:
-    """For every metric whose registry entry declares breakdowns, and every language: a LaTeX
-    table (model x category) of each score and a bar plot of the first, under ``tables/`` and
-    ``plots/``; plus ``breakdowns.parquet`` (the long table of all of them)."""
+    """For every metric whose registry entry declares breakdowns, and every language and test
+    (one language may hold several tests of a metric, e.g. CrowS-Pairs and its revised set): a
+    LaTeX table (model x category) of each score and a bar plot of the first, under ``tables/``
+    and ``plots/``; plus ``breakdowns.parquet`` (the long table of all of them)."""
     out = Path(out_dir)
     written: list[Path] = []
     frames = []
@@ -455,11 +456,11 @@ def write_breakdowns(df: pd.DataFrame, out_dir: str | Path, *, model_order: list
             if not len(bd):
                 continue
             frames.append(bd.assign(metric=name, table=table))
-            for lang, sub in bd.groupby("language", sort=True):
+            for (lang, test), sub in bd.groupby(["language", "test"], sort=True):
                 for k, score in enumerate(scores):
                     if not (sub["score"] == score).any():
                         continue
-                    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{name}_{lang}_{table}_{score}")
+                    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{name}_{lang}_{str(test).rsplit('/', 1)[-1]}_{table}_{score}")
                     tp = out / "tables" / f"{stem}.tex"
                     tp.write_text(breakdown_latex(sub, name, table, score, model_order=model_order), encoding="utf-8")
                     written.append(tp)

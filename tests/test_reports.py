@@ -126,24 +126,29 @@ def test_breakdowns_by_category_from_the_registry(tmp_path):
     from jobs.report import breakdown_frame, results_frame, write_breakdowns
     from jobs.tracker import _row, result_metrics
 
-    def row(model, s_amb_age, lo, hi):
+    def row(model, s_amb_age, lo, hi, test="en/bbq"):
         res = Result(metric="bbq", value=0.1, items=None, coverage={}, missing={}, params={}, seed=0, provenance={},
                      fields={"per_category": {"Age": {"s_amb": s_amb_age, "s_dis": 0.5, "ci": {"s_amb": [lo, hi]}},
                                               "Religion": {"s_amb": -0.25, "s_dis": 0.0}}})
-        tags = {"audit.model": model, "audit.language": "en", "audit.test": "en/bbq", "audit.metric": "bbq",
+        tags = {"audit.model": model, "audit.language": "en", "audit.test": test, "audit.metric": "bbq",
                 "audit.status": "finished"}
         return _row(tags, {}, result_metrics(res), None)
 
-    df = results_frame([row("m1", 0.125, 0.05, 0.2), row("m2", -0.5, -0.7, -0.3)])
+    # a second test of the same metric in the same language gets its own table, never mixed in
+    df = results_frame([row("m1", 0.125, 0.05, 0.2), row("m2", -0.5, -0.7, -0.3),
+                        row("m1", 0.75, 0.7, 0.8, test="en/bbq_other"), row("m2", 0.5, 0.4, 0.6, test="en/bbq_other")])
     assert _json.loads(df["breakdowns"][0])["per_category.Age.ci.s_amb_low"] == 0.05
     bd = breakdown_frame(df, "bbq", "per_category", ["s_amb", "s_dis"])
-    age = bd[(bd.category == "Age") & (bd.score == "s_amb")].set_index("model")
+    age = bd[(bd.category == "Age") & (bd.score == "s_amb") & (bd.test == "en/bbq")].set_index("model")
     assert age.loc["m1", "value"] == 0.125 and (age.loc["m2", "low"], age.loc["m2", "high"]) == (-0.7, -0.3)
     (tmp_path / "tables").mkdir()
     (tmp_path / "plots").mkdir()
     paths = {p.name for p in write_breakdowns(df, tmp_path, model_order=["m2", "m1"])}
-    assert {"bbq_en_per_category_s_amb.tex", "bbq_en_per_category_s_dis.tex", "bbq_en_per_category_s_amb.png",
-            "breakdowns.parquet"} <= paths
-    tex = (tmp_path / "tables" / "bbq_en_per_category_s_amb.tex").read_text()
+    assert {"bbq_en_bbq_per_category_s_amb.tex", "bbq_en_bbq_per_category_s_dis.tex",
+            "bbq_en_bbq_per_category_s_amb.png", "bbq_en_bbq_other_per_category_s_amb.tex",
+            "bbq_en_bbq_other_per_category_s_amb.png", "breakdowns.parquet"} <= paths
+    tex = (tmp_path / "tables" / "bbq_en_bbq_per_category_s_amb.tex").read_text()
     assert "model & Age & Religion" in tex and "m1 & 0.125 [0.05, 0.20] & -0.250" in tex
     assert tex.index("m2 &") < tex.index("m1 &")
+    other = (tmp_path / "tables" / "bbq_en_bbq_other_per_category_s_amb.tex").read_text()
+    assert "m1 & 0.750 [0.70, 0.80]" in other and "0.125" not in other
