@@ -54,7 +54,8 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
                    help="registered test name or file (native .yaml, BIAS .txt/.jsonl, CrowS-Pairs .csv/.tsv)")
     s.add_argument("--metric", required=True, help=_metric_help())
     s.add_argument("--language", default=None,
-                   help="language of a BIAS or CrowS-Pairs file outside a folder named after its language")
+                   help="the language's version of a bare test name (crows_pairs --language nl: nl/crows_pairs), "
+                        "or the language of a BIAS or CrowS-Pairs file outside a folder named after its language")
     s.add_argument("--backend", default=None, help="force a backend (static format name, hf-encoder, hf-mlm, hf-causal)")
     s.add_argument("--permutations", type=_permutations, default=None, help="exact | auto | N sampled partitions (WEAT/SEAT/LPBS)")
     s.add_argument("--seed", type=int, default=0)
@@ -113,8 +114,9 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--test", nargs="+", default=None,
                    help="test names or files (default: the shipped tests of --language)")
     c.add_argument("--metric", nargs="+", default=None, help=_metric_help() + "; default: the first")
-    c.add_argument("--language", default="en", help="language of the default tests (and of files outside a "
-                                                    "folder named after one); default en")
+    c.add_argument("--language", default=None, help="language of the default tests (default en), of bare test "
+                                                    "names (crows_pairs: LANG/crows_pairs) and of files outside a "
+                                                    "folder named after one")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--permutations", type=_permutations, default="auto",
                    help="label-swap patterns: auto (exact up to 16 items, else 9,999 sampled), exact, or N")

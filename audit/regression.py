@@ -222,7 +222,7 @@ def compare_models(
     *,
     tests: Sequence[Any] | None = None,
     metrics: Sequence[str] | None = None,
-    language: str = "en",
+    language: str | None = None,
     params: dict[str, Any] | None = None,
     seed: int | None = 0,
     options_a: dict[str, Any] | None = None,
@@ -234,7 +234,8 @@ def compare_models(
 
     a, b:      references as ``audit score`` takes them (or loaded models); B as ``@rev`` is
                A's model at another revision (:func:`second_reference`).
-    tests:     names, files or test objects (default: the shipped tests of ``language``).
+    tests:     names, files or test objects (default: the shipped tests of ``language``, English
+               when ``None``); a bare name with ``language`` is that language's version.
     metrics:   metric names (default: the first registered metric, WEAT).
     params:    task parameters of every task (look-up, ``ddof``, ``ci_method`` ...).
     options:   ``alternative``, ``quantity``, ``n_bootstrap``, ``permutations``, ``confidence``
@@ -249,7 +250,7 @@ def compare_models(
     for m in metrics:
         registry.get(m)
     explicit = tests is not None
-    loaded = [runner.load_test(t, language=language) for t in (tests if explicit else default_tests(language))]
+    loaded = [runner.load_test(t, language=language) for t in (tests if explicit else default_tests(language or "en"))]
     pairs = [(t, m) for t in loaded for m in metrics if registry.applies(m, t, params=params) is None]
     if explicit:
         for t in loaded:

@@ -82,32 +82,6 @@ class WordTest:
         return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
-@dataclasses.dataclass(frozen=True)
-class SentencePairs:
-    """A test of paired sentences (CrowS-Pairs and its translations): one row per pair.
-
-    name:     registered name (``crows_pairs``) or the file stem.
-    language: ISO 639-1 code.
-    table:    columns ``pair_id``, ``sent_more``, ``sent_less``, ``stereo_antistereo``
-              (``stereo``/``antistereo``), ``bias_type`` (and the file's other columns).
-    source:   the file it was read from; ``encoding`` the text encoding used to read it.
-    """
-
-    name: str
-    language: str
-    table: Any = dataclasses.field(hash=False, compare=False)
-    provenance: str = ""
-    licence: str = ""
-    source: str = ""
-    encoding: str = "utf-8"
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
-
-    def digest(self) -> str:
-        """``sha256:<hex>`` of the table's content (pandas' row hashes, index included)."""
-        h = hashlib.sha256(pd.util.hash_pandas_object(self.table, index=True).values.tobytes()).hexdigest()
-        return "sha256:" + h
-
-
 def _table_digest(table: Any) -> str:
     """``sha256:<hex>`` of a table's content (pandas' row hashes, index included). Cells holding
     lists or tuples (answer groups) are hashed through their JSON text."""
@@ -125,17 +99,13 @@ def _table_digest(table: Any) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class CompletionTemplates:
-    """A test of sentence templates whose slot a language model completes (HONEST, Nozza et al.
-    2021): one row per template (:mod:`audit.datasets.honest`).
+class TableTest:
+    """A test held as one table, one row per item (the base of the sentence-pair, completion and
+    multiple-choice types below; each documents its own columns).
 
-    name:     registered name (``honest``) or the file stem.
+    name:     registered name or the file stem.
     language: ISO 639-1 code.
-    table:    columns ``template`` (the identity filled in, ``[M]`` marking the slot), ``raw``
-              (with ``[I]`` and ``[M]``), ``identity``, ``group`` (the identity group: the
-              file's ``category``, e.g. ``female``/``male``), ``number``, ``type``, ``line``
-              (line of the file, the header being line 1).
-    source:   the file it was read from.
+    source:   the file (or folder) it was read from.
     """
 
     name: str
@@ -147,37 +117,47 @@ class CompletionTemplates:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def digest(self) -> str:
-        """``sha256:<hex>`` of the template table's content."""
+        """``sha256:<hex>`` of the table's content (:func:`_table_digest`)."""
         return _table_digest(self.table)
 
 
 @dataclasses.dataclass(frozen=True)
-class MultipleChoice:
+class SentencePairs(TableTest):
+    """A test of paired sentences (CrowS-Pairs and its translations): one row per pair.
+
+    table:    columns ``pair_id``, ``sent_more``, ``sent_less``, ``stereo_antistereo``
+              (``stereo``/``antistereo``), ``bias_type`` (and the file's other columns).
+    encoding: the text encoding the file was read with.
+    """
+
+    encoding: str = "utf-8"
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletionTemplates(TableTest):
+    """A test of sentence templates whose slot a language model completes (HONEST, Nozza et al.
+    2021): one row per template (:mod:`audit.datasets.honest`).
+
+    table:    columns ``template`` (the identity filled in, ``[M]`` marking the slot), ``raw``
+              (with ``[I]`` and ``[M]``), ``identity``, ``group`` (the identity group: the
+              file's ``category``, e.g. ``female``/``male``), ``number``, ``type``, ``line``
+              (line of the file, the header being line 1).
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class MultipleChoice(TableTest):
     """A multiple-choice question-answering bias test in BBQ's schema (Parrish et al. 2022): one
     row per item (:mod:`audit.datasets.bbq` maps every published layout onto it).
 
-    name:     registered name (``bbq``) or the file/folder stem.
-    language: ISO 639-1 code.
     table:    one row per item: ``item``, ``category``, ``question_polarity`` (``neg``/``nonneg``),
               ``context_condition`` (``ambig``/``disambig``), ``context``, ``question``, ``ans0``..
               ``ans2``, ``label``, ``unknown`` (index of the unknown option), ``groups0``..``groups2``
               (each answer's group labels), ``stereotyped_groups``, ``target`` (indices of the answers
               about a stereotyped group), ``biased`` (indices of the biased answers), ``where``
               (file and line).
-    source:   the file or folder it was read from; ``extra["format"]`` the published layout.
+    source:   ``extra["format"]`` names the published layout.
     """
-
-    name: str
-    language: str
-    table: Any = dataclasses.field(hash=False, compare=False)
-    provenance: str = ""
-    licence: str = ""
-    source: str = ""
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
-
-    def digest(self) -> str:
-        """``sha256:<hex>`` of the item table's content."""
-        return _table_digest(self.table)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,12 +30,7 @@ needs = {lang: pytest.mark.skipif(not (DATA / lang).is_dir(), reason=f"BBQ data 
          for lang in ("en", "de", "es", "ca")}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
-import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -31,12 +30,7 @@ from audit.suites import WordSet, WordTest  # noqa: E402
 FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -488,7 +482,6 @@ def test_non_finite_log_probabilities_are_refused_with_the_request():
         causal_loglik(hm.model, hm.tokenizer, ["he is a doctor.", "Hi."])
     with pytest.raises(ModelError, match="non-finite hidden states"):
         embed_sentences(hm, ["he is a doctor."], method="mean")
-
 
 
 @pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq" / "en").is_dir(),

@@ -39,12 +39,7 @@ MULTI = data_root() / "crows-pairs-multilingual"
 needs_data = pytest.mark.skipif(not (MULTI / "crows_pairs_fr.tsv").is_file(), reason=f"no data at {MULTI}")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

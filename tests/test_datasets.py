@@ -107,6 +107,27 @@ def test_registry_names_resolve():
         ds.load_test("cw3")
 
 
+def test_a_bare_name_with_a_language_is_that_languages_test():
+    """``--test cw3 --language de`` is de/cw3; a name with no version in the language asked
+    for is refused, never silently replaced by another language's test."""
+    assert ds.load_test("cw3", language="de") == ds.load_test("de/cw3")
+    assert ds.load_test("cw3", language="en").language == "en"
+    assert runner.load_test("weat7", language="en") == ds.load_test("en/weat7")
+    with pytest.raises(DataError, match=r"test 'weat7' has no de version \(registered: en/weat7\)"):
+        ds.load_test("weat7", language="de")
+
+
+@pytest.mark.skipif(not (SHARED / "crows-pairs-multilingual").is_dir(), reason="needs ../shared/data")
+def test_crows_pairs_with_a_language_is_that_languages_set():
+    fr, nl = ds.load_test("crows_pairs", language="fr"), ds.load_test("crows_pairs", language="nl")
+    assert (fr.language, len(fr.table)) == ("fr", len(ds.load_test("fr/crows_pairs").table))
+    assert fr.digest() == ds.load_test("fr/crows_pairs").digest()
+    assert nl.language == "nl" and nl.encoding.startswith("mac_roman")
+    assert ds.load_test("crows_pairs").language == "en"  # the bare name alone: the English set
+    with pytest.raises(DataError, match="test 'crows_pairs' has no de version"):
+        ds.load_test("crows_pairs", language="de")
+
+
 def test_every_shipped_file_loads_and_is_clean_utf8_nfc():
     root = ds.datasets_root()
     every = sorted(f for lang in ds.SUPPORTED_LANGUAGES for f in (root / lang).glob("*.yaml"))

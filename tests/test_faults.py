@@ -85,16 +85,6 @@ def assert_exactly_once(tr: Tracker, keys: set[str], others: frozenset = frozens
     return finished
 
 
-@pytest.fixture
-def local_ray():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=2, object_store_memory=100_000_000, include_dashboard=False,
-             log_to_driver=False)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the test's server subclasses
-    yield
-    ray.shutdown()
-
-
 # --------------------------------------------------------------------------------------
 # The write-ahead log itself
 # --------------------------------------------------------------------------------------
@@ -221,7 +211,7 @@ class MlflowServer:
             self.log.close()
 
 
-def test_mlflow_server_down_results_kept_then_synced_once(tmp_path, local_ray, capsys):
+def test_mlflow_server_down_results_kept_then_synced_once(tmp_path, fresh_ray, capsys):
     (tmp_path / "srv").mkdir()
     server = MlflowServer(tmp_path / "srv")
     out_dir = tmp_path / "out"
@@ -339,7 +329,7 @@ class OOMServer(ModelServer):
         return model
 
 
-def test_oom_batch_is_halved_and_an_unloadable_model_fails_alone(tmp_path, local_ray):
+def test_oom_batch_is_halved_and_an_unloadable_model_fails_alone(tmp_path, fresh_ray):
     bert = tiny_model_dir("bert")
     broken = tmp_path / "no-weights"
     shutil.copytree(bert, broken, ignore=shutil.ignore_patterns("*.safetensors"))

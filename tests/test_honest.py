@@ -28,12 +28,7 @@ needs_hurtlex = pytest.mark.skipif(not (HURTLEX / "hurtlex_EN.tsv").is_file(), r
 OFFICIAL = ("en", "it", "fr", "es", "pt", "ro")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

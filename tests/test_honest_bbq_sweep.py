@@ -5,7 +5,6 @@ unknown BBQ category) fails with that one-line reason while the others finish.""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -37,14 +36,6 @@ ray:
   object_store_memory: 200000000
   actor_num_cpus: 0.5
 """
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, object_store_memory=200_000_000, include_dashboard=False,
-             log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_sweep_records_and_isolates_failures(tmp_path, local_ray):

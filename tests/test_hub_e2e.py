@@ -25,7 +25,6 @@ average 3, 3 min 48 s at load average 7 (2 CPUs).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys

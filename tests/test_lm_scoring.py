@@ -28,13 +28,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 CROWS = DATA / "crows-pairs" / "crows_pairs_anonymized.csv"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and a shared CPU makes two threads spin-wait."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

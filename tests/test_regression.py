@@ -20,6 +20,7 @@ from audit import cli, regression, registry, runner
 from audit.compare import compare_weat
 from audit.errors import DataError, ParameterError
 from audit.suites import WordSet
+from test_multitest import _holm_by_hand  # the hand-written Holm of the adjustment tests
 
 TESTS = ("weat1", "weat7")
 
@@ -73,15 +74,6 @@ def write_w2v(path: Path, vectors: dict[str, np.ndarray]) -> str:
 def revisions(tmp_path_factory):
     d = tmp_path_factory.mktemp("revisions")
     return [write_w2v(d / f"v{i + 1}" / "vectors.vec", v) for i, v in enumerate(planted_models(delta=0.8))]
-
-
-def _holm_by_hand(p):
-    m = len(p)
-    order = sorted(range(m), key=lambda i: (p[i], i))
-    out = [0.0] * m
-    for rank, i in enumerate(order):
-        out[i] = min(1.0, max((m - j) * p[order[j]] for j in range(rank + 1)))
-    return out
 
 
 def test_compare_models_values_are_each_models_audit_and_the_comparison_is_compare_weat(revisions):

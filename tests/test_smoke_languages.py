@@ -8,7 +8,6 @@ finishes with no failed task."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,6 @@ from jobs.spec import load_spec  # noqa: E402
 from jobs.sweep import run_sweep  # noqa: E402
 
 SPEC = Path(__file__).resolve().parents[1] / "jobs" / "specs" / "smoke-languages.yaml"
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(address="local", num_cpus=2, object_store_memory=200_000_000, include_dashboard=False,
-             log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_every_language_every_test_finishes(tmp_path, local_ray):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from collections import Counter
@@ -34,18 +33,6 @@ class SlowServer(ModelServer):
     def measure_batch(self, requests, tests):
         time.sleep(0.5)
         return super().measure_batch(requests, tests)
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(address="local", num_cpus=2, object_store_memory=200_000_000, include_dashboard=False,
-             log_to_driver=False)
-    # the test's server subclass travels by value (workers cannot import this test module)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield
-    ray.shutdown()
 
 
 def write_spec(tmp_path: Path, name: str, models: str, metrics: str = "[weat]", tests=TESTS) -> Path:

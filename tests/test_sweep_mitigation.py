@@ -11,7 +11,6 @@ those of ``docs/mitigation.md``: WEAT 6 1.708 -> 0.957, WEAT 7 1.495 -> -1.116.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -131,17 +130,6 @@ def small_glove(tmp_path_factory) -> str:
     small = load_glove_6b_50d(top=20000, words=keep)
     saved = small.save_npy(tmp_path_factory.mktemp("glove") / "glove20k.npy")
     return saved.ref
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(address="local", num_cpus=2, object_store_memory=200_000_000, include_dashboard=False,
-             log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def write_spec(tmp_path: Path, model_ref: str) -> Path:

@@ -172,17 +172,6 @@ def test_work_waiting_longer_than_the_pending_timeout_fails_with_the_demand_name
 # --------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=2, object_store_memory=100_000_000, include_dashboard=False,
-             log_to_driver=False)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield ray
-    ray.shutdown()
-
-
 def _loads(spec) -> list[dict]:
     p = spec.output_dir / "loads.jsonl"
     return [json.loads(x) for x in p.read_text().splitlines()] if p.is_file() else []

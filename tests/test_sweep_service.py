@@ -8,8 +8,6 @@ so a sweep takes seconds on a 2-CPU local Ray.
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -156,17 +154,6 @@ def test_main_inside_a_ray_job_writes_to_biasaudit_home(tmp_path, monkeypatch, c
 # --------------------------------------------------------------------------------------
 # Sweeps on a local Ray
 # --------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=2, object_store_memory=100_000_000, include_dashboard=False,
-             log_to_driver=False)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield ray
-    ray.shutdown()
 
 
 class SlowServer(ModelServer):

@@ -158,11 +158,14 @@ def load_test(ref: str | Path, *, language: str | None = None) -> AnyTest:
     ``.json``/``.csv``/``.tsv``, is read as a file by its suffix and header (native YAML or stub,
     BIAS WEAT ``.txt``, BIAS SEAT/LPBS ``.jsonl``, CrowS-Pairs, HONEST templates, BBQ-family
     ``.jsonl``/``.csv``; a folder of BBQ-family files too); any other string is looked up in
-    :func:`registry` first and then tried as a path. ``language`` is the language of a BIAS or
-    CrowS-Pairs file outside a folder named after its language (default: the folder's name for
-    BIAS files, English for CrowS-Pairs); HONEST templates and BBQ-family data take it from
-    ``language`` or their folder's name. Unknown names raise :class:`DataError` with the
-    closest registered names.
+    :func:`registry` first and then tried as a path. With ``language``, a bare registered name
+    means that language's version (``"crows_pairs"`` with ``language="nl"`` is
+    ``"nl/crows_pairs"``; a name with no version in that language is a :class:`DataError`,
+    never another language's test); without it, the only version (the bare ``crows_pairs``: the
+    English set). For files, ``language`` is the language of a BIAS or CrowS-Pairs file outside
+    a folder named after its language (default: the folder's name for BIAS files, English for
+    CrowS-Pairs); HONEST templates and BBQ-family data take it from ``language`` or their
+    folder's name. Unknown names raise :class:`DataError` with the closest registered names.
     """
     if isinstance(ref, Path):
         return _read_any(ref, language)
@@ -175,6 +178,12 @@ def load_test(ref: str | Path, *, language: str | None = None) -> AnyTest:
     if ref in qualified:
         return read_registered(qualified[ref])
     keys = short.get(ref, [])
+    if language and keys:
+        lang = _check_language(language, ref, "language")
+        if f"{lang}/{ref}" in qualified:
+            return read_registered(qualified[f"{lang}/{ref}"])
+        raise DataError(f"test {ref!r} has no {lang} version (registered: {', '.join(keys)}); "
+                        "use one of those names or leave the language out")
     if len(keys) > 1 and ref == CROWS_PAIRS_TEST and f"en/{ref}" in qualified:
         keys = [f"en/{ref}"]  # the bare name has always meant the English set (fr/, nl/ came later)
     if len(keys) == 1:
