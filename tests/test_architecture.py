@@ -208,3 +208,35 @@ def test_the_checks_catch_violations(tmp_path, monkeypatch, rule):
         g = {"audit.a": {"audit.b"}, "audit.b": {"audit.a"}, "audit.c": {"audit.a"}}
         monkeypatch.setattr(__import__(__name__), "MODULES", {"audit.a": 1, "audit.b": 1, "audit.c": 1})
         assert _cycles(g) == [["audit.a", "audit.b"]]
+
+
+def _all_undefined(path: Path) -> list[str]:
+    """Names a module lists in ``__all__`` that it does not define or import at top level (a
+    ``from module import *`` of it would fail)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    defined, exported = set(), []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                defined |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+                if isinstance(t, ast.Name) and t.id == "__all__" and isinstance(node.value, (ast.List, ast.Tuple)):
+                    exported += [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+    if path.name == "__init__.py":  # a package's __all__ may name its submodules
+        defined |= {p.stem for p in path.parent.glob("*.py")} | {p.name for p in path.parent.iterdir() if p.is_dir()}
+    return [n for n in exported if n not in defined]
+
+
+def test_every_name_in___all___exists():
+    bad = [f"{mod}: {', '.join(names)}" for mod, p in MODULES.items() if (names := _all_undefined(p))]
+    assert not bad, "names in __all__ that the module does not define:\n" + "\n".join(bad)
+
+
+def test_the___all___check_catches_a_missing_name(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text('from x import a\n__all__ = ["a", "f", "gone"]\n\ndef f():\n    pass\n')
+    assert _all_undefined(p) == ["gone"]

@@ -28,7 +28,6 @@ __all__ = [
     "bias_subspace",
     "check_float",
     "check_int",
-    "drop_subspace",
     "normalize_rows",
     "resolve_sets",
     "scope_mask",
