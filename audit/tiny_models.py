@@ -39,7 +39,9 @@ import os
 import random
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
+from typing import Any, Callable
 
 from audit.datasets.corpus import corpus_from_tests
 from audit.datasets.external import data_root
@@ -311,6 +313,18 @@ class _Deterministic:
 # --------------------------------------------------------------------------- builders
 
 
+def _init_train_save(out: Path, tokenizer, model_cls, config, train: Callable[[Any], None] | None) -> Path:
+    """The builders' common end: ``model_cls(config)`` initialised under :class:`_Deterministic`,
+    ``train(model)`` when given, model (safetensors) and tokenizer written to ``out``."""
+    with _Deterministic():
+        model = model_cls(config)
+        if train is not None:
+            train(model)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def build_tiny_bert(directory: str | os.PathLike, *, train: bool = True) -> Path:
     """Write a tiny uncased ``BertForMaskedLM`` + ``BertTokenizerFast`` to ``directory``."""
     from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
@@ -325,13 +339,8 @@ def build_tiny_bert(directory: str | os.PathLike, *, train: bool = True) -> Path
         num_attention_heads=HEADS, intermediate_size=INTERMEDIATE,
         max_position_embeddings=MAX_POSITIONS, pad_token_id=vocab["[PAD]"],
     )
-    with _Deterministic():
-        model = BertForMaskedLM(config)
-        if train:
-            _train_steps(model, tokenizer, corpus, mlm=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
+    return _init_train_save(out, tokenizer, BertForMaskedLM, config,
+                            partial(_train_steps, tokenizer=tokenizer, corpus=corpus, mlm=True) if train else None)
 
 
 def build_tiny_roberta(directory: str | os.PathLike, *, train: bool = True) -> Path:
@@ -350,13 +359,8 @@ def build_tiny_roberta(directory: str | os.PathLike, *, train: bool = True) -> P
         max_position_embeddings=MAX_POSITIONS + 2, type_vocab_size=1,
         pad_token_id=vocab["<pad>"], bos_token_id=vocab["<s>"], eos_token_id=vocab["</s>"],
     )
-    with _Deterministic():
-        model = RobertaForMaskedLM(config)
-        if train:
-            _train_steps(model, tokenizer, corpus, mlm=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
+    return _init_train_save(out, tokenizer, RobertaForMaskedLM, config,
+                            partial(_train_steps, tokenizer=tokenizer, corpus=corpus, mlm=True) if train else None)
 
 
 def build_tiny_gpt2(directory: str | os.PathLike, *, train: bool = True) -> Path:
@@ -376,13 +380,8 @@ def build_tiny_gpt2(directory: str | os.PathLike, *, train: bool = True) -> Path
         n_positions=MAX_POSITIONS, bos_token_id=vocab[eot], eos_token_id=vocab[eot],
         pad_token_id=vocab[eot],
     )
-    with _Deterministic():
-        model = GPT2LMHeadModel(config)
-        if train:
-            _train_steps(model, tokenizer, corpus, mlm=False)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
+    return _init_train_save(out, tokenizer, GPT2LMHeadModel, config,
+                            partial(_train_steps, tokenizer=tokenizer, corpus=corpus, mlm=False) if train else None)
 
 
 def build_tiny_distilbert(directory: str | os.PathLike, *, train: bool = True) -> Path:
@@ -399,13 +398,8 @@ def build_tiny_distilbert(directory: str | os.PathLike, *, train: bool = True) -
         vocab_size=len(vocab), dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=INTERMEDIATE,
         max_position_embeddings=MAX_POSITIONS, pad_token_id=vocab["[PAD]"],
     )
-    with _Deterministic():
-        model = DistilBertForMaskedLM(config)
-        if train:
-            _train_steps(model, tokenizer, corpus, mlm=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
+    return _init_train_save(out, tokenizer, DistilBertForMaskedLM, config,
+                            partial(_train_steps, tokenizer=tokenizer, corpus=corpus, mlm=True) if train else None)
 
 
 # --------------------------------------------------------------------------- decoder-only (causal) models
@@ -535,13 +529,8 @@ def build_tiny_causal(directory: str | os.PathLike, family: str = "llama", *, tr
         "mistral": ("MistralConfig", "MistralForCausalLM", {"tie_word_embeddings": False, "sliding_window": None}),
     }[family]
     config = getattr(transformers, cfg_cls)(**common, **extra)
-    with _Deterministic():
-        model = getattr(transformers, model_cls)(config)
-        if train:
-            _train_causal(model, tokenizer, corpus)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
+    return _init_train_save(out, tokenizer, getattr(transformers, model_cls), config,
+                            partial(_train_causal, tokenizer=tokenizer, corpus=corpus) if train else None)
 
 
 def build_tiny_llama(directory: str | os.PathLike, *, train: bool = True, languages=None) -> Path:
