@@ -175,10 +175,11 @@ def _cell(row: pd.Series | None, digits: int, mark_col: str = "p_value") -> str:
 
 
 def _order(values: Iterable[str], first: list[str] | None = None) -> list[str]:
+    """The one order of models in every table, plot and summary: the spec's (``first``), then
+    the others in natural order (:func:`audit.naming.natural_key`: ``m2`` before ``m10``)."""
     vals = list(dict.fromkeys(values))
-    if first:
-        return [v for v in first if v in vals] + [v for v in vals if v not in first]
-    return vals
+    head = [v for v in (first or []) if v in vals]
+    return head + sorted((v for v in vals if v not in head), key=natural_key)
 
 
 
@@ -223,88 +224,166 @@ def latex_table(df: pd.DataFrame, metric: str, language: str, *, model_order: li
     return "\n".join(lines)
 
 
-def _plot_effects(sub: pd.DataFrame, metric: str, language: str, path: Path, model_order: list[str]) -> None:
+#: At most this many models in one plot, and this many panels (tests, categories) or heat-map
+#: columns: more are drawn in several files (``<stem>_1of4.png``, ...; :func:`plot_parts`), so
+#: every figure stays readable and bounded (about 2,000 x 2,400 px) at any sweep size.
+MODELS_PER_PLOT = 50
+FACETS_PER_PLOT = 12
+FACET_COLUMNS = 6
+HEATMAP_COLUMNS = 30
+PLOT_DPI = 110
+#: The no-bias line of a headline, by registered metric (others: 0).
+NO_BIAS = {"crows_pairs": 50.0}
+
+
+def _chunks(xs: list, size: int) -> list[list]:
+    return [xs[i:i + size] for i in range(0, len(xs), size)] or [[]]
+
+
+def plot_parts(path: Path, models: list[str], facets: list[str], *, max_models: int = MODELS_PER_PLOT,
+               max_facets: int = FACETS_PER_PLOT) -> list[tuple[Path, list[str], list[str]]]:
+    """How one plot is split into files: ``(path, models, facets)`` per file, at most
+    ``max_models`` models and ``max_facets`` facets each. One file keeps ``path``; several are
+    ``<stem>_<i>of<k>.png`` in model-then-facet order."""
+    groups = [(m, f) for m in _chunks(list(models), max_models) for f in _chunks(list(facets), max_facets)]
+    if len(groups) == 1:
+        return [(path, *groups[0])]
+    return [(path.with_name(f"{path.stem}_{i + 1}of{len(groups)}{path.suffix}"), m, f)
+            for i, (m, f) in enumerate(groups)]
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _no_bias(metric: str) -> float:
+    """The value of no bias for ``metric`` (a registered or a recorded name): :data:`NO_BIAS`."""
+    for name, e in registry.METRICS.items():
+        if metric == name or metric in e.result_names.values():
+            return NO_BIAS.get(name, 0.0)
+    return 0.0
+
+
+def _n_text(ns: pd.Series) -> str:
+    ns = pd.to_numeric(ns, errors="coerce").dropna()
+    if not len(ns):
+        return ""
+    lo, hi = int(ns.min()), int(ns.max())
+    return f"n={lo}" if lo == hi else f"n={lo}-{hi}"
+
+
+def _plot_forest(long: pd.DataFrame, facets: list[str], models: list[str], path: Path, *, title: str,
+                 xlabel: str, ref: float = 0.0) -> list[Path]:
+    """Dot-and-interval panels: one panel per facet (a test, a category: column ``facet``),
+    the models on the y axis (the same rows in every panel, in ``models`` order, labelled on
+    the left, so no legend covers the data), each value a dot with its interval (``low``,
+    ``high``) as a horizontal bar (none where the result has no interval), a grey line at
+    ``ref`` (no bias). A panel title carries the facet's ``n`` (column ``n``, when given: the
+    items the value is over; a range when models differ). Split into files by
+    :func:`plot_parts`; returns the paths written."""
+    plt = _pyplot()
+    written = []
+    parts = plot_parts(path, models, facets)
+    for i, (part, group, fs) in enumerate(parts):
+        ncols = min(FACET_COLUMNS, max(1, len(fs)))
+        nrows = max(1, math.ceil(len(fs) / ncols))
+        panel_h = 0.15 * len(group) + 0.8
+        fig, axes = plt.subplots(nrows, ncols, figsize=(1.8 * ncols + 1.6, nrows * panel_h + 0.9), dpi=PLOT_DPI,
+                                 sharey=True, squeeze=False, layout="constrained")
+        ypos = {m: k for k, m in enumerate(group)}
+        for k, f in enumerate(fs):
+            ax = axes[k // ncols][k % ncols]
+            d = long[(long["facet"] == f) & long["model"].isin(group)]
+            d = d[np.isfinite(d["value"].astype("float64"))]
+            y = d["model"].map(ypos).to_numpy(dtype=np.float64)
+            v = d["value"].to_numpy(dtype=np.float64)
+            lo = pd.to_numeric(d["low"], errors="coerce").to_numpy(dtype=np.float64)
+            hi = pd.to_numeric(d["high"], errors="coerce").to_numpy(dtype=np.float64)
+            has = np.isfinite(lo) & np.isfinite(hi)
+            ax.axvline(ref, color="0.6", lw=0.8)
+            if has.any():
+                ax.errorbar(v[has], y[has], xerr=[np.maximum(v[has] - lo[has], 0), np.maximum(hi[has] - v[has], 0)],
+                            fmt="o", ms=3, capsize=2, lw=0.8, color="tab:blue")
+            if (~has).any():
+                ax.plot(v[~has], y[~has], "o", ms=3, color="tab:blue", mfc="white")
+            n = _n_text(d["n"]) if "n" in d.columns else ""
+            ax.set_title(f"{f}" + (f"\n({n})" if n else ""), fontsize=7)
+            ax.tick_params(labelsize=6)
+            ax.grid(axis="y", color="0.93", lw=0.5)
+        for k in range(len(fs), nrows * ncols):
+            axes[k // ncols][k % ncols].set_visible(False)
+        axes[0][0].set_yticks(range(len(group)))
+        axes[0][0].set_yticklabels(group, fontsize=6 if len(group) > 20 else 7)
+        axes[0][0].set_ylim(len(group) - 0.5, -0.5)
+        what = f" [file {i + 1} of {len(parts)}: models {group[0]} .. {group[-1]}]" if len(parts) > 1 and group else ""
+        fig.suptitle(title + what, fontsize=8)
+        fig.supxlabel(xlabel, fontsize=7)
+        fig.savefig(part)
+        plt.close(fig)
+        written.append(part)
+    return written
+
+
+def _plot_effects(sub: pd.DataFrame, metric: str, language: str, path: Path, model_order: list[str]) -> list[Path]:
+    """The headline value per test (one panel each) and model (rows) with its confidence
+    interval (:func:`_plot_forest`); the title names ``ci_method``."""
     ok = sub[sub["status"] == "finished"]
     tests = sorted(dict.fromkeys(ok["test"]), key=natural_key)
     models = _order(ok["model"], model_order)
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(tests) + 2.5), 3.6), dpi=110, layout="constrained")
-    width = 0.8 / max(1, len(models))
-    for j, m in enumerate(models):
-        rows = ok[ok["model"] == m].set_index("test")
-        xs, ys, lo, hi = [], [], [], []
-        for i, t in enumerate(tests):
-            if t not in rows.index:
-                continue
-            r = rows.loc[t]
-            if isinstance(r, pd.DataFrame):
-                r = r.iloc[0]
-            if not np.isfinite(r["value"]):
-                continue
-            xs.append(i - 0.4 + width * (j + 0.5))
-            ys.append(r["value"])
-            has_ci = np.isfinite(r["ci_low"]) and np.isfinite(r["ci_high"])
-            lo.append(r["value"] - r["ci_low"] if has_ci else 0.0)
-            hi.append(r["ci_high"] - r["value"] if has_ci else 0.0)
-        if xs:
-            ax.errorbar(xs, ys, yerr=[np.maximum(lo, 0), np.maximum(hi, 0)], fmt="o", capsize=3, label=m, ms=4)
-    ax.axhline(0, color="0.6", lw=0.8)
-    ax.set_xticks(range(len(tests)))
-    ax.set_xticklabels([t.split("/", 1)[-1] for t in tests], rotation=45, ha="right")
-    ax.set_ylabel(f"{metric} (headline value)")
+    long = pd.DataFrame({"model": ok["model"], "facet": ok["test"].astype(str).str.split("/", n=1).str[-1],
+                         "value": ok["value"], "low": ok["ci_low"], "high": ok["ci_high"], "n": ok["n_items"]})
     methods = sorted({str(m) for m in ok["ci_method"].dropna() if str(m)}) if "ci_method" in ok.columns else []
-    ax.set_title(f"{metric} ({language}): value with confidence interval"
-                 + (f" (ci_method {', '.join(methods)})" if methods else ""), fontsize=9)
-    if models:
-        ax.legend(fontsize=7, loc="best")
-    fig.savefig(path)
-    plt.close(fig)
+    title = (f"{metric} ({language}): headline value per model, bars: confidence interval"
+             + (f" ({', '.join(methods)})" if methods else "") + "; hollow: no interval")
+    return _plot_forest(long, [t.split("/", 1)[-1] for t in tests], models, path, title=title,
+                        xlabel=f"{metric} (headline value)", ref=_no_bias(metric))
 
 
 def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, model_order: list[str],
-                  mc: MultipleComparisons | None = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+                  mc: MultipleComparisons | None = None) -> list[Path]:
+    """Model x test heat map of the headline value (diverging colours centred on 0, one colour
+    scale over all files), annotated with the significance marks; split by :func:`plot_parts`."""
+    plt = _pyplot()
     ok = sub[sub["status"] == "finished"]
     tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
     models = _order(sub["model"], model_order)
     mc = mc or MultipleComparisons()
-    mat = np.full((len(models), len(tests)), np.nan)
-    marks = {}
-    for _, r in ok.iterrows():
-        mat[models.index(r["model"]), tests.index(r["test"])] = r["value"]
-        marks[(r["model"], r["test"])] = significance_mark(r[MARK_COLUMNS[mc.marks]])
-    vmax = np.nanmax(np.abs(mat)) if np.isfinite(mat).any() else 1.0
-    vmax = vmax if vmax > 0 else 1.0
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.8 * len(tests) + 2.5), max(2.6, 0.5 * len(models) + 1.8)), dpi=110,
-                           layout="constrained")
-    im = ax.imshow(np.ma.masked_invalid(mat), cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto")
+    vals = {(r["model"], r["test"]): r["value"] for _, r in ok.iterrows()}
+    marks = {(r["model"], r["test"]): significance_mark(r[MARK_COLUMNS[mc.marks]]) for _, r in ok.iterrows()}
     failed = {(r["model"], r["test"]) for _, r in sub.iterrows() if r["status"] != "finished"}
-    for i in range(len(models)):
-        for j in range(len(tests)):
-            if np.isfinite(mat[i, j]):
-                ax.text(j, i, f"{mat[i, j]:.2f}{marks.get((models[i], tests[j]), '')}", ha="center", va="center",
-                        fontsize=7,
-                        color="white" if abs(mat[i, j]) > 0.6 * vmax else "black")
-            elif (models[i], tests[j]) in failed:
-                ax.text(j, i, "fail", ha="center", va="center", fontsize=7, color="0.45", style="italic")
-    ax.set_xticks(range(len(tests)))
-    ax.set_xticklabels([t.split("/", 1)[-1] for t in tests], rotation=45, ha="right")
-    ax.set_yticks(range(len(models)))
-    ax.set_yticklabels(models)
-    ax.set_title(f"{metric} ({language})")
-    fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.text(0.01, 0.005, f"* p<0.05, ** p<0.01, *** p<0.001: {marks_text(mc)}", fontsize=6, color="0.3",
-             ha="left", va="bottom", wrap=True)
-    fig.savefig(path)
-    plt.close(fig)
+    finite = [abs(v) for v in vals.values() if v is not None and np.isfinite(v)]
+    vmax = max(finite) if finite and max(finite) > 0 else 1.0
+    written = []
+    parts = plot_parts(path, models, tests, max_facets=HEATMAP_COLUMNS)
+    for i, (part, group, ts) in enumerate(parts):
+        mat = np.array([[vals.get((m, t), np.nan) for t in ts] for m in group], dtype=np.float64).reshape(len(group), len(ts))
+        fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(ts) + 3.0), max(2.6, 0.22 * len(group) + 1.8)),
+                               dpi=PLOT_DPI, layout="constrained")
+        im = ax.imshow(np.ma.masked_invalid(mat), cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto")
+        for a in range(len(group)):
+            for b in range(len(ts)):
+                if np.isfinite(mat[a, b]):
+                    ax.text(b, a, f"{mat[a, b]:.2f}{marks.get((group[a], ts[b]), '')}", ha="center", va="center",
+                            fontsize=6, color="white" if abs(mat[a, b]) > 0.6 * vmax else "black")
+                elif (group[a], ts[b]) in failed:
+                    ax.text(b, a, "fail", ha="center", va="center", fontsize=6, color="0.45", style="italic")
+        ax.set_xticks(range(len(ts)))
+        ax.set_xticklabels([t.split("/", 1)[-1] for t in ts], rotation=45, ha="right", fontsize=7)
+        ax.set_yticks(range(len(group)))
+        ax.set_yticklabels(group, fontsize=6 if len(group) > 20 else 7)
+        what = f" [file {i + 1} of {len(parts)}]" if len(parts) > 1 else ""
+        ax.set_title(f"{metric} ({language}){what}", fontsize=9)
+        fig.colorbar(im, ax=ax, shrink=0.8)
+        ax.set_xlabel(f"* p<0.05, ** p<0.01, *** p<0.001: {marks_text(mc)}", fontsize=6, color="0.3")
+        fig.savefig(part)
+        plt.close(fig)
+        written.append(part)
+    return written
 
 
 def plot_comparison(table: pd.DataFrame, path: Path, *, title: str, new_label: str = "new",
@@ -350,13 +429,28 @@ def plot_comparison(table: pd.DataFrame, path: Path, *, title: str, new_label: s
 # --------------------------------------------------------------------------------------
 
 
+#: Where a breakdown category's item count is recorded, first found wins: CrowS-Pairs
+#: ``n_pairs``, BBQ ``n_items``.
+N_FIELDS = ("n_pairs", "n_items", "n_templates", "n")
+BREAKDOWN_COLUMNS = ["model", "language", "test", "category", "score", "value", "low", "high", "n", "ci_method"]
+
+
 def breakdown_frame(df: pd.DataFrame, metric: str, table: str, scores: Iterable[str]) -> pd.DataFrame:
-    """Long table of one breakdown of ``metric``'s finished results: ``model, language, test,
-    category, score, value, low, high`` from the results' ``breakdowns`` column (the flattened
-    ``<table>.<category>.<score>`` and ``<table>.<category>.ci.<score>_low/_high`` numbers)."""
+    """Long table of one breakdown of the finished results recorded as ``metric`` (the
+    measurement's own name: ``crows_pairs`` for masked LMs and ``crows_pairs_causal`` for
+    causal ones are different measurements and never mixed): ``model, language, test,
+    category, score, value, low, high, n, ci_method`` from the results' ``breakdowns`` column
+    (the flattened ``<table>.<category>.<score>`` numbers).
+
+    The interval of a score is ``<table>.<category>.ci.<score>_low/_high`` (BBQ: one per
+    score) or, for the first score the registry lists (the headline, e.g. CrowS-Pairs
+    ``metric_score``), the category's unnamed ``ci_low/ci_high`` (CrowS-Pairs: the Wilson
+    interval); NaN where the metric gives none. ``n``: the category's item count (the first
+    of :data:`N_FIELDS` recorded: pairs, questions), NaN when none is. ``ci_method``: the
+    results' interval method."""
     rows = []
     scores = list(scores)
-    sub = df[(df["metric"].isin(_metric_names(metric))) & (df["status"] == "finished")]
+    sub = df[(df["metric"] == metric) & (df["status"] == "finished")]
     for r in sub.itertuples(index=False):
         raw = getattr(r, "breakdowns", None)
         if not isinstance(raw, str) or not raw:
@@ -364,31 +458,46 @@ def breakdown_frame(df: pd.DataFrame, metric: str, table: str, scores: Iterable[
         nums = json.loads(raw)
         cats = sorted({k[len(table) + 1:].split(".", 1)[0] for k in nums if k.startswith(table + ".")}, key=natural_key)
         for c in cats:
-            for s in scores:
-                v = nums.get(f"{table}.{c}.{s}")
+            pre = f"{table}.{c}."
+            n = next((nums[pre + f] for f in N_FIELDS if nums.get(pre + f) is not None), None)
+            for j, s in enumerate(scores):
+                v = nums.get(pre + s)
                 if v is None:
                     continue
+                lo, hi = nums.get(f"{pre}ci.{s}_low"), nums.get(f"{pre}ci.{s}_high")
+                if lo is None and hi is None and j == 0:
+                    lo, hi = nums.get(pre + "ci_low"), nums.get(pre + "ci_high")
                 rows.append({"model": r.model, "language": r.language, "test": r.test, "category": c, "score": s,
-                             "value": v, "low": nums.get(f"{table}.{c}.ci.{s}_low"),
-                             "high": nums.get(f"{table}.{c}.ci.{s}_high")})
-    return pd.DataFrame(rows, columns=["model", "language", "test", "category", "score", "value", "low", "high"])
+                             "value": v, "low": lo, "high": hi, "n": n,
+                             "ci_method": getattr(r, "ci_method", None) if lo is not None else None})
+    out = pd.DataFrame(rows, columns=BREAKDOWN_COLUMNS)
+    for c in ("value", "low", "high", "n"):
+        out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
+    return out
 
 
-def _metric_names(metric: str) -> set[str]:
-    """The names results of a registered metric are recorded under (its name per model kind)."""
-    e = registry.get(metric)
-    return {metric, *e.result_names.values()}
+def _recorded_names(name: str) -> list[str]:
+    """The measurements a registered metric records (its name per model kind, e.g.
+    ``crows_pairs`` and ``crows_pairs_causal``): each is reported on its own."""
+    e = registry.get(name)
+    return list(dict.fromkeys([name, *e.result_names.values()]))
 
 
 def breakdown_latex(bd: pd.DataFrame, metric: str, table: str, score: str, *, model_order: list[str] | None = None,
                     digits: int = 3) -> str:
-    """Model x category table of one score of a breakdown (intervals in brackets when present)."""
+    """Model x category table of one score of a breakdown: each cell the value, its interval in
+    brackets where the metric gives one, and its item count ``n``; the header names each
+    category's n when every model has the same (the usual case: one data set)."""
     sub = bd[bd["score"] == score]
     cats = sorted(dict.fromkeys(sub["category"]), key=natural_key)
     rows = _order(sub["model"], model_order)
+    head = []
+    for c in cats:
+        n = _n_text(sub[sub["category"] == c]["n"])
+        head.append(latex_escape(c) + (f" ({n})" if n else ""))
     lines = ["\\begin{table}[ht]", "\\centering", "\\small",
              f"\\begin{{tabular}}{{l{'r' * len(cats)}}}", "\\toprule",
-             "model & " + " & ".join(latex_escape(c) for c in cats) + " \\\\", "\\midrule"]
+             "model & " + " & ".join(head) + " \\\\", "\\midrule"]
     for m in rows:
         cells = []
         for c in cats:
@@ -396,78 +505,74 @@ def breakdown_latex(bd: pd.DataFrame, metric: str, table: str, score: str, *, mo
             if not len(x):
                 cells.append("--")
                 continue
-            v, lo, hi = x.iloc[0][["value", "low", "high"]]
+            v, lo, hi, n = x.iloc[0][["value", "low", "high", "n"]]
             cell = f"{v:.{digits}f}"
             if pd.notna(lo) and pd.notna(hi):
                 cell += f" [{lo:.2f}, {hi:.2f}]"
+            if pd.notna(n):
+                cell += f" n={int(n)}"
             cells.append(cell)
         lines.append(latex_escape(m) + " & " + " & ".join(cells) + " \\\\")
     tests = ", ".join(sorted(dict.fromkeys(sub["test"])))
+    methods = sorted({str(x) for x in sub["ci_method"].dropna() if str(x)}) if "ci_method" in sub.columns else []
+    ci = (f"brackets: {', '.join(methods)} confidence interval" if methods else
+          "brackets: confidence interval where the metric gives one")
     lines += ["\\bottomrule", "\\end{tabular}",
               f"\\caption{{{latex_escape(metric)}: {latex_escape(score)} by {latex_escape(table.replace('per_', ''))} "
-              f"({latex_escape(tests)}); brackets: confidence interval where the metric gives one.}}",
+              f"({latex_escape(tests)}); {latex_escape(ci)}; n: items in the category.}}",
               "\\end{table}", ""]
     return "\n".join(lines)
 
 
-def _plot_breakdown(bd: pd.DataFrame, metric: str, table: str, score: str, path: Path, model_order: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _plot_breakdown(bd: pd.DataFrame, metric: str, table: str, score: str, path: Path,
+                    model_order: list[str]) -> list[Path]:
+    """One panel per category (titled with its n), models as rows, the score with its interval
+    as error bars (:func:`_plot_forest`)."""
     sub = bd[bd["score"] == score]
     cats = sorted(dict.fromkeys(sub["category"]), key=natural_key)
     models = _order(sub["model"], model_order)
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(cats) * max(1, len(models)) + 2.0), 3.6), dpi=110,
-                           layout="constrained")
-    width = 0.8 / max(1, len(models))
-    for j, m in enumerate(models):
-        x = sub[sub["model"] == m].set_index("category")
-        pos = [i - 0.4 + width * (j + 0.5) for i, c in enumerate(cats) if c in x.index]
-        vals = [float(x.loc[c, "value"]) for c in cats if c in x.index]
-        lo = [float(x.loc[c, "value"] - x.loc[c, "low"]) if pd.notna(x.loc[c, "low"]) else 0.0 for c in cats if c in x.index]
-        hi = [float(x.loc[c, "high"] - x.loc[c, "value"]) if pd.notna(x.loc[c, "high"]) else 0.0 for c in cats if c in x.index]
-        ax.bar(pos, vals, width=width, label=m, yerr=[np.maximum(lo, 0), np.maximum(hi, 0)], capsize=2)
-    ax.axhline(0, color="0.6", lw=0.8)
-    ax.set_xticks(range(len(cats)))
-    ax.set_xticklabels(cats, rotation=45, ha="right", fontsize=7)
-    ax.set_ylabel(score)
-    ax.set_title(f"{metric}: {score} by {table.replace('per_', '')}", fontsize=9)
-    if models:
-        ax.legend(fontsize=7, loc="best")
-    fig.savefig(path)
-    plt.close(fig)
+    methods = sorted({str(x) for x in sub["ci_method"].dropna() if str(x)}) if "ci_method" in sub.columns else []
+    long = sub.rename(columns={"category": "facet"})
+    tests = ", ".join(sorted(dict.fromkeys(sub["test"].astype(str))))
+    title = (f"{metric} ({tests}): {score} by {table.replace('per_', '')}; bars: "
+             + (f"{', '.join(methods)} confidence interval" if methods else "confidence interval")
+             + "; hollow: no interval")
+    return _plot_forest(long, cats, models, path, title=title, xlabel=score,
+                        ref=_no_bias(metric) if score.endswith("_score") else 0.0)
 
 
 def write_breakdowns(df: pd.DataFrame, out_dir: str | Path, *, model_order: list[str] | None = None) -> list[Path]:
-    """For every metric whose registry entry declares breakdowns, and every language and test
-    (one language may hold several tests of a metric, e.g. CrowS-Pairs and its revised set): a
-    LaTeX table (model x category) of each score and a bar plot of the first, under ``tables/``
-    and ``plots/``; plus ``breakdowns.parquet`` (the long table of all of them)."""
+    """For every metric whose registry entry declares breakdowns, each measurement it records
+    (``crows_pairs`` and ``crows_pairs_causal`` apart), and every language and test (one
+    language may hold several tests of a metric, e.g. CrowS-Pairs and its revised set): a
+    LaTeX table (model x category) of each score and a plot of the first, under ``tables/``
+    and ``plots/``; plus ``breakdowns.parquet`` (the long table of all of them, with ``n`` and
+    the interval, ``metric`` the measurement's name)."""
     out = Path(out_dir)
     written: list[Path] = []
     frames = []
     if "breakdowns" not in df.columns:
         return written
-    for name, e in registry.METRICS.items():
-        for table, scores in e.breakdowns:
-            bd = breakdown_frame(df, name, table, scores)
-            if not len(bd):
-                continue
-            frames.append(bd.assign(metric=name, table=table))
-            for (lang, test), sub in bd.groupby(["language", "test"], sort=True):
-                for k, score in enumerate(scores):
-                    if not (sub["score"] == score).any():
-                        continue
-                    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{name}_{lang}_{str(test).rsplit('/', 1)[-1]}_{table}_{score}")
-                    tp = out / "tables" / f"{stem}.tex"
-                    tp.write_text(breakdown_latex(sub, name, table, score, model_order=model_order), encoding="utf-8")
-                    written.append(tp)
-                    if k == 0:
-                        pp = out / "plots" / f"{stem}.png"
-                        _plot_breakdown(sub, name, table, score, pp, model_order or [])
-                        written.append(pp)
+    for entry_name, e in registry.METRICS.items():
+        for name in _recorded_names(entry_name):
+            for table, scores in e.breakdowns:
+                bd = breakdown_frame(df, name, table, scores)
+                if not len(bd):
+                    continue
+                frames.append(bd.assign(metric=name, table=table))
+                for (lang, test), sub in bd.groupby(["language", "test"], sort=True):
+                    for k, score in enumerate(scores):
+                        if not (sub["score"] == score).any():
+                            continue
+                        stem = re.sub(r"[^A-Za-z0-9_.-]+", "-",
+                                      f"{name}_{lang}_{str(test).rsplit('/', 1)[-1]}_{table}_{score}")
+                        tp = out / "tables" / f"{stem}.tex"
+                        tp.write_text(breakdown_latex(sub, name, table, score, model_order=model_order),
+                                      encoding="utf-8")
+                        written.append(tp)
+                        if k == 0:
+                            written += _plot_breakdown(sub, name, table, score, out / "plots" / f"{stem}.png",
+                                                       model_order or [])
     if frames:
         p = out / "breakdowns.parquet"
         pd.concat(frames, ignore_index=True).to_parquet(p, index=False)
@@ -504,11 +609,8 @@ def write_reports(df: pd.DataFrame, out_dir: str | Path, *, model_order: list[st
         t.write_text(latex_table(df, metric, lang, model_order=model_order, multiple_comparisons=mc), encoding="utf-8")
         written.append(t)
         if (sub["status"] == "finished").any():
-            e = out / "plots" / f"effects_{stem}.png"
-            _plot_effects(sub, metric, lang, e, model_order or [])
-            h = out / "plots" / f"heatmap_{stem}.png"
-            _plot_heatmap(sub, metric, lang, h, model_order or [], mc)
-            written += [e, h]
+            written += _plot_effects(sub, metric, lang, out / "plots" / f"effects_{stem}.png", model_order or [])
+            written += _plot_heatmap(sub, metric, lang, out / "plots" / f"heatmap_{stem}.png", model_order or [], mc)
     written += write_breakdowns(df, out, model_order=model_order)
     if mitigations is None:
         mitigations = find_mitigations(df, out.parent / "models")
@@ -682,7 +784,7 @@ def _plot_before_after(ba: pd.DataFrame, metric: str, language: str, path: Path)
     ax.set_xticklabels([t.split("/", 1)[-1] for t in tests], rotation=45, ha="right")
     ax.set_ylabel(f"{metric} (headline value)")
     ax.set_title(f"{metric} ({language}): before (grey) and after debiasing")
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside the data
     fig.savefig(path)
     plt.close(fig)
 

@@ -47,6 +47,7 @@ plain file store), with artifacts under ``<output_dir>/mlartifacts``; ``mlflow u
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -671,7 +672,8 @@ def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None
         "key": key,
         "plan_key": plan_key or "",
         "status": outcome.status,
-        "run_name": task.run_name,
+        # the measurement's own name (crows_pairs_causal on a causal LM), as in params and tags
+        "run_name": dataclasses.replace(task, metric=metric).run_name,
         "tags": {k: str(v) for k, v in tags.items()},
         "params": {_sanitize(k): str(v)[:_MAX_PARAM] for k, v in params.items()},
         "metrics": metrics,

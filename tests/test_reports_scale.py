@@ -1,0 +1,89 @@
+"""Reports that cannot mislead and that scale: one name per measurement (masked vs causal),
+breakdowns with n and intervals, bounded plots at ~200 models, collapsed summaries."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import binomtest
+
+from actors.stats import TaskOutcome
+from audit.metrics.crows_pairs import crows_pairs_metric
+from audit.result import Result
+from jobs import report
+from jobs.plan import Task
+from jobs.spec import ModelSpec
+from jobs.tracker import _row, result_metrics, task_record
+
+
+def _pairs(variant: str, disability_won: int) -> pd.DataFrame:
+    """A CrowS-Pairs score table: 2 disability pairs (``disability_won`` won by the more
+    stereotypical sentence), 6 race-color pairs (4 won)."""
+    rows = []
+    for i in range(2):
+        more = 1.0 if i < disability_won else -1.0
+        rows.append(("disability", more, 0.0))
+    for i in range(6):
+        rows.append(("race-color", 1.0 if i < 4 else -1.0, 0.0))
+    return pd.DataFrame({"bias_type": [r[0] for r in rows], "sent_more_score": [r[1] for r in rows],
+                         "sent_less_score": [r[2] for r in rows], "stereo_antistereo": "stereo",
+                         "variant": variant})
+
+
+def _crows_row(model: str, metric: str, variant: str, disability_won: int) -> dict:
+    out = crows_pairs_metric(_pairs(variant, disability_won))
+    res = Result(metric=metric, value=out.value, fields=out.fields, items=None, coverage={}, missing={}, params={},
+                 seed=0, provenance={})
+    tags = {"audit.model": model, "audit.language": "en", "audit.test": "en/crows_pairs", "audit.metric": metric,
+            "audit.status": "finished"}
+    return _row(tags, {"metric": metric, "ci_method": "wilson"}, result_metrics(res), None)
+
+
+def test_masked_and_causal_crows_pairs_are_separate_breakdowns_with_n_and_wilson_intervals(tmp_path):
+    """A sweep with a masked LM (pseudo-log-likelihood, ``crows_pairs``) and a causal LM
+    (log-likelihood, ``crows_pairs_causal``): each measurement gets its own tables, plots and
+    Parquet rows; every category carries n and the Wilson interval of ``results.parquet``
+    (disability: n = 2, 0 of 2 won: [0, 65.76]). Before, both models shared one ``crows_pairs``
+    table and the intervals and n were lost."""
+    df = report.results_frame([_crows_row("tiny-bert", "crows_pairs", "masked_pll", 0),
+                               _crows_row("tiny-gpt2", "crows_pairs_causal", "causal_ll", 1)])
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "plots").mkdir()
+    names = {p.name for p in report.write_breakdowns(df, tmp_path)}
+    assert {"crows_pairs_en_crows_pairs_per_bias_type_metric_score.tex",
+            "crows_pairs_causal_en_crows_pairs_per_bias_type_metric_score.tex",
+            "crows_pairs_en_crows_pairs_per_bias_type_metric_score.png",
+            "crows_pairs_causal_en_crows_pairs_per_bias_type_metric_score.png"} <= names
+    bd = pd.read_parquet(tmp_path / "breakdowns.parquet")
+    assert bd.groupby("metric")["model"].unique().map(list).to_dict() == {
+        "crows_pairs": ["tiny-bert"], "crows_pairs_causal": ["tiny-gpt2"]}
+    dis = bd[(bd.category == "disability") & (bd.score == "metric_score")].set_index("metric")
+    assert dis.loc["crows_pairs", "n"] == 2 and dis.loc["crows_pairs", "value"] == 0.0
+    assert dis.loc["crows_pairs", "low"] == pytest.approx(0.0, abs=1e-9)
+    assert dis.loc["crows_pairs", "high"] == pytest.approx(65.7628, abs=1e-3)  # Wilson, 0 of 2, 95 %
+    w = binomtest(1, 2).proportion_ci(method="wilson")
+    assert (dis.loc["crows_pairs_causal", "low"], dis.loc["crows_pairs_causal", "high"]) == pytest.approx(
+        (100 * w.low, 100 * w.high))
+    rc = bd[(bd.category == "race-color") & (bd.score == "metric_score")]
+    assert set(rc["n"]) == {6.0}
+    # stereo_score has no interval of its own: NaN, never the headline's interval
+    assert bd[bd.score == "stereo_score"][["low", "high"]].isna().all().all()
+    masked = (tmp_path / "tables" / "crows_pairs_en_crows_pairs_per_bias_type_metric_score.tex").read_text()
+    assert "disability (n=2)" in masked and "0.000 [0.00, 65.76] n=2" in masked and "tiny-gpt2" not in masked
+    assert "wilson confidence interval" in masked
+    causal = (tmp_path / "tables" / "crows_pairs_causal_en_crows_pairs_per_bias_type_metric_score.tex").read_text()
+    assert "50.000 [9.45, 90.55] n=2" in causal and "tiny-bert" not in causal
+
+
+def test_a_causal_child_run_is_named_by_its_measurement():
+    """Run name, ``params.metric`` and the ``audit.metric`` tag say ``crows_pairs_causal`` for
+    a causal LM (the run name said ``crows_pairs``)."""
+    task = Task(model="tiny-gpt2", language="en", test="en/crows_pairs", metric="crows_pairs", params={})
+    rec = task_record(task, sweep="s", model_spec=ModelSpec(ref="hf:tiny-gpt2", name="tiny-gpt2"), kind="causal",
+                      plan_key="k", outcome=TaskOutcome(index=0, status="failed", error="boom"))
+    assert rec["run_name"] == "tiny-gpt2/en/crows_pairs/crows_pairs_causal"
+    assert rec["params"]["metric"] == rec["tags"]["audit.metric"] == "crows_pairs_causal"
