@@ -9,8 +9,9 @@ Written to ``<output_dir>/reports/`` and logged on the sweep's parent run under 
   comparisons over each *family* of tasks (:func:`adjust_pvalues`; default: all tests of one
   model and metric in the sweep, ``n_family`` of them), configured by the spec's
   ``multiple_comparisons:`` (:class:`jobs.spec.MultipleComparisons`). The file is logged on the
-  parent run (``reports/results.parquet``): adjusted p-values depend on the family, i.e. on
-  the sweep, so they live on the parent run, not on the child runs;
+  parent run (``reports/results.parquet``); adjusted p-values depend on the family, i.e. on
+  the sweep, so each child run gets its own (``p_holm``, ``p_bh``, ``n_family``, with tags
+  naming the family: :meth:`jobs.tracker.Tracker.log_adjusted`) when the report is built;
 - ``tables/<metric>_<language>.tex``: booktabs tables, models (rows) x tests (columns) of the
   headline value (the effect size for WEAT/SEAT) with significance marks (``*`` p < 0.05,
   ``**`` p < 0.01, ``***`` p < 0.001) from the p-value ``multiple_comparisons.marks`` names

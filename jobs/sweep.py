@@ -491,6 +491,11 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         missing = len(plan.tasks) - len(df)
         model_order = [m.name for m in spec.models]
         report.write_reports(df, rep_dir, model_order=model_order, multiple_comparisons=mc)
+        if recorder.online:  # the families are complete: each child run gets its adjusted p-values
+            try:
+                tracker.log_adjusted(df, mc.family)
+            except Exception as e:  # noqa: BLE001 - results.parquet has them; the next invocation retries
+                _say(f"warning: could not log the adjusted p-values on the child runs: {e}")
         summary = report.summary_table(df, model_order=model_order, multiple_comparisons=mc)
         _say("summary:\n" + summary)
         if missing:

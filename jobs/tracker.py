@@ -5,17 +5,23 @@ Layout of an experiment (one per spec by default, ``biasaudit-<name>``):
 - one *parent* run per sweep (tag ``audit.role=sweep``, ``audit.sweep_id`` = the spec's
   :meth:`jobs.spec.SweepSpec.sweep_id`, and the spec's ``tags:``); re-running the same spec
   resumes it (the same parent gets the new child runs and the regenerated reports, among them
-  ``reports/results.parquet`` with the raw and the Holm/BH-adjusted p-values of every task:
-  adjusted p-values belong to the sweep, whose family they depend on, not to a child run);
+  ``reports/results.parquet`` with the raw and the Holm/BH-adjusted p-values of every task;
+  adjusted p-values depend on the sweep's families, so the child runs get them when the report
+  is built, with tags naming the family: :meth:`Tracker.log_adjusted`);
 - one *child* run per task (tag ``audit.role=task``, ``mlflow.parentRunId``) with
   params   ``model``, ``model_name``, ``revision``, ``backend``, ``kind``, ``embedding``, ``test``,
            ``language``, ``metric``, ``dataset_digest``, ``seed``, ``param.<name>`` for each
            metric parameter (JSON-encoded) and the result's string fields of
            :data:`RESULT_STRING_FIELDS` (``ci_method``, ``p_method``, ``p_value_counts``,
            ``groups``, ``groups_source``) where it has them;
+           and the result's settings and bookkeeping numbers (:data:`SETTING_FIELDS`: seeds,
+           classifier seeds, bootstrap size, confidence) as ``result.<name>`` (JSON);
   metrics  ``value`` (the headline number), ``effect_size``, ``p_value``, ``statistic``,
            ``ci_low``/``ci_high``, ``coverage.<set>`` and ``coverage_min``, every other numeric
-           field of the result, ``n_items``, ``measure_seconds``/``analyse_seconds``;
+           field of the result, ``n_items``, ``measure_seconds``/``analyse_seconds``; once the
+           sweep's report is built (its families complete), ``p_holm``, ``p_bh`` and
+           ``n_family`` with tags ``audit.p_adjust.family``/``.methods``/``.n_family``
+           (:meth:`Tracker.log_adjusted`);
   tags     ``audit.key`` (:func:`audit.provenance.task_key`), ``audit.plan_key`` (the key the
            planner computed before loading; equal to ``audit.key`` unless the model's revision
            changed between planning and loading), ``audit.model``, ``audit.test``,
@@ -87,6 +93,22 @@ HEADLINE_FIELDS = ("effect_size", "p_value", "statistic")
 #: which interval (``ci_method``: ``targets``/``targets_attributes``), how the p-value was
 #: obtained and what it counts, which side held the protected groups and who said so.
 RESULT_STRING_FIELDS = ("ci_method", "p_method", "p_value_counts", "groups", "groups_source")
+
+#: Numeric result fields that are settings or bookkeeping (seeds, random streams, bootstrap size,
+#: confidence level, rounding, iteration counts), not numbers a user compares: a child run
+#: records them as params ``result.<name>`` (JSON), never as metrics. Matched on each part of
+#: a dotted name (``permutation.seed``); a nested one is dropped when the top level has it
+#: (CrowS-Pairs repeats ``confidence`` per bias type).
+SETTING_FIELDS = frozenset({
+    "seed", "seed_used", "seeds", "classifier_seeds", "iteration_seeds", "random_streams", "n_bootstrap",
+    "confidence", "permutations", "decimals", "train_fraction", "n_cases", "n_iterations", "holdout", "ddof", "k",
+    "hurtlex",
+})
+#: Tags naming the multiple-comparison family of a child run's adjusted p-values
+#: (:meth:`Tracker.log_adjusted`; tags, not params: a resumed sweep may grow the family).
+P_ADJUST_FAMILY_TAG = "audit.p_adjust.family"
+P_ADJUST_METHODS_TAG = "audit.p_adjust.methods"
+P_ADJUST_SIZE_TAG = "audit.p_adjust.n_family"
 
 #: The tag MLflow's ``log_table`` sets to list a run's tables (the UI's evaluation view).
 _LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
@@ -209,12 +231,14 @@ MAX_RUN_METRICS = 1000
 def _flatten_fields(prefix: str, x: Any, out: dict[str, float]) -> None:
     """Finite numbers of a (nested) field as dotted metric names: ``per_category.Age.s_amb``; a
     two-number interval (a key named ``ci``, or any key under ``cis``) as ``<name>_low`` /
-    ``<name>_high``; a short list of numbers element-wise (``<name>.0``, ...)."""
+    ``<name>_high``; a short list of numbers element-wise (``<name>.0``, ...). Settings
+    (:data:`SETTING_FIELDS`) are left out (:func:`result_settings` has them)."""
     if len(out) >= MAX_RUN_METRICS:
         return
     if isinstance(x, dict):
         for k, v in x.items():
-            _flatten_fields(f"{prefix}.{k}" if prefix else str(k), v, out)
+            if str(k) not in SETTING_FIELDS:
+                _flatten_fields(f"{prefix}.{k}" if prefix else str(k), v, out)
         return
     if isinstance(x, (list, tuple)):
         parts = prefix.split(".")
@@ -243,8 +267,7 @@ def result_metrics(res) -> dict[str, float]:
     v = _finite(res.value)
     if v is not None:
         out["value"] = v
-    for k, x in (res.fields or {}).items():
-        _flatten_fields(k, x, out)
+    _flatten_fields("", res.fields or {}, out)
     covs = []
     for k, c in (res.coverage or {}).items():
         f = _finite(c)
@@ -255,6 +278,29 @@ def result_metrics(res) -> dict[str, float]:
         out["coverage_min"] = min(covs)
     if res.items is not None:
         out["n_items"] = float(len(res.items))
+    return out
+
+
+def result_settings(res) -> dict[str, str]:
+    """The settings and bookkeeping numbers of a result (:data:`SETTING_FIELDS`: the seed it
+    used, classifier seeds, bootstrap size, confidence level ...) as child-run params
+    ``result.<dotted name>`` = JSON; nested ones only where the top level lacks the name."""
+    out: dict[str, str] = {}
+    top = res.fields or {}
+
+    def walk(prefix: str, x: Any, depth: int) -> None:
+        if not isinstance(x, dict):
+            return
+        for k, v in x.items():
+            name = f"{prefix}.{k}" if prefix else str(k)
+            if str(k) in SETTING_FIELDS:
+                if depth == 0 or str(k) not in top:
+                    if v is not None:
+                        out[_sanitize(f"result.{name}")] = json.dumps(v, sort_keys=True, default=_json_default)
+            elif depth < 2:
+                walk(name, v, depth + 1)
+
+    walk("", top, 0)
     return out
 
 
@@ -402,6 +448,32 @@ class Tracker:
             tags.append(RunTag(STUCK_REASON_TAG, stuck_reason.splitlines()[0][:_MAX_TAG]))
         self.client.log_batch(self.parent_id, tags=tags)
         self.client.set_terminated(self.parent_id, "FAILED" if (failed or stuck_reason) else "FINISHED")
+
+    def log_adjusted(self, df: pd.DataFrame, family: Iterable[str]) -> int:
+        """Give each finished child run of ``df`` (the sweep's results table after
+        :func:`jobs.report.adjust_pvalues`, column ``run_id``) its adjusted p-values as metrics
+        ``p_holm``, ``p_bh`` and ``n_family``, and tags naming the family
+        (:data:`P_ADJUST_FAMILY_TAG`: the columns it shares, e.g. ``model,metric``; ``all``
+        for the whole sweep), the methods (``holm,bh``: Holm 1979; Benjamini & Hochberg 1995)
+        and its size. Called when the sweep's report is built, i.e. when the family is
+        complete; a resumed sweep logs the new values again (the metric history keeps the old
+        ones). Returns the number of runs written."""
+        from mlflow.entities import Metric, RunTag
+
+        if df.empty or "run_id" not in df.columns:
+            return 0
+        fam = ",".join(family) or "all"
+        ts = int(time.time() * 1000)
+        n = 0
+        ok = df[(df["status"] == "finished") & df["run_id"].notna() & df["p_holm"].notna()]
+        for r in ok.itertuples(index=False):
+            metrics = [Metric(k, float(getattr(r, k)), ts, 0) for k in ("p_holm", "p_bh", "n_family")
+                       if _finite(getattr(r, k)) is not None]
+            tags = [RunTag(P_ADJUST_FAMILY_TAG, fam), RunTag(P_ADJUST_METHODS_TAG, "holm,bh"),
+                    RunTag(P_ADJUST_SIZE_TAG, str(int(r.n_family)))]
+            self.client.log_batch(str(r.run_id), metrics=metrics, tags=tags)
+            n += 1
+        return n
 
     def sweep_totals(self, plan_keys: Iterable[str], parent_id: str | None = None) -> dict[str, float]:
         """The parent run's child runs over every invocation: ``child_runs``, by status
@@ -650,6 +722,9 @@ def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None
                 params.setdefault(k, v)
         for pkg, ver in (res.provenance.get("versions") or {}).items():
             tags[f"version.{pkg}"] = str(ver)
+    if res is not None:
+        for k, v in result_settings(res).items():  # seeds, bootstrap size ...: params, not metrics
+            params.setdefault(k, v)
     for k, v in sorted(task.params.items()):
         params[f"param.{k}"] = json.dumps(v, sort_keys=True, default=str)
     for k, v in (model_spec.options or {}).items():

@@ -87,3 +87,42 @@ def test_a_causal_child_run_is_named_by_its_measurement():
                       plan_key="k", outcome=TaskOutcome(index=0, status="failed", error="boom"))
     assert rec["run_name"] == "tiny-gpt2/en/crows_pairs/crows_pairs_causal"
     assert rec["params"]["metric"] == rec["tags"]["audit.metric"] == "crows_pairs_causal"
+
+
+def test_child_runs_carry_adjusted_p_values_with_their_family_and_settings_as_params(tmp_path):
+    """Metrics are the numbers a user compares: the seeds, classifier seeds, bootstrap size and
+    confidence level of a result are params ``result.<name>``, not metrics; once the report is
+    built each finished child run gets ``p_holm``/``p_bh``/``n_family`` and tags naming the
+    family and the methods (Holm over p = 0.02, 0.03: 0.04, 0.04; BH: 0.03, 0.03)."""
+    from jobs.tracker import P_ADJUST_FAMILY_TAG, P_ADJUST_METHODS_TAG, Tracker, record_row, result_settings
+
+    fields = {"effect_size": 0.5, "seed": 7, "classifier_seeds": [11, 12, 13], "n_bootstrap": 100,
+              "confidence": 0.95, "permutation": {"n_extreme": 3, "seed": 7},
+              "per_bias_type": {"age": {"metric_score": 60.0, "confidence": 0.95}}}
+    res = Result(metric="weat", value=0.5, fields=fields, items=None, coverage={}, missing={}, params={}, seed=7,
+                 provenance={"key": "k"})
+    m = result_metrics(res)
+    assert not [k for k in m if "seed" in k or "confidence" in k or "n_bootstrap" in k], sorted(m)
+    assert m["per_bias_type.age.metric_score"] == 60.0 and m["permutation.n_extreme"] == 3.0
+    assert result_settings(res) == {"result.seed": "7", "result.classifier_seeds": "[11, 12, 13]",
+                                    "result.n_bootstrap": "100", "result.confidence": "0.95"}
+    tr = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "exp-adjusted")
+    tr.start_parent("s", "sid")
+    rows = []
+    for i, p in enumerate((0.02, 0.03)):
+        r = Result(metric="weat", value=0.5, fields={**fields, "p_value": p}, items=None, coverage={}, missing={},
+                   params={}, seed=7, provenance={"key": f"k{i}"})
+        task = Task(model="m", language="en", test=f"en/weat{i + 1}", metric="weat", params={}, key=f"k{i}")
+        rec = task_record(task, sweep="s", model_spec=ModelSpec(ref="x.vec", name="m"), kind="static",
+                          plan_key=f"k{i}", outcome=TaskOutcome(index=i, status="finished", result=r,
+                                                                model={"kind": "static", "backend": "b"}))
+        assert rec["params"]["result.classifier_seeds"] == "[11, 12, 13]" and "seed" not in rec["metrics"]
+        rows.append(record_row(rec, tr.log_record(rec)))
+    df = report.adjust_pvalues(report.results_frame(rows))
+    assert tr.log_adjusted(df, ("model", "metric")) == 2
+    got = [tr.client.get_run(r) for r in df["run_id"]]
+    assert [g.data.metrics["p_holm"] for g in got] == pytest.approx([0.04, 0.04])
+    assert [g.data.metrics["p_bh"] for g in got] == pytest.approx([0.03, 0.03])
+    assert [g.data.metrics["n_family"] for g in got] == [2.0, 2.0]
+    assert {(g.data.tags[P_ADJUST_FAMILY_TAG], g.data.tags[P_ADJUST_METHODS_TAG]) for g in got} == {
+        ("model,metric", "holm,bh")}
