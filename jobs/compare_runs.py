@@ -27,6 +27,7 @@ import argparse
 import io
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -35,11 +36,12 @@ import pandas as pd
 
 from audit import cli as core_cli
 from audit import regression, registry
+from audit.entries import KIND_NAMES
 from audit.errors import AuditError, DataError, ParameterError
 from jobs.tracker import ROLE_SWEEP, ROLE_TASK, unavailable
 from jobs.uris import TRACKING_URI_ENV, tracking_uri_problem
 
-__all__ = ["find_parent", "finished_tasks", "load_items", "compare_parents", "command", "add_options"]
+__all__ = ["find_parent", "finished_tasks", "load_items", "left_out", "compare_parents", "command", "add_options"]
 
 
 def _search(client, experiment_ids: list[str], filter_string: str) -> list:
@@ -132,6 +134,58 @@ def _entry(metric: str):
     return registry.get(metric)  # the one-line error naming the known metrics
 
 
+def left_out(ta: dict, tb: dict, *, keep: Callable[[str, str], bool] = lambda test, metric: True) -> list[dict]:
+    """The tasks of one side that have no counterpart on the other (``finished_tasks`` of A and
+    B), one row each (``test``, ``language``, ``metric``, ``status = "not compared"``,
+    ``error`` = the reason):
+
+    - the same test measured differently: one registered metric recorded under two names
+      (:meth:`audit.entries.Metric.result_name`: ``crows_pairs`` on a masked LM is a
+      pseudo-log-likelihood, ``crows_pairs_causal`` on a causal LM a log-likelihood), so the
+      two numbers are different measurements; one row names both;
+    - the same measurement with other parameters (both parameter sets named);
+    - a task only one sweep ran.
+
+    ``keep(test, metric)``: the ``--test``/``--metric`` selection."""
+    only_a, only_b = set(ta) - set(tb), set(tb) - set(ta)
+    rows, used_b = [], set()
+
+    def desc(run) -> str:
+        p = run.data.params
+        return f"{run.data.tags.get('audit.metric', '')} on {KIND_NAMES.get(p.get('kind', ''), p.get('kind', '?'))} " \
+               f"({p.get('embedding') or 'its own measurement'})"
+
+    for key in sorted(only_a):
+        language, test, metric, params_json = key
+        e = _entry(metric)
+        twins = sorted(k for k in only_b if k[:2] == (language, test) and k[2] != metric
+                       and _entry(k[2]).name == e.name and k[3] == params_json)
+        same = sorted(k for k in only_b if k[:3] == (language, test, metric))
+        short = test.split("/", 1)[-1]
+        if twins:
+            kb = twins[0]
+            used_b.add(kb)
+            if keep(test, metric) or keep(test, kb[2]):
+                rows.append({"test": short, "language": language, "metric": f"{metric} (A) / {kb[2]} (B)",
+                             "status": "not compared",
+                             "error": f"different measurements: A is {desc(ta[key])}, B is {desc(tb[kb])}"})
+        elif same:
+            used_b.update(same)
+            if keep(test, metric):
+                rows.append({"test": short, "language": language, "metric": metric, "status": "not compared",
+                             "error": f"different parameters: A {params_json}, B "
+                                      + ", ".join(k[3] for k in same)})
+        elif keep(test, metric):
+            rows.append({"test": short, "language": language, "metric": metric, "status": "not compared",
+                         "error": "only sweep A has a finished run of it"})
+    for key in sorted(only_b - used_b):
+        language, test, metric, _ = key
+        if keep(test, metric):
+            rows.append({"test": test.split("/", 1)[-1], "language": language, "metric": metric,
+                         "status": "not compared", "error": "only sweep B has a finished run of it"})
+    return rows
+
+
 def compare_parents(client, parent_a, parent_b, *, model_a: str | None = None, model_b: str | None = None,
                     metrics: Sequence[str] | None = None, tests: Sequence[str] | None = None, seed: int | None = 0,
                     say: Callable[[str], None] | None = None, **options: Any) -> tuple[pd.DataFrame, dict]:
@@ -144,13 +198,15 @@ def compare_parents(client, parent_a, parent_b, *, model_a: str | None = None, m
     tb = finished_tasks(client, parent_b, model=model_b)
     wanted_m = set(metrics or ())
     wanted_t = set(tests or ())
+    def keep(test: str, metric: str) -> bool:
+        return ((not wanted_m or metric in wanted_m or _entry(metric).name in wanted_m)
+                and (not wanted_t or test in wanted_t or test.split("/", 1)[-1] in wanted_t))
+
     rows = []
     for key in sorted(set(ta) & set(tb)):
         language, test, metric, params_json = key
         e = _entry(metric)
-        if wanted_m and metric not in wanted_m and e.name not in wanted_m:
-            continue
-        if wanted_t and test not in wanted_t and test.split("/", 1)[-1] not in wanted_t:
+        if not keep(test, metric):
             continue
         comp = registry.comparer(metric)
         short = test.split("/", 1)[-1]
@@ -172,9 +228,17 @@ def compare_parents(client, parent_a, parent_b, *, model_a: str | None = None, m
             rows.append(row)
         except AuditError as err:
             rows.append({"test": short, "language": language, "metric": metric, "status": "failed", "error": str(err)})
+    skipped = left_out(ta, tb, keep=keep)
     if not rows:
+        why = "; ".join(f"{r['language']}/{r['test']} {r['metric']}: {r['error']}" for r in skipped[:3])
+        more = f"; +{len(skipped) - 3} more" if len(skipped) > 3 else ""
         raise DataError(f"the two sweeps share no finished task ({len(ta)} and {len(tb)} finished task(s)"
-                        + (", after --test/--metric" if wanted_m or wanted_t else "") + ")")
+                        + (", after --test/--metric" if wanted_m or wanted_t else "") + ")"
+                        + (f"; left out: {why}{more}" if why else ""))
+    if say:
+        for r in skipped:
+            say(f"left out {r['language']}/{r['test']} {r['metric']}: {r['error']}")
+    rows += skipped
 
     def side(parent, tasks) -> dict[str, str]:
         run = next(iter(tasks.values()), None)
@@ -200,6 +264,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-b", default=None, help="model of sweep B to compare (when it audited several)")
 
 
+def _left_out_line(message: str) -> None:
+    """Progress for stderr: only what the comparison leaves out, and why (the table has it too)."""
+    if message.startswith("left out "):
+        print(f"audit: {message}", file=sys.stderr)
+
+
 def command(a: argparse.Namespace) -> int:
     """``audit compare`` of two finished sweeps: print the table and return the exit status of
     :func:`audit.regression.exit_status`."""
@@ -220,7 +290,7 @@ def command(a: argparse.Namespace) -> int:
         pa = find_parent(client, a.a, experiment=a.experiment)
         pb = find_parent(client, a.b, experiment=a.experiment)
         df, sides = compare_parents(client, pa, pb, model_a=a.model_a, model_b=a.model_b, metrics=a.metric,
-                                    tests=a.test, seed=a.seed, **core_cli.comparison_options(a))
+                                    tests=a.test, seed=a.seed, say=_left_out_line, **core_cli.comparison_options(a))
     except AuditError:
         raise
     except Exception as e:  # noqa: BLE001 - the store is unreachable or refuses

@@ -135,3 +135,59 @@ def test_cli_compares_sweeps_and_gates(store, capsys, monkeypatch):
     assert "not one of each" in capsys.readouterr().err
     assert jobs_cli.main(["compare", "sweep:rel-1", "sweep:nope", "--tracking-uri", uri]) == 2
     assert "sweep:nope: no sweep of that name" in capsys.readouterr().err
+
+
+def test_compare_states_each_left_out_task_and_why(store, tmp_path, capsys, monkeypatch):
+    """A masked LM's CrowS-Pairs (``crows_pairs``: pseudo-log-likelihood) and a causal LM's
+    (``crows_pairs_causal``: log-likelihood) are different measurements: ``audit compare`` says
+    so, on stderr and as a ``not compared`` row of the Markdown/JSON table, and likewise for a
+    task only one sweep ran. Before, both were left out silently."""
+    import pandas as pd
+
+    from audit.metrics.crows_pairs import crows_pairs_metric
+    from audit.result import Result
+    from jobs.tracker import task_record
+
+    uri, _, _ = store
+    tr = Tracker(uri, "masked-vs-causal")
+    v1, v2, _ = planted_models(delta=0.8)
+    refs = [write_w2v(tmp_path / f"v{i}.vec", v) for i, v in enumerate((v1, v2))]
+    table = pd.DataFrame({"bias_type": ["age"] * 4, "sent_more_score": [1.0, 1.0, -1.0, 1.0],
+                          "sent_less_score": [0.0] * 4, "stereo_antistereo": "stereo"})
+
+    def add(parent, model, kind, metric, variant, test="en/crows_pairs"):
+        out = crows_pairs_metric(table.assign(variant=variant))
+        res = Result(metric=metric, value=out.value, fields=out.fields, items=out.items, coverage={}, missing={},
+                     params={}, seed=0, provenance={"key": f"{model}-{metric}-{test}"})
+        task = Task(model=model, language="en", test=test, metric="crows_pairs", params={}, key=res.provenance["key"])
+        rec = task_record(task, sweep="x", model_spec=ModelSpec(ref=f"hf:{model}", name=model), kind=kind,
+                          plan_key=task.key, outcome=TaskOutcome(index=0, status="finished", result=res,
+                                                                 model={"kind": kind, "backend": "hf"}))
+        tr.log_record(rec, parent_id=parent)
+
+    pa, _ = log_sweep(tr, "sweep-bert", {"tiny-bert": refs[0]})
+    pb, _ = log_sweep(tr, "sweep-gpt2", {"tiny-gpt2": refs[1]})
+    add(pa, "tiny-bert", "mlm", "crows_pairs", "masked_pll")
+    add(pb, "tiny-gpt2", "causal", "crows_pairs_causal", "causal_ll")
+    add(pb, "tiny-gpt2", "causal", "crows_pairs_causal", "causal_ll", test="en/crows_pairs_revised")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    args = ["compare", "sweep:sweep-bert", "sweep:sweep-gpt2", "--tracking-uri", uri, "--experiment",
+            "masked-vs-causal", "--n-bootstrap", "0"]
+    assert jobs_cli.main([*args, "--format", "json"]) == 0
+    cap = capsys.readouterr()
+    doc = json.loads(cap.out)
+    left = {(c["test"], c["metric"]): c["error"] for c in doc["comparisons"] if c["status"] == "not compared"}
+    assert left == {
+        ("crows_pairs", "crows_pairs (A) / crows_pairs_causal (B)"):
+            "different measurements: A is crows_pairs on a masked LM (pseudo-log-likelihood), "
+            "B is crows_pairs_causal on a causal LM (log-likelihood)",
+        ("crows_pairs_revised", "crows_pairs_causal"): "only sweep B has a finished run of it"}
+    assert sum(c["status"] == "compared" for c in doc["comparisons"]) == len(TESTS) * 2  # weat, same
+    assert "audit: left out en/crows_pairs crows_pairs (A) / crows_pairs_causal (B): different measurements" in cap.err
+    assert jobs_cli.main(args) == 0
+    md = capsys.readouterr().out
+    assert "| not compared: different measurements: A is crows_pairs on a masked LM" in md
+    # only the left-out tasks selected: refused, naming them
+    assert jobs_cli.main([*args, "--metric", "crows_pairs"]) == 2
+    assert "left out: en/crows_pairs crows_pairs (A) / crows_pairs_causal (B): different measurements" in \
+        capsys.readouterr().err
