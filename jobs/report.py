@@ -841,13 +841,39 @@ def write_mitigation_reports(df: pd.DataFrame, out_dir: str | Path, mitigations:
     return written
 
 
+def _headline_distribution(sub: pd.DataFrame, metric: str, lang: str, tests: list[str], mark_col: str,
+                           mc: MultipleComparisons, digits: int) -> str:
+    """One line per test instead of one per model: how many models, how many failed, the
+    smallest, median and largest headline value (with the models holding the extremes) and how
+    many are significant at 0.05 (the p-value the marks read)."""
+    rows = []
+    for t in tests:
+        x = sub[sub["test"] == t]
+        ok = x[(x["status"] == "finished") & np.isfinite(x["value"].astype("float64"))]
+        v = ok["value"].astype("float64")
+        lo, hi = (ok.loc[v.idxmin()], ok.loc[v.idxmax()]) if len(ok) else (None, None)
+        rows.append({"test": t.split("/", 1)[1] if t.startswith(f"{lang}/") else t, "models": x["model"].nunique(),
+                     "failed": int((x["status"] != "finished").sum()),
+                     "min": f"{lo['value']:.{digits}f} ({lo['model']})" if lo is not None else "",
+                     "median": f"{v.median():.{digits}f}" if len(ok) else "",
+                     "max": f"{hi['value']:.{digits}f} ({hi['model']})" if hi is not None else "",
+                     "p<0.05": int((ok[mark_col].astype("float64") < 0.05).sum())})
+    tab = pd.DataFrame(rows).set_index("test")
+    n = sub["model"].nunique()
+    return (f"{metric} ({lang}): headline value over {n} models, per test (per model: tables/, "
+            f"results.parquet); p<0.05: {marks_text(mc)}\n" + tab.to_string())
+
+
 def headline_tables(df: pd.DataFrame, *, model_order: list[str] | None = None, digits: int = 3,
-                    max_columns: int = 8, multiple_comparisons: MultipleComparisons | None = None) -> str:
+                    max_columns: int = 8, multiple_comparisons: MultipleComparisons | None = None,
+                    max_models: int = 30) -> str:
     """The headline values as plain text, one block per metric and language like the LaTeX
     tables: models (rows) x tests (columns), the value with the significance marks of
     :func:`significance_mark`, ``fail`` for a failed task, empty where nothing was planned;
     several tasks in one cell (the metric with two parameter sets) are joined with ``/``.
-    Blocks wider than ``max_columns`` tests are split. ``""`` when nothing finished."""
+    Blocks wider than ``max_columns`` tests are split. Over ``max_models`` models a block is
+    one line per test instead (:func:`_headline_distribution`: models, failures, min, median,
+    max, how many significant). ``""`` when nothing finished."""
     if df.empty or not (df["status"] == "finished").any():
         return ""
     mc = multiple_comparisons or MultipleComparisons()
@@ -857,6 +883,9 @@ def headline_tables(df: pd.DataFrame, *, model_order: list[str] | None = None, d
     for (metric, lang), sub in df.groupby(["metric", "language"], sort=True):
         models = _order(sub["model"], model_order)
         tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
+        if len(models) > max_models:
+            blocks.append(_headline_distribution(sub, metric, lang, tests, mark_col, mc, digits))
+            continue
         cells = {}
         for _, r in sub.iterrows():
             if r["status"] != "finished":
@@ -904,6 +933,31 @@ def failure_summary(df: pd.DataFrame, *, max_len: int = 300, max_tasks: int = 3)
     return lines
 
 
+def status_counts(df: pd.DataFrame, *, model_order: list[str] | None = None) -> str:
+    """Task counts per model and status, what is uniform collapsed: ``192 models: all 576 tasks
+    finished`` when every task finished; otherwise a totals line, one line for the models
+    whose tasks all finished, and a model x status table of the others only (models in the
+    one order of every table: :func:`_order`)."""
+    models = _order(df["model"], model_order)
+    statuses = sorted(set(df["status"].astype(str)), key=lambda st: (st != "finished", st))
+    tab = pd.crosstab(df["model"].astype(str), df["status"].astype(str)).reindex(index=models, columns=statuses,
+                                                                                fill_value=0)
+    n_done = int(tab["finished"].sum()) if "finished" in tab.columns else 0
+    clean = [m for m in models if tab.loc[m].sum() == tab.loc[m].get("finished", 0)]
+    word = "model" if len(models) == 1 else "models"
+    if len(clean) == len(models):
+        return f"{len(models)} {word}: all {n_done} task(s) finished"
+    totals = ", ".join(f"{int(tab[st].sum())} {st}" for st in statuses)
+    lines = [f"{len(models)} {word}, {len(df)} task(s): {totals}"]
+    if clean:
+        done = int(tab.loc[clean].sum().sum())
+        lines.append(f"{len(clean)} model(s): all {done} of their task(s) finished")
+    rest = tab.loc[[m for m in models if m not in clean]]
+    rest.index.name, rest.columns.name = "model", None
+    lines.append(rest.to_string())
+    return "\n".join(lines)
+
+
 def summary_table(df: pd.DataFrame, *, model_order: list[str] | None = None,
                   multiple_comparisons: MultipleComparisons | None = None) -> str:
     """A terminal summary: counts per model and status, the headline values (model x test per
@@ -911,8 +965,7 @@ def summary_table(df: pd.DataFrame, *, model_order: list[str] | None = None,
     count (:func:`failure_summary`)."""
     if df.empty:
         return "no tasks"
-    counts = pd.crosstab(df["model"], df["status"], margins=True, margins_name="total")
-    lines = [counts.to_string()]
+    lines = [status_counts(df, model_order=model_order)]
     heads = headline_tables(df, model_order=model_order, multiple_comparisons=multiple_comparisons)
     if heads:
         lines.append("\n" + heads)

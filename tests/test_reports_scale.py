@@ -126,3 +126,97 @@ def test_child_runs_carry_adjusted_p_values_with_their_family_and_settings_as_pa
     assert [g.data.metrics["n_family"] for g in got] == [2.0, 2.0]
     assert {(g.data.tags[P_ADJUST_FAMILY_TAG], g.data.tags[P_ADJUST_METHODS_TAG]) for g in got} == {
         ("model,metric", "holm,bh")}
+
+
+# --------------------------------------------------------------------------------------
+# 192 models: bounded, readable plots without warnings, collapsed summaries
+# --------------------------------------------------------------------------------------
+
+N_MODELS = 192
+MAX_PX = 2600  # every figure at most this many pixels wide and high
+
+
+def _synthetic_sweep(n_models: int = N_MODELS) -> pd.DataFrame:
+    """Results of ``n_models`` models (half masked, half causal LMs): WEAT 1-10 with bootstrap
+    intervals, CrowS-Pairs per bias type (9 types, Wilson intervals, n) under each
+    measurement's own name."""
+    rng = np.random.default_rng(0)
+    types = ["age", "disability", "gender", "nationality", "physical-appearance", "race-color", "religion",
+             "sexual-orientation", "socioeconomic"]
+    n_pairs = dict(zip(types, (87, 2, 262, 159, 63, 516, 105, 84, 172)))
+    rows = []
+    for i in range(n_models):
+        model = f"tiny-{i}"
+        for k in range(1, 11):
+            d = float(rng.normal(0.3, 0.5))
+            rows.append({"model": model, "language": "en", "test": f"en/weat{k}", "metric": "weat",
+                         "status": "finished", "value": d, "effect_size": d, "p_value": float(rng.uniform(0, 0.2)),
+                         "ci_low": d - 0.4, "ci_high": d + 0.4, "n_items": 16, "ci_method": "targets"})
+        metric = "crows_pairs" if i % 2 == 0 else "crows_pairs_causal"
+        nums = {}
+        for t in types:
+            won = int(rng.integers(0, n_pairs[t] + 1))
+            w = binomtest(won, n_pairs[t]).proportion_ci(method="wilson")
+            nums.update({f"per_bias_type.{t}.metric_score": 100 * won / n_pairs[t],
+                         f"per_bias_type.{t}.stereo_score": 100 * won / n_pairs[t],
+                         f"per_bias_type.{t}.ci_low": 100 * w.low, f"per_bias_type.{t}.ci_high": 100 * w.high,
+                         f"per_bias_type.{t}.n_pairs": n_pairs[t]})
+        rows.append({"model": model, "language": "en", "test": "en/crows_pairs", "metric": metric,
+                     "status": "finished", "value": float(rng.uniform(40, 70)), "p_value": 0.01, "ci_low": 40.0,
+                     "ci_high": 70.0, "n_items": 1508, "ci_method": "wilson", "breakdowns": json.dumps(nums)})
+    return report.results_frame(rows)
+
+
+def test_reports_of_192_models_have_bounded_plots_and_no_warnings(tmp_path):
+    """Every plot of a 192-model sweep fits in MAX_PX x MAX_PX pixels (the CrowS-Pairs per-bias
+    -type PNG was 114,268 px wide), draws no legend over the data (models are the rows), and
+    rendering raises no warning (matplotlib's "constrained_layout not applied" from 48 models)."""
+    from PIL import Image
+
+    df = _synthetic_sweep()
+    order = [f"tiny-{i}" for i in range(N_MODELS)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        written = report.write_reports(df, tmp_path, model_order=order, mitigations={})
+    assert [str(w.message) for w in caught] == []
+    pngs = sorted(p for p in written if p.suffix == ".png")
+    sizes = {p.name: Image.open(p).size for p in pngs}
+    assert max(w for w, _ in sizes.values()) <= MAX_PX and max(h for _, h in sizes.values()) <= MAX_PX, sizes
+    # 192 models in files of at most 50: 4 files per WEAT plot, 2 per CrowS-Pairs measurement (96 models each)
+    assert [n for n in sizes if n.startswith("effects_weat_en")] == [f"effects_weat_en_{i}of4.png" for i in range(1, 5)]
+    assert {n for n in sizes if "per_bias_type" in n} == {
+        f"{m}_en_crows_pairs_per_bias_type_metric_score_{i}of2.png" for m in ("crows_pairs", "crows_pairs_causal")
+        for i in (1, 2)}
+    for p in pngs:
+        with Image.open(p) as im:  # not blank: the figure drew something
+            assert len(np.unique(np.asarray(im.convert("L")))) > 10, p.name
+
+
+def test_plot_parts_split_models_and_facets():
+    from pathlib import Path
+
+    models, facets = [f"m{i}" for i in range(120)], [f"t{i}" for i in range(13)]
+    parts = report.plot_parts(Path("p/x.png"), models, facets)
+    assert [p.name for p, _, _ in parts] == [f"x_{i}of6.png" for i in range(1, 7)]
+    assert [(len(m), len(f)) for _, m, f in parts] == [(50, 12), (50, 1), (50, 12), (50, 1), (20, 12), (20, 1)]
+    assert report.plot_parts(Path("p/x.png"), models[:3], facets[:2]) == [(Path("p/x.png"), models[:3], facets[:2])]
+
+
+def test_status_summary_collapses_what_is_uniform_in_the_one_model_order():
+    df = _synthetic_sweep(24)
+    s = report.summary_table(df)
+    assert s.splitlines()[0] == "24 models: all 264 task(s) finished"
+    # up to 30 models: model x test rows, in natural order (tiny-2 before tiny-10)
+    weat = s[s.index("weat (en)"):]
+    names = [ln.split()[0] for ln in weat.splitlines()[3:27]]
+    assert names == [f"tiny-{i}" for i in range(24)]
+    df.loc[(df.model == "tiny-10") & (df.test == "en/weat3"), "status"] = "failed"
+    lines = report.status_counts(df).splitlines()
+    assert lines[0] == "24 models, 264 task(s): 263 finished, 1 failed"
+    assert lines[1] == "23 model(s): all 253 of their task(s) finished"
+    assert lines[2].split() == ["finished", "failed"] and lines[4].split() == ["tiny-10", "10", "1"]
+    assert len(lines) == 5  # the 23 clean models are one line, not 23 rows
+    big = report.summary_table(_synthetic_sweep())
+    assert big.splitlines()[0] == "192 models: all 2112 task(s) finished"
+    assert "weat (en): headline value over 192 models, per test" in big
+    assert len(big.splitlines()) < 60  # not one row per model
