@@ -362,7 +362,8 @@ def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
     written = []
     parts = plot_parts(path, models, tests, max_facets=HEATMAP_COLUMNS)
     for i, (part, group, ts) in enumerate(parts):
-        mat = np.array([[vals.get((m, t), np.nan) for t in ts] for m in group], dtype=np.float64).reshape(len(group), len(ts))
+        mat = np.array([[vals.get((m, t), np.nan) for t in ts] for m in group],
+                       dtype=np.float64).reshape(len(group), len(ts))
         fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(ts) + 3.0), max(2.6, 0.22 * len(group) + 1.8)),
                                dpi=PLOT_DPI, layout="constrained")
         im = ax.imshow(np.ma.masked_invalid(mat), cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto")

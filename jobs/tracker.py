@@ -109,6 +109,7 @@ SETTING_FIELDS = frozenset({
 P_ADJUST_FAMILY_TAG = "audit.p_adjust.family"
 P_ADJUST_METHODS_TAG = "audit.p_adjust.methods"
 P_ADJUST_SIZE_TAG = "audit.p_adjust.n_family"
+P_ADJUST_PARENT_TAG = "audit.p_adjust.parent"  # the sweep (parent run) whose families they are
 
 #: The tag MLflow's ``log_table`` sets to list a run's tables (the UI's evaluation view).
 _LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
@@ -455,8 +456,8 @@ class Tracker:
         ``p_holm``, ``p_bh`` and ``n_family``, and tags naming the family
         (:data:`P_ADJUST_FAMILY_TAG`: the columns it shares, e.g. ``model,metric``; ``all``
         for the whole sweep), the methods (``holm,bh``: Holm 1979; Benjamini & Hochberg 1995)
-        and its size. Called when the sweep's report is built, i.e. when the family is
-        complete; a resumed sweep logs the new values again (the metric history keeps the old
+        and its size, and the sweep's parent run. Called when the sweep's report is built, i.e.
+        when the family is complete; a resumed sweep logs the new values again (the metric history keeps the old
         ones). Returns the number of runs written."""
         from mlflow.entities import Metric, RunTag
 
@@ -470,7 +471,7 @@ class Tracker:
             metrics = [Metric(k, float(getattr(r, k)), ts, 0) for k in ("p_holm", "p_bh", "n_family")
                        if _finite(getattr(r, k)) is not None]
             tags = [RunTag(P_ADJUST_FAMILY_TAG, fam), RunTag(P_ADJUST_METHODS_TAG, "holm,bh"),
-                    RunTag(P_ADJUST_SIZE_TAG, str(int(r.n_family)))]
+                    RunTag(P_ADJUST_SIZE_TAG, str(int(r.n_family))), RunTag(P_ADJUST_PARENT_TAG, self.parent_id or "")]
             self.client.log_batch(str(r.run_id), metrics=metrics, tags=tags)
             n += 1
         return n
