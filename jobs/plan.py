@@ -151,11 +151,29 @@ class Plan:
         lines = [f"sweep {self.spec.name!r}: {len(self.tasks)} tasks over {len(self.models)} models"]
         c = self.counts()
         if not c.empty:
-            lines.append(c.to_string())
+            lines.append(collapse_rows(c).to_string())
         if self.skipped:
             lines.append(f"dropped {len(self.skipped)} combinations:")
             lines.extend("  " + s for s in self.skip_summary())
         return "\n".join(lines)
+
+
+def collapse_rows(tab: pd.DataFrame, *, max_rows: int = 20) -> pd.DataFrame:
+    """A count table (one row per model, then ``total``) with more than ``max_rows`` models,
+    its rows that are equal collapsed into one (``192 models: bert-0 .. gpt2-47``, first and
+    last in the table's order); smaller tables as they are."""
+    body = tab.drop(index="total", errors="ignore")
+    if len(body) <= max_rows:
+        return tab
+    groups: dict[tuple, list[str]] = {}
+    for name, row in body.iterrows():
+        groups.setdefault(tuple(row.tolist()), []).append(str(name))
+    index = [ms[0] if len(ms) == 1 else f"{len(ms)} models: {ms[0]} .. {ms[-1]}" for ms in groups.values()]
+    out = pd.DataFrame([list(k) for k in groups], index=index, columns=tab.columns)
+    if "total" in tab.index:
+        out.loc["total"] = tab.loc["total"]
+    out.index.name = tab.index.name
+    return out
 
 
 # --------------------------------------------------------------------------------------

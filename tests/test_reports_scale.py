@@ -220,3 +220,16 @@ def test_status_summary_collapses_what_is_uniform_in_the_one_model_order():
     assert big.splitlines()[0] == "192 models: all 2112 task(s) finished"
     assert "weat (en): headline value over 192 models, per test" in big
     assert len(big.splitlines()) < 60  # not one row per model
+
+
+def test_plan_counts_collapse_equal_rows_over_20_models():
+    from jobs.plan import collapse_rows
+
+    df = pd.DataFrame([{"model": f"m{i}", "metric": m} for i in range(30)
+                       for m in (["seat", "seat", "crows_pairs"] if i != 7 else ["crows_pairs"])])
+    tab = pd.crosstab(df["model"], df["metric"], margins=True, margins_name="total")
+    tab = tab.loc[[f"m{i}" for i in range(30)] + ["total"]]
+    out = collapse_rows(tab)
+    assert list(out.index) == ["29 models: m0 .. m29", "m7", "total"]
+    assert out.loc["29 models: m0 .. m29"].tolist() == [1, 2, 3] and out.loc["total"].tolist() == [30, 58, 88]
+    assert collapse_rows(tab.iloc[:5]).equals(tab.iloc[:5])
