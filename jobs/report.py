@@ -44,6 +44,7 @@ sweep reports its old and new results together).
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import re
@@ -245,8 +246,12 @@ def plot_parts(path: Path, models: list[str], facets: list[str], *, max_models: 
                max_facets: int = FACETS_PER_PLOT) -> list[tuple[Path, list[str], list[str]]]:
     """How one plot is split into files: ``(path, models, facets)`` per file, at most
     ``max_models`` models and ``max_facets`` facets each. One file keeps ``path``; several are
-    ``<stem>_<i>of<k>.png`` in model-then-facet order."""
+    ``<stem>_<i>of<k>.png`` in model-then-facet order. The files of an earlier split of the
+    same plot are removed (reports are rebuilt on every invocation; a sweep that grew past 50
+    models must not keep its old single file beside the new parts)."""
     groups = [(m, f) for m in _chunks(list(models), max_models) for f in _chunks(list(facets), max_facets)]
+    for old in [path, *path.parent.glob(f"{glob.escape(path.stem)}_*of*{path.suffix}")]:
+        old.unlink(missing_ok=True)  # an earlier invocation's split of the same plot (derived files)
     if len(groups) == 1:
         return [(path, *groups[0])]
     return [(path.with_name(f"{path.stem}_{i + 1}of{len(groups)}{path.suffix}"), m, f)

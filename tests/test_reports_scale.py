@@ -233,3 +233,15 @@ def test_plan_counts_collapse_equal_rows_over_20_models():
     assert list(out.index) == ["29 models: m0 .. m29", "m7", "total"]
     assert out.loc["29 models: m0 .. m29"].tolist() == [1, 2, 3] and out.loc["total"].tolist() == [30, 58, 88]
     assert collapse_rows(tab.iloc[:5]).equals(tab.iloc[:5])
+
+
+def test_a_grown_sweep_replaces_its_earlier_plot_files(tmp_path):
+    """Reports are rebuilt on every invocation: a sweep that grew from 3 to 60 models gets
+    ``effects_weat_en_1of2.png`` and ``_2of2.png`` and no stale ``effects_weat_en.png``."""
+    small = _synthetic_sweep(3)
+    report.write_reports(small[small.metric == "weat"], tmp_path, mitigations={})
+    assert (tmp_path / "plots" / "effects_weat_en.png").is_file()
+    big = _synthetic_sweep(60)
+    report.write_reports(big[big.metric == "weat"], tmp_path, mitigations={})
+    assert sorted(p.name for p in (tmp_path / "plots").glob("effects_*")) == [
+        "effects_weat_en_1of2.png", "effects_weat_en_2of2.png"]
