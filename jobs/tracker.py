@@ -458,7 +458,8 @@ class Tracker:
         for the whole sweep), the methods (``holm,bh``: Holm 1979; Benjamini & Hochberg 1995)
         and its size, and the sweep's parent run. Called when the sweep's report is built, i.e.
         when the family is complete; a resumed sweep logs the new values again (the metric history keeps the old
-        ones). Returns the number of runs written."""
+        ones); runs whose values and tags are already these are not written again. Returns the
+        number of runs written."""
         from mlflow.entities import Metric, RunTag
 
         if df.empty or "run_id" not in df.columns:
@@ -467,12 +468,20 @@ class Tracker:
         ts = int(time.time() * 1000)
         n = 0
         ok = df[(df["status"] == "finished") & df["run_id"].notna() & df["p_holm"].notna()]
+        if ok.empty:
+            return 0
+        current = {r.info.run_id: r for r in self.task_runs()}  # one search, not one read per run
         for r in ok.itertuples(index=False):
-            metrics = [Metric(k, float(getattr(r, k)), ts, 0) for k in ("p_holm", "p_bh", "n_family")
-                       if _finite(getattr(r, k)) is not None]
-            tags = [RunTag(P_ADJUST_FAMILY_TAG, fam), RunTag(P_ADJUST_METHODS_TAG, "holm,bh"),
-                    RunTag(P_ADJUST_SIZE_TAG, str(int(r.n_family))), RunTag(P_ADJUST_PARENT_TAG, self.parent_id or "")]
-            self.client.log_batch(str(r.run_id), metrics=metrics, tags=tags)
+            metrics = {k: float(getattr(r, k)) for k in ("p_holm", "p_bh", "n_family")
+                       if _finite(getattr(r, k)) is not None}
+            tags = {P_ADJUST_FAMILY_TAG: fam, P_ADJUST_METHODS_TAG: "holm,bh", P_ADJUST_SIZE_TAG: str(int(r.n_family)),
+                    P_ADJUST_PARENT_TAG: self.parent_id or ""}
+            run = current.get(str(r.run_id))
+            if run is not None and all(run.data.metrics.get(k) == v for k, v in metrics.items()) and all(
+                    run.data.tags.get(k) == v for k, v in tags.items()):
+                continue  # a resumed sweep whose families did not change: nothing to write
+            self.client.log_batch(str(r.run_id), metrics=[Metric(k, v, ts, 0) for k, v in metrics.items()],
+                                  tags=[RunTag(k, v) for k, v in tags.items()])
             n += 1
         return n
 

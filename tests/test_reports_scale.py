@@ -120,6 +120,7 @@ def test_child_runs_carry_adjusted_p_values_with_their_family_and_settings_as_pa
         rows.append(record_row(rec, tr.log_record(rec)))
     df = report.adjust_pvalues(report.results_frame(rows))
     assert tr.log_adjusted(df, ("model", "metric")) == 2
+    assert tr.log_adjusted(df, ("model", "metric")) == 0  # unchanged: nothing written again
     got = [tr.client.get_run(r) for r in df["run_id"]]
     assert [g.data.metrics["p_holm"] for g in got] == pytest.approx([0.04, 0.04])
     assert [g.data.metrics["p_bh"] for g in got] == pytest.approx([0.03, 0.03])
