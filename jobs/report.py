@@ -275,6 +275,14 @@ def _no_bias(metric: str) -> float:
     return 0.0
 
 
+def _wrap(text: str, width_in: float, fontsize: float = 8.0) -> str:
+    """``text`` broken into lines that fit a figure ``width_in`` inches wide (a title never
+    runs past the figure's edge)."""
+    import textwrap
+
+    return textwrap.fill(text, width=max(20, int(width_in * 72 / (0.55 * fontsize))))
+
+
 def _n_text(ns: pd.Series) -> str:
     ns = pd.to_numeric(ns, errors="coerce").dropna()
     if not len(ns):
@@ -299,7 +307,8 @@ def _plot_forest(long: pd.DataFrame, facets: list[str], models: list[str], path:
         ncols = min(FACET_COLUMNS, max(1, len(fs)))
         nrows = max(1, math.ceil(len(fs) / ncols))
         panel_h = 0.15 * len(group) + 0.8
-        fig, axes = plt.subplots(nrows, ncols, figsize=(1.8 * ncols + 1.6, nrows * panel_h + 0.9), dpi=PLOT_DPI,
+        width = max(4.5, 1.8 * ncols + 1.6)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(width, nrows * panel_h + 1.1), dpi=PLOT_DPI,
                                  sharey=True, squeeze=False, layout="constrained")
         ypos = {m: k for k, m in enumerate(group)}
         for k, f in enumerate(fs):
@@ -327,7 +336,7 @@ def _plot_forest(long: pd.DataFrame, facets: list[str], models: list[str], path:
         axes[0][0].set_yticklabels(group, fontsize=6 if len(group) > 20 else 7)
         axes[0][0].set_ylim(len(group) - 0.5, -0.5)
         what = f" [file {i + 1} of {len(parts)}: models {group[0]} .. {group[-1]}]" if len(parts) > 1 and group else ""
-        fig.suptitle(title + what, fontsize=8)
+        fig.suptitle(_wrap(title + what, width), fontsize=8)
         fig.supxlabel(xlabel, fontsize=7)
         fig.savefig(part)
         plt.close(fig)
@@ -384,7 +393,7 @@ def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
         ax.set_yticks(range(len(group)))
         ax.set_yticklabels(group, fontsize=6 if len(group) > 20 else 7)
         what = f" [file {i + 1} of {len(parts)}]" if len(parts) > 1 else ""
-        ax.set_title(f"{metric} ({language}){what}", fontsize=9)
+        ax.set_title(_wrap(f"{metric} ({language}){what}", 0.6 * len(ts) + 2.0, 9), fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8)
         ax.set_xlabel(f"* p<0.05, ** p<0.01, *** p<0.001: {marks_text(mc)}", fontsize=6, color="0.3")
         fig.savefig(part)
