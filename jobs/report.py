@@ -361,8 +361,8 @@ def _plot_effects(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
 
 def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, model_order: list[str],
                   mc: MultipleComparisons | None = None) -> list[Path]:
-    """Model x test heat map of the headline value (diverging colours centred on 0, one colour
-    scale over all files), annotated with the significance marks; split by :func:`plot_parts`."""
+    """Model x test heat map of the headline value (diverging colours centred on no bias,
+    :data:`NO_BIAS`, one colour scale over all files), annotated with the significance marks; split by :func:`plot_parts`."""
     plt = _pyplot()
     ok = sub[sub["status"] == "finished"]
     tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
@@ -371,8 +371,9 @@ def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
     vals = {(r["model"], r["test"]): r["value"] for _, r in ok.iterrows()}
     marks = {(r["model"], r["test"]): significance_mark(r[MARK_COLUMNS[mc.marks]]) for _, r in ok.iterrows()}
     failed = {(r["model"], r["test"]) for _, r in sub.iterrows() if r["status"] != "finished"}
-    finite = [abs(v) for v in vals.values() if v is not None and np.isfinite(v)]
-    vmax = max(finite) if finite and max(finite) > 0 else 1.0
+    ref = _no_bias(metric)  # the colours diverge from no bias (CrowS-Pairs: 50)
+    finite = [abs(v - ref) for v in vals.values() if v is not None and np.isfinite(v)]
+    span = max(finite) if finite and max(finite) > 0 else 1.0
     written = []
     parts = plot_parts(path, models, tests, max_facets=HEATMAP_COLUMNS)
     for i, (part, group, ts) in enumerate(parts):
@@ -380,12 +381,12 @@ def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
                        dtype=np.float64).reshape(len(group), len(ts))
         fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(ts) + 3.0), max(2.6, 0.22 * len(group) + 1.8)),
                                dpi=PLOT_DPI, layout="constrained")
-        im = ax.imshow(np.ma.masked_invalid(mat), cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto")
+        im = ax.imshow(np.ma.masked_invalid(mat), cmap="RdBu_r", vmin=ref - span, vmax=ref + span, aspect="auto")
         for a in range(len(group)):
             for b in range(len(ts)):
                 if np.isfinite(mat[a, b]):
                     ax.text(b, a, f"{mat[a, b]:.2f}{marks.get((group[a], ts[b]), '')}", ha="center", va="center",
-                            fontsize=6, color="white" if abs(mat[a, b]) > 0.6 * vmax else "black")
+                            fontsize=6, color="white" if abs(mat[a, b] - ref) > 0.6 * span else "black")
                 elif (group[a], ts[b]) in failed:
                     ax.text(b, a, "fail", ha="center", va="center", fontsize=6, color="0.45", style="italic")
         ax.set_xticks(range(len(ts)))
@@ -395,7 +396,8 @@ def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
         what = f" [file {i + 1} of {len(parts)}]" if len(parts) > 1 else ""
         ax.set_title(_wrap(f"{metric} ({language}){what}", 0.6 * len(ts) + 2.0, 9), fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8)
-        ax.set_xlabel(f"* p<0.05, ** p<0.01, *** p<0.001: {marks_text(mc)}", fontsize=6, color="0.3")
+        ax.set_xlabel(_wrap(f"* p<0.05, ** p<0.01, *** p<0.001: {marks_text(mc)}", 0.6 * len(ts) + 2.0, 6),
+                      fontsize=6, color="0.3")
         fig.savefig(part)
         plt.close(fig)
         written.append(part)
