@@ -33,7 +33,8 @@ from typing import Any
 from audit.backends import hf, static
 from audit.backends.hf import parse_hf_ref
 from audit.errors import AuditError, ModelError, ParameterError
-from audit.runner import infer_hf_kind, kind_from_architectures, resolve_packaged
+from audit.backends.table import infer_hf_kind, kind_from_architectures, kind_of_backend
+from audit.runner import resolve_packaged
 
 #: The matrix of a debiased copy (its vocabulary ``vectors.vocab.txt`` beside it).
 MATRIX_FILE = "vectors.npy"
@@ -50,7 +51,6 @@ def built_path(output_dir: str | Path, name: str, kind: str | None = None) -> Pa
     return d
 
 
-_KIND_OF_BACKEND = {"hf-encoder": "encoder", "hf-mlm": "mlm", "hf-causal": "causal"}
 _KIND_OF_BUILD = {"fasttext": "static", "bert": "mlm", "roberta": "mlm", "gpt2": "causal",
                   "llama": "causal", "qwen2": "causal", "mistral": "causal", "mitigation": "static"}
 
@@ -75,10 +75,8 @@ def model_kind(ref: str, backend: str | None = None, build: dict | None = None, 
     """
     if build:
         return _KIND_OF_BUILD[build["kind"]]
-    if backend in _KIND_OF_BACKEND:
-        return _KIND_OF_BACKEND[backend]
     if backend is not None:
-        return "static"
+        return kind_of_backend(backend) or "static"
     local = local_ref or ref
     try:
         if static.is_static_ref(local):
