@@ -18,6 +18,7 @@ import pandas as pd
 
 from audit import registry
 from audit.backends import hf
+from audit.backends import st as st_backend
 from audit.backends import static as static_backends
 from audit.backends import table as backend_table
 from audit.datasets import load_test as load_dataset
@@ -124,6 +125,10 @@ def load_model(
     row = backend_table.get(backend) if backend is not None else None
     if backend is not None and row is None:
         raise ModelError(f"model {ref!r}: unknown backend {backend!r}; known: {', '.join(backend_table.names())}")
+    if (row is None and st_backend.is_st_ref(ref)) or (row is not None and row.engine == "st"):
+        bare = st_backend.strip_prefix(ref)
+        sm = st_backend.load_st_model(ref, path=resolve_packaged(bare) or bare, device=device)
+        return LoadedModel(ref=ref, kind=sm.kind, backend=sm.backend, revision=sm.revision, handle=sm)
     if (row is None and static_backends.is_static_ref(ref)) or (row is not None and row.engine == "static"):
         wv = static_backends.load_static(
             ref, words=words, allow_pickle=allow_pickle, subword=subword, format=row.format if row else None

@@ -32,11 +32,15 @@ list over ``hidden_states``: 0 = embedding output, -1 = last layer, the default)
     state that has seen the whole sentence (the pooling of cpt-text, Neelakantan et al. 2022,
     "Text and Code Embeddings by Contrastive Pre-Training", arXiv:2201.10005, on the appended
     end token of a contrastively trained model; here on the last token of the text).
+``model``
+    the model's own configured modules (pooling, normalisation, dense layers): sentence-transformers
+    models only (:mod:`audit.backends.st`, their one method and their default); refused here.
 
 Defaults per model kind (:data:`DEFAULT_SENTENCE_METHOD`, :data:`DEFAULT_WORD_METHOD`): SEAT
 sentences ``cls`` for encoders and masked LMs (May et al.), ``weighted_mean`` for causal LMs
-(SGPT); words ``target_pooled`` for every kind (the word's own subtokens, averaged over its
-SEAT templates as Dusi et al. 2024 do for encoders). On a decoder a word's states see only the
+(SGPT), ``model`` for sentence-transformers models; words ``target_pooled`` for every Hugging Face
+kind (the word's own subtokens, averaged over its SEAT templates as Dusi et al. 2024 do for
+encoders), ``model`` for sentence-transformers models. On a decoder a word's states see only the
 text to their left: a word that opens a template is embedded from the start token alone there,
 and the template average mixes such positions with later ones.
 
@@ -76,12 +80,13 @@ from audit.errors import DataError, ModelError, ParameterError
 __all__ = ["METHODS", "TARGET_METHODS", "DEFAULT_SENTENCE_METHOD", "DEFAULT_WORD_METHOD", "PADDING_SIDES",
            "default_method", "check_method", "check_layer", "check_sentences", "embed_sentences", "all_unknown"]
 
-METHODS = ("cls", "target_first", "target_pooled", "mean", "weighted_mean", "last")
+METHODS = ("cls", "target_first", "target_pooled", "mean", "weighted_mean", "last", "model")
 TARGET_METHODS = ("target_first", "target_pooled")
 #: Pooling of SEAT sentences when none is given, per model kind (see the module docstring).
-DEFAULT_SENTENCE_METHOD = {"encoder": "cls", "mlm": "cls", "causal": "weighted_mean"}
+DEFAULT_SENTENCE_METHOD = {"encoder": "cls", "mlm": "cls", "causal": "weighted_mean", "sentence": "model"}
 #: Pooling of words (in their templates) when none is given, per model kind.
-DEFAULT_WORD_METHOD = {"encoder": "target_pooled", "mlm": "target_pooled", "causal": "target_pooled"}
+DEFAULT_WORD_METHOD = {"encoder": "target_pooled", "mlm": "target_pooled", "causal": "target_pooled",
+                       "sentence": "model"}
 PADDING_SIDES = ("right", "left")
 
 
@@ -280,6 +285,10 @@ def embed_sentences(m: Any, sentences: list[str], *, method: str | None = "cls",
     if method is None:
         method = default_method(m.kind, "sentence")
     check_method(method)
+    if method == "model":
+        raise ParameterError(f"method: 'model' (the configured sentence-transformers modules) needs a "
+                             f"sentence-transformers model; {m.ref!r} is a Hugging Face {m.kind!r} model "
+                             "(load it with the st: prefix or backend sentence-transformers)")
     if padding_side not in PADDING_SIDES:
         raise ParameterError(f"padding_side: {padding_side!r} is not one of {', '.join(PADDING_SIDES)}")
     causal = m.kind == "causal"

@@ -32,8 +32,8 @@ class Backend:
     """One row of the backend table.
 
     name:   what a spec's ``backend:`` says (``hf-mlm``, ``fasttext``, ``static`` ...).
-    engine: the module that loads it: ``static`` (:mod:`audit.backends.static`) or ``hf``
-            (:mod:`audit.backends.hf`).
+    engine: the module that loads it: ``static`` (:mod:`audit.backends.static`), ``hf``
+            (:mod:`audit.backends.hf`) or ``st`` (:mod:`audit.backends.st`).
     kind:   the model kind it gives (``static``, ``encoder``, ``mlm``, ``causal``).
     format: for static backends, the format passed to :func:`audit.backends.static.load_static`
             (``None``: told from the reference).
@@ -55,10 +55,11 @@ BACKENDS: dict[str, Backend] = {
     "static": Backend("static", "static", "static"),
     **{f: Backend(f, "static", "static", f) for f in STATIC_FORMATS},
     **{n: Backend(n, "hf", k) for n, k in HF_KINDS.items()},
+    "sentence-transformers": Backend("sentence-transformers", "st", "sentence"),
 }
-#: The engines, in the order a reference without ``backend:`` is tried: a static file or short name,
-#: else a Hugging Face checkpoint.
-ENGINES = ("static", "hf")
+#: The engines, in the order a reference without ``backend:`` is tried: an ``st:`` reference
+#: (:func:`audit.backends.st.is_st_ref`), a static file or short name, else a Hugging Face checkpoint.
+ENGINES = ("st", "static", "hf")
 
 
 def names() -> tuple[str, ...]:

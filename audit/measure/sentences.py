@@ -58,7 +58,7 @@ def _method(kind: str, params: Mapping[str, Any]) -> str:
 #: Muennighoff 2022): :mod:`audit.measure.contextual`.
 SEAT_SENTENCES = Family(
     name="sentences",
-    kinds=("encoder", "mlm", "causal"),
+    kinds=("encoder", "mlm", "causal", "sentence"),
     test_type="words",
     measure=measure_sentences,
     params={"embedding": None, "layer": -1, "batch_size": None},
