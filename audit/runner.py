@@ -24,7 +24,7 @@ from audit.backends import table as backend_table
 from audit.datasets import load_test as load_dataset
 from audit.datasets.crows_pairs import TEST_NAME as CROWS_PAIRS_TEST
 from audit.entries import Measurement
-from audit.errors import DataError, ModelError
+from audit.errors import DataError, ModelError, ParameterError
 from audit.provenance import load_key, package_versions, task_key
 from audit.result import MetricOutput, Result
 from audit.suites import SentencePairs, UnreadableTest, WordTest
@@ -126,9 +126,13 @@ def load_model(
     if backend is not None and row is None:
         raise ModelError(f"model {ref!r}: unknown backend {backend!r}; known: {', '.join(backend_table.names())}")
     if (row is None and st_backend.is_st_ref(ref)) or (row is not None and row.engine == "st"):
+        if dtype not in (None, "", "auto", "float32"):
+            raise ParameterError(f"dtype: model {ref!r} is a sentence-transformers model, loaded in float32; "
+                                 f"{dtype!r} is not supported by that engine")
         bare = st_backend.strip_prefix(ref)
         sm = st_backend.load_st_model(ref, path=resolve_packaged(bare) or bare, device=device)
-        return LoadedModel(ref=ref, kind=sm.kind, backend=sm.backend, revision=sm.revision, handle=sm)
+        return LoadedModel(ref=ref, kind=sm.kind, backend=sm.backend, revision=sm.revision, handle=sm,
+                           load=load_key({"backend": backend}))
     if (row is None and static_backends.is_static_ref(ref)) or (row is not None and row.engine == "static"):
         wv = static_backends.load_static(
             ref, words=words, allow_pickle=allow_pickle, subword=subword, format=row.format if row else None

@@ -14,6 +14,7 @@ from audit import runner, tiny_models
 from audit.backends import st
 from audit.backends.hf import load_hf_model
 from audit.errors import DataError, ModelError, ParameterError
+from audit.provenance import load_key
 from audit.measure.contextual import ContextualWordVectors, seat_sentences
 from audit.datasets import load_test
 from jobs.resolve import model_kind, probe_revision, resolve_ref
@@ -115,3 +116,10 @@ def test_planner_knows_the_engine_without_loading(tiny_st, minilm_path):
     assert probe_revision(local, "sentence") == runner.load_model("st:minilm").revision
     m = runner.load_model(tiny_st, backend="sentence-transformers")
     assert m.kind == "sentence" and probe_revision("st:" + tiny_st, "sentence") == m.revision
+    # the same folder through the two engines: different numbers, so different keys (the load component)
+    assert m.load == load_key({"backend": "sentence-transformers"}) == "engine=sentence-transformers"
+    assert load_key({"backend": "hf-encoder"}) == load_key({}) == "" and runner.load_model("st:" + tiny_st).load == ""
+    both = load_key({"dtype": "bfloat16", "backend": "sentence-transformers"})
+    assert both == "dtype=bfloat16,engine=sentence-transformers"
+    with pytest.raises(ParameterError, match=r"^dtype: model 'st:.*' is a sentence-transformers model"):
+        runner.load_model("st:" + tiny_st, dtype="bfloat16")
