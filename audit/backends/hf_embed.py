@@ -77,16 +77,22 @@ from audit.backends.batching import run_batched
 from audit.backends.hf_scoring import causal_start_id
 from audit.errors import DataError, ModelError, ParameterError
 
-__all__ = ["METHODS", "TARGET_METHODS", "DEFAULT_SENTENCE_METHOD", "DEFAULT_WORD_METHOD", "PADDING_SIDES",
+__all__ = ["METHODS", "MODEL_METHOD", "POOLINGS", "TARGET_METHODS", "DEFAULT_SENTENCE_METHOD", "DEFAULT_WORD_METHOD", "PADDING_SIDES",
            "default_method", "check_method", "check_layer", "check_sentences", "embed_sentences", "all_unknown"]
 
-METHODS = ("cls", "target_first", "target_pooled", "mean", "weighted_mean", "last", "model")
+#: The Hugging Face engine's pooling methods.
+METHODS = ("cls", "target_first", "target_pooled", "mean", "weighted_mean", "last")
+#: The pooling of sentence-transformers models: their configured modules (:mod:`audit.backends.st`).
+MODEL_METHOD = "model"
+#: Every pooling method a family may ask for (an engine refuses those it has not).
+POOLINGS = (*METHODS, MODEL_METHOD)
 TARGET_METHODS = ("target_first", "target_pooled")
 #: Pooling of SEAT sentences when none is given, per model kind (see the module docstring).
-DEFAULT_SENTENCE_METHOD = {"encoder": "cls", "mlm": "cls", "causal": "weighted_mean", "sentence": "model"}
+DEFAULT_SENTENCE_METHOD = {"encoder": "cls", "mlm": "cls", "causal": "weighted_mean",
+                           "sentence": MODEL_METHOD}
 #: Pooling of words (in their templates) when none is given, per model kind.
 DEFAULT_WORD_METHOD = {"encoder": "target_pooled", "mlm": "target_pooled", "causal": "target_pooled",
-                       "sentence": "model"}
+                       "sentence": MODEL_METHOD}
 PADDING_SIDES = ("right", "left")
 
 
@@ -103,7 +109,7 @@ _PADDED_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "d
 # --------------------------------------------------------------------------- validation
 
 
-def check_method(method: str, allowed: Sequence[str] = METHODS) -> None:
+def check_method(method: str, allowed: Sequence[str] = POOLINGS) -> None:
     if method not in allowed:
         raise ParameterError(f"method: {method!r} is not one of {', '.join(allowed)}")
 
@@ -285,7 +291,7 @@ def embed_sentences(m: Any, sentences: list[str], *, method: str | None = "cls",
     if method is None:
         method = default_method(m.kind, "sentence")
     check_method(method)
-    if method == "model":
+    if method == MODEL_METHOD:
         raise ParameterError(f"method: 'model' (the configured sentence-transformers modules) needs a "
                              f"sentence-transformers model; {m.ref!r} is a Hugging Face {m.kind!r} model "
                              "(load it with the st: prefix or backend sentence-transformers)")

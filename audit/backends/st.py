@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from audit.backends.hf import dir_digest
+from audit.backends.hf_embed import MODEL_METHOD
 from audit.errors import DataError, ModelError, ParameterError
 
 __all__ = ["PREFIX", "BACKEND", "KIND", "METHOD", "STModel", "is_st_ref", "strip_prefix", "load_st_model"]
@@ -45,7 +46,7 @@ PREFIX = "st:"
 BACKEND = "sentence-transformers"
 KIND = "sentence"
 #: The one pooling method: the model's configured modules.
-METHOD = "model"
+METHOD = MODEL_METHOD
 
 
 def is_st_ref(ref: str | os.PathLike) -> bool:
