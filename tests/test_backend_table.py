@@ -37,7 +37,7 @@ def test_planner_loader_and_watcher_agree_on_the_kind(tmp_path, archs, kind):
 
 def test_every_backend_name_is_one_row_with_one_kind():
     assert spec.BACKENDS == table.names()
-    assert {table.kind_of_backend(n) for n in table.names()} == {"static", "encoder", "mlm", "causal"}
+    assert {table.kind_of_backend(n) for n in table.names()} == {"static", "encoder", "mlm", "causal", "sentence"}
     assert [table.backend_of_kind(k) for k in ("encoder", "mlm", "causal")] == ["hf-encoder", "hf-mlm", "hf-causal"]
     assert table.get("hf-foo") is None and table.kind_of_backend("hf-foo") is None
     for n in table.names():
