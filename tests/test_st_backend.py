@@ -29,8 +29,8 @@ def build_tiny_st(root, seed: int = 0) -> str:
     torch.manual_seed(seed)
     word = models.Transformer(str(tiny_models.tiny_model_dir("bert")))
     dim = word.get_embedding_dimension()
-    modules = [word, models.Pooling(dim, pooling_mode="mean"), models.Dense(dim, 8, activation_function=torch.nn.Tanh()),
-               models.Normalize()]
+    modules = [word, models.Pooling(dim, pooling_mode="mean"),
+               models.Dense(dim, 8, activation_function=torch.nn.Tanh()), models.Normalize()]
     out = root / "tiny-st"
     SentenceTransformer(modules=modules, device="cpu").save(str(out))
     return str(out)

@@ -77,8 +77,8 @@ from audit.backends.batching import run_batched
 from audit.backends.hf_scoring import causal_start_id
 from audit.errors import DataError, ModelError, ParameterError
 
-__all__ = ["METHODS", "MODEL_METHOD", "POOLINGS", "TARGET_METHODS", "DEFAULT_SENTENCE_METHOD", "DEFAULT_WORD_METHOD", "PADDING_SIDES",
-           "default_method", "check_method", "check_layer", "check_sentences", "embed_sentences", "all_unknown"]
+__all__ = ["METHODS", "MODEL_METHOD", "POOLINGS", "TARGET_METHODS", "DEFAULT_SENTENCE_METHOD", "DEFAULT_WORD_METHOD",
+           "PADDING_SIDES", "default_method", "check_method", "check_layer", "check_sentences", "embed_sentences", "all_unknown"]
 
 #: The Hugging Face engine's pooling methods.
 METHODS = ("cls", "target_first", "target_pooled", "mean", "weighted_mean", "last")
