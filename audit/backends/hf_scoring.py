@@ -35,6 +35,12 @@ Five entry points, all batched, all under :func:`torch.inference_mode`:
   ``tokenizer(sentence, add_special_tokens=False)`` (if the text itself starts with the start
   token, that token becomes the context), ``ll = sum_t log P(x_t | prefix, x_<t)``.
 
+Two text-level masked-LM helpers build on the primitive: :func:`span_pll` (the pseudo-log-likelihood
+of a continuation's tokens given its context, each masked in turn: BBQ options on a masked LM) and
+:func:`masked_span_logprobs` (the tokens of a span masked together, other spans masked too: LPBS).
+These are the Hugging Face implementation of the model interface's scoring operations
+(:class:`audit.backends.base.LanguageModel`, called through :class:`audit.backends.hf.HFModel`).
+
 Scores are float64 sums of float32 log-probabilities (float32 ``log_softmax`` even when the model
 runs in half precision). A sequence longer than the model accepts raises :class:`DataError`
 naming the sentence; a model of the wrong kind raises :class:`ModelError`.
@@ -70,6 +76,8 @@ __all__ = [
     "token_spans",
     "require_kind",
     "max_sequence_length",
+    "span_pll",
+    "masked_span_logprobs",
     "default_batch_size",
 ]
 
