@@ -56,7 +56,8 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--language", default=None,
                    help="the language's version of a bare test name (crows_pairs --language nl: nl/crows_pairs), "
                         "or the language of a BIAS or CrowS-Pairs file outside a folder named after its language")
-    s.add_argument("--backend", default=None, help="force a backend (static format name, hf-encoder, hf-mlm, hf-causal)")
+    s.add_argument("--backend", default=None, help="force a backend (audit/backends/table.py: static format name, "
+                   "hf-encoder, hf-mlm, hf-causal, sentence-transformers)")
     s.add_argument("--permutations", type=_permutations, default=None, help="exact | auto | N sampled partitions (WEAT/SEAT/LPBS)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--ddof", type=int, choices=(0, 1), default=None, help="effect-size std: 1 (sample, default) or 0 (WEFE/BIAS)")

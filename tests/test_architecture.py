@@ -6,7 +6,10 @@
 3. the project's own modules are imported at module top: a function-level import is allowed only
    for heavy third-party packages;
 4. no registered metric name is spelled as a string literal outside the registry, its own
-   modules (``audit/*/<name>.py``) and the tests.
+   modules (``audit/*/<name>.py``) and the tests;
+5. the measure families (``audit/measure/``) reach models only through the model interface
+   (:class:`audit.backends.base.LanguageModel`): they import no torch or transformers and never
+   read a ``.model`` or ``.tokenizer`` attribute.
 """
 
 from __future__ import annotations
@@ -208,6 +211,30 @@ def test_the_checks_catch_violations(tmp_path, monkeypatch, rule):
         g = {"audit.a": {"audit.b"}, "audit.b": {"audit.a"}, "audit.c": {"audit.a"}}
         monkeypatch.setattr(__import__(__name__), "MODULES", {"audit.a": 1, "audit.b": 1, "audit.c": 1})
         assert _cycles(g) == [["audit.a", "audit.b"]]
+
+
+ENGINE_PACKAGES = ("torch", "transformers", "sentence_transformers", "vllm")
+
+
+def interface_violations(path: Path) -> list[str]:
+    """Imports of an engine package and ``.model``/``.tokenizer`` reads in a measure module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = [f"{path.name}:{line}: imports {mod}" for mod, _, line in _imports(path, path.parent)
+           if mod.split(".")[0] in ENGINE_PACKAGES]
+    out += [f"{path.name}:{n.lineno}: reads .{n.attr}" for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and n.attr in ("model", "tokenizer")]
+    return out
+
+
+def test_measure_families_use_only_the_model_interface():
+    found = [v for p in sorted((ROOT / "audit" / "measure").glob("*.py")) for v in interface_violations(p)]
+    assert not found, "measure families bypass the model interface:\n" + "\n".join(found)
+
+
+def test_the_interface_check_catches_violations(tmp_path):
+    (tmp_path / "m.py").write_text("def f(m):\n    import torch\n    return m.tokenizer(m.handle.model)\n")
+    assert interface_violations(tmp_path / "m.py") == ["m.py:2: imports torch", "m.py:3: reads .tokenizer",
+                                                       "m.py:3: reads .model"]
 
 
 def _all_undefined(path: Path) -> list[str]:

@@ -17,6 +17,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from audit import registry, runner, tiny_models  # noqa: E402
+from audit.backends.hf import load_hf_model  # noqa: E402
 from audit.datasets import load_test  # noqa: E402
 from audit.datasets.bbq import read_bbq, select_items  # noqa: E402
 from audit.errors import DataError, ParameterError  # noqa: E402
@@ -328,12 +329,13 @@ def _pll_reference(model, tok, prefix, cont):
 
 @needs["de"]
 def test_masked_option_scores_equal_one_request_at_a_time():
-    model, tok = tiny_models.load_tiny("bert")
+    hm = load_hf_model(tiny_models.tiny_model_dir("bert"), kind="mlm")
+    model, tok = hm.model, hm.tokenizer
     t = select_items(load_test("de/bbq").table, None, 4)
     prompts = mbbq.item_prompts(t, mbbq.DEFAULT_PROMPT)
-    prompts, _ = mbbq.fit_prompts(tok, "mlm", 128, prompts, t[["ans0", "ans1", "ans2"]].values.tolist())
+    prompts, _ = mbbq.fit_prompts(hm, prompts, t[["ans0", "ans1", "ans2"]].values.tolist(), limit=128)
     reqs = mbbq.option_requests(prompts, t)
-    got, n = mbbq.mlm_option_scores(model, tok, reqs, batch_size=7)
+    got, n = hm.loglikelihood(reqs, batch_size=7)
     want = [_pll_reference(model, tok, p, c) for p, c in reqs]
     np.testing.assert_allclose(got, [w[0] for w in want], atol=1e-4, rtol=0)
     assert list(n) == [w[1] for w in want] and (n > 0).all()
@@ -353,26 +355,27 @@ def _ll_reference(model, tok, prefix, cont):
 
 
 @needs["de"]
-@pytest.mark.skipif(mbbq.continuation_loglik is None, reason="the causal-LM primitive continuation_loglik is not here yet")
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_causal_option_scores_equal_one_request_at_a_time(kind):
     if kind not in tiny_models.KINDS:
         pytest.skip(f"no tiny {kind} builder here")
-    model, tok = tiny_models.load_tiny(kind)
+    hm = load_hf_model(tiny_models.tiny_model_dir(kind), kind="causal")
+    model, tok = hm.model, hm.tokenizer
     t = select_items(load_test("de/bbq").table, None, 4)
     prompts = mbbq.item_prompts(t, mbbq.DEFAULT_PROMPT)
-    prompts, _ = mbbq.fit_prompts(tok, "causal", 128, prompts, t[["ans0", "ans1", "ans2"]].values.tolist())
+    prompts, _ = mbbq.fit_prompts(hm, prompts, t[["ans0", "ans1", "ans2"]].values.tolist(), limit=128)
     reqs = mbbq.option_requests(prompts, t)
-    got, n = mbbq.causal_option_scores(model, tok, reqs, batch_size=5)
+    got, n = hm.loglikelihood(reqs, batch_size=5)
     want = [_ll_reference(model, tok, p, c) for p, c in reqs]
     np.testing.assert_allclose(got, [w[0] for w in want], atol=1e-4, rtol=0)
     assert list(n) == [w[1] for w in want]
 
 
 def test_fit_prompts_cuts_leading_words():
-    model, tok = tiny_models.load_tiny("bert")
+    hm = load_hf_model(tiny_models.tiny_model_dir("bert"), kind="mlm")
+    tok = hm.tokenizer
     long = " ".join(["word"] * 300) + " end.\n\nQ: who?\nA:"
-    (p,), cut = mbbq.fit_prompts(tok, "mlm", 128, [long], [["a", "bb", "ccc ccc"]])
+    (p,), cut = mbbq.fit_prompts(hm, [long], [["a", "bb", "ccc ccc"]], limit=128)
     assert cut[0] > 0 and p.endswith("Q: who?\nA:") and long.endswith(p)
     assert len(tok(p + " ccc ccc")["input_ids"]) <= 128 < len(tok(" ".join(long.split(" ")[cut[0] - 1:]) + " ccc ccc")[
         "input_ids"])

@@ -21,7 +21,7 @@ from audit import registry, tiny_models  # noqa: E402
 from audit.backends.hf import dir_digest, load_hf_model  # noqa: E402
 from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.measure.contextual import embed_sentences, seat_vectors  # noqa: E402
-from audit.measure.lm_scoring import causal_loglik, continuation_loglik, encode_continuation  # noqa: E402
+from audit.backends.hf_scoring import causal_loglik, continuation_loglik, encode_continuation  # noqa: E402
 from audit.measure.lpbs import causal_requests, delete_span, lpbs_scores  # noqa: E402
 from audit.metrics.lpbs import lpbs_metric  # noqa: E402
 from audit.runner import LoadedModel, analyse, load_model, measure, score  # noqa: E402
@@ -439,7 +439,7 @@ def test_multi_word_entries_in_context(causal):
 def test_shared_prefixes_give_the_same_numbers(causal, family):
     """Contexts shared by several requests run once, on a key/value cache: same numbers as one
     plain pass per sequence and as the one-request-at-a-time reference."""
-    from audit.measure import lm_scoring
+    from audit.backends import hf_scoring as lm_scoring
 
     hm = causal[family]
     model, tok = hm.model, hm.tokenizer
@@ -459,7 +459,7 @@ def test_shared_prefixes_give_the_same_numbers(causal, family):
 
 def test_shared_prefixes_fall_back_when_unverified(causal, monkeypatch):
     """A model whose cached pass was not verified runs every sequence the plain way."""
-    from audit.measure import lm_scoring
+    from audit.backends import hf_scoring as lm_scoring
 
     hm = causal["llama"]
     reqs = [("he is", c) for c in (" a doctor.", " kind", " here")]

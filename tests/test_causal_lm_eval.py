@@ -31,7 +31,7 @@ from audit.backends.hf import load_hf_model  # noqa: E402
 from audit.datasets import load_test  # noqa: E402
 from audit.datasets.external import data_root  # noqa: E402
 from audit.measure.crows_pairs import crows_pairs_scores  # noqa: E402
-from audit.measure.lm_scoring import continuation_loglik  # noqa: E402
+from audit.backends.hf_scoring import continuation_loglik  # noqa: E402
 from audit.metrics.crows_pairs import crows_pairs_metric  # noqa: E402
 from audit.runner import LoadedModel, score  # noqa: E402
 

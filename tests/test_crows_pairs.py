@@ -250,7 +250,7 @@ def tiny_hf():
 
 @needs_data
 def test_scores_end_to_end(tiny_hf):
-    from audit.measure.lm_scoring import causal_loglik, crows_pairs_pll
+    from audit.backends.hf_scoring import causal_loglik, crows_pairs_pll
 
     df = load_crows_pairs(CROWS, limit=12)
     df = pd.concat([df, load_crows_pairs(CROWS).query("stereo_antistereo == 'antistereo'").head(3)])

@@ -18,9 +18,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
 from audit import tiny_models  # noqa: E402
-from audit.measure import lm_scoring  # noqa: E402
+from audit.backends import hf_scoring as lm_scoring  # noqa: E402
 from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
-from audit.measure.lm_scoring import (MaskedQuery, causal_loglik, crows_pairs_pll,  # noqa: E402
+from audit.backends.hf_scoring import (MaskedQuery, causal_loglik, crows_pairs_pll,  # noqa: E402
                               crows_pairs_template, masked_pll, masked_token_logprobs,
                               require_kind, token_spans)
 
@@ -309,7 +309,7 @@ def _manual_continuation(model, ids: list[int], n_ctx: int) -> float:
 
 
 def test_continuation_loglik_equals_manual_and_padding_sides(gpt2):
-    from audit.measure.lm_scoring import continuation_loglik
+    from audit.backends.hf_scoring import continuation_loglik
 
     model, tok = gpt2
     reqs = [("he is", " a doctor."), ("The poor are ", "really ignorant."), ("", "she likes art."),
@@ -333,7 +333,7 @@ def test_continuation_loglik_equals_manual_and_padding_sides(gpt2):
 
 
 def test_continuation_start_modes_and_errors(gpt2):
-    from audit.measure.lm_scoring import continuation_loglik, encode_continuation
+    from audit.backends.hf_scoring import continuation_loglik, encode_continuation
 
     model, tok = gpt2
     ids, n_ctx = encode_continuation(tok, "he is", " kind")

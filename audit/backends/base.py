@@ -1,4 +1,5 @@
-"""The interface every word-vector backend implements."""
+"""The interfaces backends implement: word vectors (static models) and the model interface
+(:class:`LanguageModel`) that the measure families call."""
 
 from __future__ import annotations
 
@@ -41,3 +42,71 @@ class WordVectors(Protocol):
     dim: int
 
     def lookup(self, words: Sequence[str]) -> Lookup: ...
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+    """The model interface the measure families use (and nothing else does), like
+    lm-evaluation-harness's ``LM``: a family never imports torch nor touches a model's weights or
+    tokenizer; an engine (Hugging Face: :class:`audit.backends.hf.HFModel`; sentence-transformers;
+    later vLLM) implements the operations its model kinds support and raises
+    :class:`~audit.errors.ModelError` (one line naming the model and the operation) for the others.
+
+    Every operation is batched (``batch_size=None``: the engine's automatic size, halved on CUDA
+    out-of-memory where the engine can) and returns arrays in the order of its inputs. The
+    conventions are the engine's and documented there, in one place each (Hugging Face:
+    :mod:`audit.backends.hf_scoring` for the start token -- BOS, else EOS, exactly once --, padding
+    with explicit position ids, float32 log-softmax summed in float64, the LM head on scored
+    positions only, shared prefixes computed once; :mod:`audit.backends.hf_embed` for pooling and
+    layers; :mod:`audit.backends.hf_generate` for top-k and decoding). An input longer than the
+    model accepts (:attr:`max_length`) is refused with :class:`~audit.errors.DataError` naming it,
+    never truncated silently.
+
+    Attributes: ``ref``, ``backend``, ``revision`` (as :class:`WordVectors`), ``kind``
+    (``encoder`` | ``mlm`` | ``causal`` | ``sentence``), ``dim`` (embedding width),
+    ``num_hidden_layers``, ``max_length``.
+
+    Operations (the families that use them):
+
+    * ``loglikelihood(requests)`` -- ``(context, continuation)`` pairs -> ``(scores, n_tokens)``:
+      causal LMs ``log P(continuation | context)``; masked LMs the pseudo-log-likelihood of the
+      continuation's tokens (BBQ options, causal LPBS).
+    * ``loglikelihood_rolling(sentences)`` -> ``(ll, n_tokens)`` of whole sentences (CrowS-Pairs, causal).
+    * ``pair_pll(pairs)`` -> ``(n, 3)`` CrowS-Pairs masked-LM scores (shared tokens masked in turn).
+    * ``masked_scores(requests)`` -- ``(text, scored span, other masked spans)`` -> per-token
+      log-probabilities of the scored span's tokens (LPBS, masked).
+    * ``topk_fills(templates, k, slot)`` -> ``(words, logprobs)`` (HONEST, masked).
+    * ``first_words(prompts, k, decoding, seed, max_new_tokens)`` -> ``(words, logprobs)``:
+      generation until the first word ends (HONEST, causal).
+    * ``embed(sentences, method, spans, layer)`` -> float32 ``(n, dim)`` pooled embeddings of
+      sentences or of character spans in them (SEAT, word metrics on contextual models).
+    * ``count_tokens(texts)``, ``token_positions(text, spans)``, ``is_unknown_word(word)``: the
+      engine's token bookkeeping that families need for truncation, counts and missing words.
+    """
+
+    ref: str
+    backend: str
+    revision: str
+    kind: str
+
+    def loglikelihood(self, requests: Sequence[tuple[str, str]], *, batch_size: int | None = None): ...
+
+    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None): ...
+
+    def pair_pll(self, pairs: Sequence[tuple[str, str]], *, batch_size: int | None = None): ...
+
+    def masked_scores(self, requests: Sequence, *, batch_size: int | None = None): ...
+
+    def topk_fills(self, templates: Sequence[str], k: int, *, slot: str = "[M]", batch_size: int | None = None): ...
+
+    def first_words(self, prompts: Sequence[str], k: int, *, decoding: str = "greedy", seed: int = 0,
+                    max_new_tokens: int = 8, batch_size: int | None = None): ...
+
+    def embed(self, sentences: Sequence[str], *, method: str | None = None, spans: Sequence | None = None,
+              layer: int = -1, batch_size: int | None = 32, padding_side: str = "right"): ...
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]: ...
+
+    def token_positions(self, text: str, spans: Sequence[tuple[int, int]]) -> list[list[int]]: ...
+
+    def is_unknown_word(self, word: str) -> bool: ...

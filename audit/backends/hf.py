@@ -37,7 +37,7 @@ GPUs) is passed to Transformers as given; dtype, device and device map are recor
 (:meth:`HFModel.load_info`).
 
 Causal LMs: tokenizers without a pad token are used as they are (the scorers build padded
-batches themselves, :mod:`audit.measure.lm_scoring`); a chat template is never applied, only
+batches themselves, :mod:`audit.backends.hf_scoring`); a chat template is never applied, only
 recorded as present.
 """
 
@@ -53,6 +53,10 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
+
+from audit.backends import hf_embed, hf_generate, hf_scoring
+from audit.backends.batching import AUTO_BATCH_CPU, AUTO_BATCH_CUDA, default_batch_size, run_batched
 from audit.errors import ModelError, ParameterError, UnsafeModelError
 from audit.retry import Backoff, call_with_retry, first_line, http_status, transient_reason
 
@@ -82,10 +86,6 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "causal": ("AutoModelForCausalLM", "hf-causal", "causal-LM"),
 }
 
-#: Batch sizes used when ``batch_size=None``: on CPU a fixed 32; on CUDA 256 sentences (short
-#: SEAT/CrowS-Pairs sentences fit easily in a few GiB at that size), halved on out-of-memory.
-AUTO_BATCH_CPU = 32
-AUTO_BATCH_CUDA = 256
 
 _SAFE_WEIGHTS = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
 _PICKLE_WEIGHTS = re.compile(r"^(pytorch_model(-\d{5}-of-\d{5})?\.bin|.*\.pt|.*\.pth|.*\.ckpt)$")
@@ -247,6 +247,120 @@ class HFModel:
             if getattr(cfg, attr, None) is not None:
                 return int(getattr(cfg, attr))
         raise ModelError(f"model {self.ref!r}: config names no hidden size")
+
+    # ------------------------------------------------------------------ the model interface
+    # (audit.backends.base.LanguageModel): the measure families call these and nothing else of
+    # the model. The implementations, with their conventions, are in hf_scoring (log-likelihoods,
+    # masked scores), hf_generate (top-k fills, generation until a stop) and hf_embed (pooling).
+
+    @property
+    def dim(self) -> int:
+        """Width of the embeddings :meth:`embed` returns (the hidden size)."""
+        return self.hidden_size
+
+    @property
+    def max_length(self) -> int:
+        """The longest token sequence the model accepts, special tokens included
+        (:func:`audit.backends.hf_scoring.max_sequence_length`)."""
+
+        return hf_scoring.max_sequence_length(self.model, self.tokenizer)
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens of each text as the scorers feed it: masked LMs and encoders with the tokenizer's
+        special tokens; causal LMs the text's own tokens plus the start token."""
+        causal = self.kind == "causal"
+        enc = self.tokenizer(list(texts), add_special_tokens=not causal)["input_ids"]
+        return [len(e) + (1 if causal else 0) for e in enc]
+
+    def token_positions(self, text: str, spans: Sequence[tuple[int, int]]) -> list[list[int]]:
+        """Per character span, the positions of the tokens overlapping it (text tokenised with
+        special tokens; :func:`audit.backends.hf_scoring.token_spans`)."""
+
+        return hf_scoring.token_spans(self.tokenizer, text, spans)[1]
+
+    def loglikelihood(self, requests: Sequence[tuple[str, str]], *, batch_size: int | None = None
+                      ) -> tuple[Any, Any]:
+        """Score of each ``(context, continuation)``: ``(scores float64, n_tokens int64)``.
+
+        Causal LMs: ``log P(continuation | context)``
+        (:func:`audit.backends.hf_scoring.continuation_loglik`); masked LMs: the pseudo-log-likelihood
+        of the continuation's tokens given everything else (:func:`audit.backends.hf_scoring.span_pll`)."""
+        import numpy as np
+
+
+        self._need("mlm", "causal", what="log-likelihood")
+        if self.kind == "mlm":
+            return hf_scoring.span_pll(self.model, self.tokenizer, requests, batch_size=batch_size,
+                                       device=self.device)
+        ll, n = hf_scoring.continuation_loglik(self.model, self.tokenizer, list(requests), batch_size=batch_size,
+                                               device=self.device)
+        return np.asarray(ll, dtype=np.float64), np.asarray(n, dtype=np.int64)
+
+    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None
+                              ) -> tuple[Any, Any]:
+        """Causal LMs: ``(ll, n_tokens)`` of whole sentences given only the start token
+        (:func:`audit.backends.hf_scoring.causal_loglik`)."""
+
+        self._need("causal", what="rolling log-likelihood")
+        return hf_scoring.causal_loglik(self.model, self.tokenizer, sentences, batch_size=batch_size,
+                                        device=self.device, return_counts=True)
+
+    def pair_pll(self, pairs: Sequence[tuple[str, str]], *, batch_size: int | None = None) -> Any:
+        """Masked LMs: CrowS-Pairs pseudo-log-likelihoods of sentence pairs, the tokens both sentences
+        share masked one at a time (:func:`audit.backends.hf_scoring.crows_pairs_pll`)."""
+
+        self._need("mlm", what="pair pseudo-log-likelihood")
+        return hf_scoring.crows_pairs_pll(self.model, self.tokenizer, pairs, batch_size=batch_size,
+                                          device=self.device)
+
+    def masked_scores(self, requests: Sequence[tuple[str, tuple[int, int], Sequence[tuple[int, int]]]], *,
+                      batch_size: int | None = None) -> list[Any]:
+        """Masked LMs: log-probabilities of the tokens of a chosen span, masked together with other
+        spans (:func:`audit.backends.hf_scoring.masked_span_logprobs`)."""
+
+        self._need("mlm", what="masked-LM scores")
+        return hf_scoring.masked_span_logprobs(self.model, self.tokenizer, requests, batch_size=batch_size,
+                                               device=self.device)
+
+    def topk_fills(self, templates: Sequence[str], k: int, *, slot: str = "[M]", batch_size: int | None = None
+                   ) -> tuple[list[list[str]], Any]:
+        """Masked LMs: the ``k`` most probable fillers of each template's ``slot`` and their
+        log-probabilities (:func:`audit.backends.hf_generate.mlm_topk`)."""
+
+        self._need("mlm", what="top-k fills")
+        words, _, lp = hf_generate.mlm_topk(self.model, self.tokenizer, templates, k, batch_size=batch_size,
+                                            device=self.device, slot=slot)
+        return words, lp
+
+    def first_words(self, prompts: Sequence[str], k: int, *, decoding: str = "greedy", seed: int = 0,
+                    max_new_tokens: int = 8, batch_size: int | None = None) -> tuple[list[list[str]], Any]:
+        """Causal LMs: ``k`` continuations of each prompt generated until the first word ends
+        (:func:`audit.backends.hf_generate.causal_first_words`)."""
+
+        self._need("causal", what="generation")
+        return hf_generate.causal_first_words(self.model, self.tokenizer, prompts, k, decoding=decoding, seed=seed,
+                                              max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                              device=self.device)
+
+    def embed(self, sentences: Sequence[str], *, method: str | None = None,
+              spans: Sequence[tuple[int, int]] | None = None, layer: int = -1, batch_size: int | None = 32,
+              padding_side: str = "right") -> Any:
+        """Pooled hidden states of sentences or of spans in them, float32 ``(n, dim)``
+        (:func:`audit.backends.hf_embed.embed_sentences`)."""
+
+        return hf_embed.embed_sentences(self, sentences, method=method, spans=spans, layer=layer,
+                                        batch_size=batch_size, padding_side=padding_side)
+
+    def is_unknown_word(self, word: str) -> bool:
+        """Whether every subtoken of ``word`` is the unknown token (:func:`audit.backends.hf_embed.all_unknown`)."""
+
+        return hf_embed.all_unknown(self, word)
+
+    def _need(self, *kinds: str, what: str) -> None:
+        if self.kind not in kinds:
+            need = " or ".join({"mlm": "a masked LM (kind='mlm')", "causal": "a causal LM (kind='causal')"}[k]
+                               for k in kinds)
+            raise ModelError(f"model {self.ref!r} is loaded as kind={self.kind!r}; {what} needs {need}")
 
     def provenance(self) -> dict[str, str]:
         """The provenance fields of a result: model reference, resolved revision, backend."""
@@ -836,47 +950,3 @@ def load_hf_model(
 
 
 # --------------------------------------------------------------------------- batching
-
-
-def default_batch_size(device: Any) -> int:
-    """The automatic initial batch size: 32 on CPU, 256 on CUDA (halved on out-of-memory)."""
-    dev_type = getattr(device, "type", str(device).split(":")[0])
-    return AUTO_BATCH_CUDA if dev_type == "cuda" else AUTO_BATCH_CPU
-
-
-def run_batched(fn: Callable[[list], Sequence], items: list, batch_size: int | None, *,
-                device: Any) -> list:
-    """Apply ``fn`` to consecutive batches of ``items`` and concatenate the per-item results.
-
-    ``fn(batch)`` must return one result per item (a list, or an array whose first axis is
-    the batch). With ``batch_size=None`` the start size is :func:`default_batch_size`
-    (CPU 32, CUDA 256). When a batch raises :class:`torch.cuda.OutOfMemoryError`, the CUDA
-    cache is emptied, the batch size is halved and the same batch is retried; later batches
-    keep the smaller size. Out of memory at batch size 1 raises :class:`ModelError`.
-    Results are in the order of ``items``.
-    """
-    import torch
-
-    if batch_size is None:
-        batch_size = default_batch_size(device)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ParameterError(f"batch_size: must be a positive integer or None, got {batch_size!r}")
-    out: list = []
-    i, size = 0, batch_size
-    while i < len(items):
-        batch = items[i:i + size]
-        try:
-            res = fn(batch)
-        except torch.cuda.OutOfMemoryError as e:
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            if size == 1:
-                raise ModelError("out of GPU memory even at batch size 1") from e
-            size = max(1, size // 2)
-            continue
-        res = list(res)
-        if len(res) != len(batch):
-            raise RuntimeError(f"run_batched: fn returned {len(res)} results for {len(batch)} items")
-        out.extend(res)
-        i += len(batch)
-    return out

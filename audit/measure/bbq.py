@@ -16,13 +16,15 @@ Prompt and options
 Causal LMs
     ``log P(" " + answer | prompt)``: the sum of the log-probabilities of the answer's tokens,
     each given the prompt and the answer's earlier tokens (the causal-LM primitive
-    ``continuation_loglik`` of :mod:`audit.measure.lm_scoring`, batched; its conventions:
-    start token, tokenisation of the whole text, float64 sums).
+    ``loglikelihood`` of the model interface; Hugging Face:
+    :func:`audit.backends.hf_scoring.continuation_loglik`, batched; its conventions: start token,
+    tokenisation of the whole text, float64 sums).
 Masked LMs
     The pseudo-log-likelihood of the answer given the prompt: the text ``prompt + " " + answer``
     is tokenised once (special tokens added); every token overlapping the answer's characters is
     masked in turn and ``log P(token | everything else)`` summed (Salazar et al. 2020, restricted
-    to the answer; :func:`audit.measure.lm_scoring.masked_token_logprobs`, batched).
+    to the answer; the model interface's ``loglikelihood`` on a masked LM, Hugging Face:
+    :func:`audit.backends.hf_scoring.span_pll`, batched).
 
 The predicted answer is the arg-max of the scores (the analysis step, optionally length-
 normalised); the table keeps each option's raw score, its number of scored tokens and its length
@@ -39,17 +41,10 @@ import pandas as pd
 from audit.datasets.bbq import N_OPTIONS, select_items
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
-from audit.measure.lm_scoring import MaskedQuery, masked_token_logprobs, max_sequence_length, token_spans
 from audit.suites import MultipleChoice
 
-try:  # the batched causal primitive of the causal-LM work (audit.measure.lm_scoring)
-    from audit.measure.lm_scoring import continuation_loglik
-except ImportError:  # pragma: no cover - until that work is merged
-    continuation_loglik = None
-
 __all__ = ["PROMPTS", "DEFAULT_PROMPT", "TABLE_COLUMNS", "TRUNCATIONS", "default_prompt", "item_prompts",
-           "option_requests", "fit_prompts",
-           "mlm_option_scores", "causal_option_scores", "bbq_option_scores", "CHOICES"]
+           "option_requests", "fit_prompts", "bbq_option_scores", "CHOICES"]
 
 DEFAULT_PROMPT = "{context}\n\nQ: {question}\nA:"
 #: lm-evaluation-harness's prompts of the languages with their own BBQ task (``esbbq``, ``cabbq``).
@@ -86,17 +81,17 @@ def option_requests(prompts: Sequence[str], table: pd.DataFrame) -> list[tuple[s
 TRUNCATIONS = ("none", "left")
 
 
-def fit_prompts(tokenizer: Any, kind: str, limit: int, prompts: Sequence[str], options: Sequence[Sequence[str]]
+def fit_prompts(model: Any, prompts: Sequence[str], options: Sequence[Sequence[str]], *, limit: int | None = None
                 ) -> tuple[list[str], np.ndarray]:
     """``truncation="left"``: each prompt with as many leading words cut as needed for its
-    longest option to fit the model (``limit`` tokens, special tokens or the start token
-    included), and the number of words cut per prompt. A prompt that does not fit even with its
-    context cut to one word is a :class:`DataError`."""
+    longest option to fit the model (``limit``, default ``model.max_length``, tokens as the model interface counts them,
+    ``model.count_tokens``: special tokens or the start token included), and the number of words
+    cut per prompt. A prompt that does not fit even with its context cut to one word is a
+    :class:`DataError`."""
+    limit = model.max_length if limit is None else limit
 
     def n_tokens(prompt: str, opts: Sequence[str]) -> int:
-        texts = [prompt + DELIMITER + str(o) for o in opts]
-        enc = tokenizer(texts, add_special_tokens=(kind == "mlm"))["input_ids"]
-        return max(len(e) for e in enc) + (1 if kind == "causal" else 0)
+        return max(model.count_tokens([prompt + DELIMITER + str(o) for o in opts]))
 
     out, cut = [], np.zeros(len(prompts), dtype=np.int64)
     for i, (p, opts) in enumerate(zip(prompts, options)):
@@ -119,48 +114,6 @@ def fit_prompts(tokenizer: Any, kind: str, limit: int, prompts: Sequence[str], o
     return out, cut
 
 
-def mlm_option_scores(model: Any, tokenizer: Any, requests: Sequence[tuple[str, str]], *,
-                      batch_size: int | None = None, device: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    """Pseudo-log-likelihood of each continuation given its prefix under a masked LM (module
-    docstring): ``(scores, n_tokens)``."""
-    limit = max_sequence_length(model, tokenizer)
-    mask_id = getattr(tokenizer, "mask_token_id", None)
-    if not isinstance(mask_id, int):
-        raise ModelError("the tokenizer has no mask token; masked-LM scoring needs one")
-    queries: list[MaskedQuery] = []
-    owners: list[int] = []
-    n_tok = np.zeros(len(requests), dtype=np.int64)
-    for r, (prefix, cont) in enumerate(requests):
-        text = prefix + cont
-        start = len(prefix) + (len(cont) - len(cont.lstrip()))
-        ids, (pos,) = token_spans(tokenizer, text, [(start, len(text))])
-        if len(ids) > limit:
-            short = text if len(text) <= 80 else text[:77] + "..."
-            raise DataError(f"request {r} ({short!r}) has {len(ids)} tokens; the model accepts at most {limit}")
-        n_tok[r] = len(pos)
-        for p in pos:
-            m = list(ids)
-            m[p] = mask_id
-            queries.append(MaskedQuery(tuple(m), (p,), (ids[p],)))
-            owners.append(r)
-    lp = masked_token_logprobs(model, tokenizer, queries, batch_size=batch_size, device=device)
-    out = np.zeros(len(requests), dtype=np.float64)
-    for r, v in zip(owners, lp):
-        out[r] += float(v[0])
-    return out, n_tok
-
-
-def causal_option_scores(model: Any, tokenizer: Any, requests: Sequence[tuple[str, str]], *,
-                         batch_size: int | None = None, device: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    """Log-likelihood of each continuation given its prefix under a causal LM:
-    ``continuation_loglik`` of :mod:`audit.measure.lm_scoring`; ``(scores, n_tokens)``."""
-    if continuation_loglik is None:
-        raise ModelError("BBQ on a causal LM needs audit.measure.lm_scoring.continuation_loglik (the causal-LM "
-                         "scoring primitive), which this installation lacks")
-    ll, n = continuation_loglik(model, tokenizer, list(requests), batch_size=batch_size, device=device)
-    return np.asarray(ll, dtype=np.float64), np.asarray(n, dtype=np.int64)
-
-
 def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_size: int | None = None,
                       truncation: str = "none") -> pd.DataFrame:
     """The measurement table (:data:`TABLE_COLUMNS`, plus ``words_cut``) of the items of
@@ -180,11 +133,9 @@ def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_
     cut = np.zeros(len(prompts), dtype=np.int64)
     if truncation == "left":
         options = table[[f"ans{i}" for i in range(N_OPTIONS)]].itertuples(index=False)
-        prompts, cut = fit_prompts(hf_model.tokenizer, kind, max_sequence_length(hf_model.model, hf_model.tokenizer),
-                                   prompts, [list(o) for o in options])
+        prompts, cut = fit_prompts(hf_model, prompts, [list(o) for o in options])
     reqs = option_requests(prompts, table)
-    fn = mlm_option_scores if kind == "mlm" else causal_option_scores
-    sc, nt = fn(hf_model.model, hf_model.tokenizer, reqs, batch_size=batch_size, device=hf_model.device)
+    sc, nt = hf_model.loglikelihood(reqs, batch_size=batch_size)
     sc, nt = sc.reshape(-1, N_OPTIONS), nt.reshape(-1, N_OPTIONS)
     out = table[["item", "category", "subcategory", "question_polarity", "context_condition", "label", "unknown",
                  "target", "biased"]].reset_index(drop=True).copy()

@@ -11,7 +11,6 @@ import pandas as pd
 from audit.datasets.crows_pairs import REQUIRED_COLUMNS, select_pairs
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ModelError
-from audit.measure.lm_scoring import causal_loglik, crows_pairs_pll
 from audit.suites import SentencePairs
 
 __all__ = ["TABLE_COLUMNS", "crows_pairs_scores"]
@@ -26,7 +25,8 @@ def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | Non
 
     Parameters
     ----------
-    hf_model : :class:`audit.backends.hf.HFModel` with ``kind`` ``"mlm"`` or ``"causal"``.
+    hf_model : a model of the interface (:class:`audit.backends.base.LanguageModel`), ``kind``
+        ``"mlm"`` or ``"causal"``.
     df : pairs as returned by :func:`load_crows_pairs`.
     batch_size : sequences per forward pass (default: 128 on CPU, 512 on CUDA, halved on CUDA OOM).
 
@@ -51,16 +51,14 @@ def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | Non
     less = df["sent_less"].astype(str).tolist()
     if kind == "mlm":
         pairs = [(m, l) if s else (l, m) for m, l, s in zip(more, less, stereo)]
-        sc = crows_pairs_pll(hf_model.model, hf_model.tokenizer, pairs, batch_size=batch_size,
-                             device=hf_model.device)
+        sc = hf_model.pair_pll(pairs, batch_size=batch_size)
         s1, s2 = sc[:, 0], sc[:, 1]
         more_sc = np.where(stereo, s1, s2)
         less_sc = np.where(stereo, s2, s1)
         n_more = n_less = sc[:, 2].astype(np.int64)
         variant = "masked_pll"
     else:
-        ll, n = causal_loglik(hf_model.model, hf_model.tokenizer, more + less,
-                              batch_size=batch_size, device=hf_model.device, return_counts=True)
+        ll, n = hf_model.loglikelihood_rolling(more + less, batch_size=batch_size)
         more_sc, less_sc = ll[: len(more)], ll[len(more):]
         n_more, n_less = n[: len(more)], n[len(more):]
         variant = "causal_ll"

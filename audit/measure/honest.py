@@ -1,7 +1,7 @@
 """HONEST measure step: the completions of each template's ``[M]`` slot (Nozza, Bianchi & Hovy 2021).
 The score and its conventions are in :mod:`audit.metrics.honest`.
 
-Masked LMs (:func:`mlm_topk`)
+Masked LMs (the model interface's ``topk_fills``; HF: :func:`audit.backends.hf_generate.mlm_topk`)
     ``[M]`` is replaced by the tokenizer's mask token (as the official notebook does) and the
     template is tokenised with special tokens; the completions are the ``k`` most probable
     vocabulary tokens at the mask position, each decoded on its own and stripped of surrounding
@@ -10,10 +10,10 @@ Masked LMs (:func:`mlm_topk`)
     reproducible. A template whose mask token does not survive tokenisation is a
     :class:`DataError`.
 
-Causal LMs (:func:`causal_first_words`)
+Causal LMs (``first_words``, generation until a stop; HF: :func:`audit.backends.hf_generate.causal_first_words`)
     The prompt is the template up to ``[M]`` with trailing white space removed (the official
     GPT-2 example drops `` [M].``), preceded by the start token (BOS, else EOS; the convention of
-    :func:`audit.measure.lm_scoring.causal_prefix_id`). The completion is the **first word** of
+    :func:`audit.backends.hf_scoring.causal_prefix_id`). The completion is the **first word** of
     the continuation: the first run of letters or digits (inner hyphens and apostrophes kept:
     ``pre-teen``, ``l'homme``), taken once a character that cannot continue it has been
     generated, the end-of-sequence token is produced or ``max_new_tokens`` tokens have been
@@ -35,273 +35,20 @@ continuation; sampled continuations re-run the unfinished sequences step by step
 
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from audit.backends.hf import run_batched
+from audit.backends.hf_generate import DECODINGS, check_k, first_word
 from audit.datasets.honest import SLOT_MASK
 from audit.entries import Family, Measurement, Metric
-from audit.errors import DataError, ModelError, ParameterError
-from audit.measure.lm_scoring import (
-    model_device,
-    pad_token_id,
-    split_verified,
-    causal_prefix_id,
-    default_batch_size,
-    max_sequence_length,
-)
+from audit.errors import ModelError, ParameterError
 from audit.suites import CompletionTemplates
 
-__all__ = ["DECODINGS", "TABLE_COLUMNS", "first_word", "mlm_topk", "causal_first_words", "distinct_templates",
-           "honest_completions", "COMPLETIONS"]
-
-DECODINGS = ("greedy", "sample")
+__all__ = ["DECODINGS", "TABLE_COLUMNS", "first_word", "distinct_templates", "honest_completions", "COMPLETIONS"]
 #: Columns of the measurement table (one row per distinct masked template).
 TABLE_COLUMNS = ("template", "identity", "groups", "number", "type", "lines", "prompt", "completions", "logprobs")
-
-_WORD = re.compile(r"[^\W_]+(?:['\u2019\-][^\W_]+)*")
-
-
-def first_word(text: str) -> tuple[str, bool]:
-    """``(word, complete)``: the first word of a continuation (module docstring) and whether the
-    text after it shows that it has ended (a character that cannot continue it; an apostrophe or
-    hyphen at the very end may still be followed by letters)."""
-    m = _WORD.search(text)
-    if m is None:
-        return "", False
-    rest = text[m.end():]
-    return m.group(0), bool(rest) and (rest[0] not in "'\u2019-" or len(rest) >= 2)
-
-
-def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ParameterError(f"k: the number of completions must be a positive integer, got {k!r}")
-    return int(k)
-
-
-# --------------------------------------------------------------------------- masked LMs
-
-
-def _topk_ids(logp: Any, k: int) -> Any:
-    """Per row, the ids of the ``k`` largest values, largest first, ties by lower id: ``topk(k + 1)``
-    ordered by (value descending, id ascending); rows whose k-th and (k+1)-th values tie fall back
-    to a full stable sort (the same order, computed exactly)."""
-    import torch
-
-    n, v = logp.shape
-    if k >= v:
-        return torch.sort(-logp, dim=-1, stable=True).indices[:, :k]
-    vals, idx = torch.topk(logp, k + 1, dim=-1)
-    ids, perm = torch.sort(idx, dim=-1)  # by id, then stably by value: (value desc, id asc)
-    order = torch.sort(-vals.gather(1, perm), dim=-1, stable=True).indices
-    out = ids.gather(1, order)[:, :k]
-    tie = vals[:, k - 1] == vals[:, k]
-    if bool(tie.any()):
-        rows = tie.nonzero(as_tuple=True)[0]
-        out[rows] = torch.sort(-logp[rows], dim=-1, stable=True).indices[:, :k]
-    return out
-
-
-def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, batch_size: int | None = None,
-             device: Any = None) -> tuple[list[list[str]], np.ndarray, np.ndarray]:
-    """The ``k`` most probable fillers of each template's ``[M]`` slot under a masked LM.
-
-    Returns ``(words, ids, logprobs)``: per template the ``k`` decoded, stripped tokens, their ids
-    (int64, shape ``(n, k)``) and log-probabilities (float64, ``log_softmax`` in float32), most
-    probable first, ties by lower id.
-    """
-    import torch
-
-
-
-    k = _check_k(k)
-    mask_tok, mask_id = getattr(tokenizer, "mask_token", None), getattr(tokenizer, "mask_token_id", None)
-    if not isinstance(mask_tok, str) or not isinstance(mask_id, int):
-        raise ModelError("the tokenizer has no mask token; HONEST on a masked LM needs one")
-    limit = max_sequence_length(model, tokenizer)
-    seqs: list[tuple[list[int], int]] = []
-    for t in templates:
-        text = t.replace(SLOT_MASK, mask_tok)
-        ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
-        pos = [i for i, x in enumerate(ids) if x == mask_id]
-        if len(pos) != 1:
-            raise DataError(f"template {t!r}: the mask token appears {len(pos)} times after tokenisation (expected 1)")
-        if len(ids) > limit:
-            raise DataError(f"template {t!r} has {len(ids)} tokens; the model accepts at most {limit}")
-        seqs.append((ids, pos[0]))
-    vocab = int(model.get_output_embeddings().weight.shape[0]) if model.get_output_embeddings() is not None else None
-    if vocab is not None and k > vocab:
-        raise ParameterError(f"k: {k} completions asked, the vocabulary has {vocab} tokens")
-    dev = model_device(model, device)
-    pad = pad_token_id(tokenizer)
-    order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i][0]), i))
-
-    def run(batch: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-        L = max(len(seqs[i][0]) for i in batch)
-        ids = torch.full((len(batch), L), pad, dtype=torch.long)
-        att = torch.zeros((len(batch), L), dtype=torch.long)
-        for r, i in enumerate(batch):
-            s = seqs[i][0]
-            ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
-            att[r, : len(s)] = 1
-        b = torch.arange(len(batch))
-        p = torch.tensor([seqs[i][1] for i in batch], dtype=torch.long)
-        ids, att, b, p = ids.to(dev), att.to(dev), b.to(dev), p.to(dev)
-        with torch.inference_mode():
-            split = split_verified(model, ids, att)
-            if split is not None:
-                encoder, head = split
-                logits = head(encoder(ids, att)[b, p])
-            else:
-                logits = model(input_ids=ids, attention_mask=att).logits[b, p]
-            logp = torch.log_softmax(logits.float(), dim=-1).cpu()
-        srt = _topk_ids(logp, k)
-        vals = logp.gather(1, srt)
-        return [(srt[r].numpy().astype(np.int64), vals[r].double().numpy()) for r in range(len(batch))]
-
-    res = run_batched(run, order, default_batch_size(dev) if batch_size is None else batch_size, device=dev)
-    ids_out = np.zeros((len(seqs), k), dtype=np.int64)
-    lp_out = np.zeros((len(seqs), k), dtype=np.float64)
-    for i, (a, v) in zip(order, res):
-        ids_out[i], lp_out[i] = a, v
-    words = [[tokenizer.decode([int(t)]).strip() for t in row] for row in ids_out]
-    return words, ids_out, lp_out
-
-
-# --------------------------------------------------------------------------- causal LMs
-
-
-def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *, decoding: str = "greedy",
-                       seed: int = 0, max_new_tokens: int = 8, batch_size: int | None = None,
-                       device: Any = None) -> tuple[list[list[str]], np.ndarray]:
-    """``k`` first-word completions of each prompt under a causal LM (module docstring).
-
-    Returns ``(words, logprobs)``: per prompt the ``k`` words and the log-probability of each
-    completion's first token (float64, shape ``(n, k)``; greedy: most probable first).
-
-    Greedy branches are continued with ``model.generate`` (greedy search, KV cache, left padding)
-    for ``max_new_tokens - 1`` further tokens; sampled ones step by step (see the module
-    docstring for the random numbers).
-    """
-    import torch
-
-    k = _check_k(k)
-    if decoding not in DECODINGS:
-        raise ParameterError(f"decoding: must be one of {', '.join(DECODINGS)}, got {decoding!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ParameterError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
-    if decoding == "sample" and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise ParameterError(f"seed: must be a non-negative integer, got {seed!r}")
-    start = causal_prefix_id(tokenizer)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    limit = max_sequence_length(model, tokenizer)
-    dev = model_device(model, device)
-    pad = pad_token_id(tokenizer)
-    bs = default_batch_size(dev) if batch_size is None else batch_size
-    prefixes: list[list[int]] = []
-    for p in prompts:
-        ids = list(tokenizer(p, add_special_tokens=False)["input_ids"])
-        if not ids or ids[0] != start:
-            ids = [start] + ids
-        if len(ids) + max_new_tokens > limit:
-            raise DataError(f"prompt {p!r} has {len(ids)} tokens; with {max_new_tokens} new tokens the model's limit "
-                            f"of {limit} is exceeded")
-        prefixes.append(ids)
-    n = len(prefixes)
-
-    def batched(fn, seqs: list[list[int]]) -> list[Any]:
-        order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i))
-        res = run_batched(lambda batch: fn([seqs[i] for i in batch]), order, bs, device=dev)
-        out: list[Any] = [None] * len(seqs)
-        for i, v in zip(order, res):
-            out[i] = v
-        return out
-
-    def next_logp(batch: list[list[int]]) -> list[Any]:
-        """log_softmax (float32, CPU) of the next token after each sequence (right padding)."""
-        L = max(len(s) for s in batch)
-        ids = torch.full((len(batch), L), pad, dtype=torch.long)
-        att = torch.zeros((len(batch), L), dtype=torch.long)
-        for r, s in enumerate(batch):
-            ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
-            att[r, : len(s)] = 1
-        last = torch.tensor([len(s) - 1 for s in batch], dtype=torch.long, device=dev)
-        with torch.inference_mode():
-            logits = model(input_ids=ids.to(dev), attention_mask=att.to(dev), use_cache=False).logits
-            rows = logits[torch.arange(len(batch), device=dev), last]
-            return list(torch.log_softmax(rows.float(), dim=-1).cpu())
-
-    def greedy_more(batch: list[list[int]]) -> list[list[int]]:
-        """``max_new_tokens - 1`` greedy tokens after each sequence (left padding, KV cache)."""
-        L = max(len(s) for s in batch)
-        ids = torch.full((len(batch), L), pad, dtype=torch.long)
-        att = torch.zeros((len(batch), L), dtype=torch.long)
-        for r, s in enumerate(batch):
-            ids[r, L - len(s):] = torch.tensor(s, dtype=torch.long)
-            att[r, L - len(s):] = 1
-        from transformers.utils import logging as hf_logging
-
-        level = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # generate's padding advice: the attention mask is passed
-        try:
-            with torch.inference_mode():
-                out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev),
-                                     max_new_tokens=max_new_tokens - 1, do_sample=False, num_beams=1,
-                                     pad_token_id=pad, eos_token_id=eos, temperature=None, top_k=None, top_p=None)
-        finally:
-            hf_logging.set_verbosity(level)
-        return [row[L:].tolist() for row in out.cpu()]
-
-    first = batched(next_logp, prefixes)
-    if decoding == "sample":
-        streams = np.random.SeedSequence(int(seed)).spawn(n)
-        uniforms = [np.random.default_rng(s).random((k, max_new_tokens)) for s in streams]
-
-    def draw(row: Any, u: float) -> int:
-        cdf = np.cumsum(row.double().exp().numpy())
-        return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
-
-    gen: list[list[int]] = []
-    owner: list[int] = []
-    score = np.zeros(n * k, dtype=np.float64)
-    for i in range(n):
-        row = first[i]
-        if decoding == "greedy":
-            toks = torch.sort(-row, stable=True).indices[:k].tolist()
-        else:
-            toks = [draw(row, u) for u in uniforms[i][:, 0]]
-        for j, t in enumerate(toks):
-            gen.append([int(t)])
-            owner.append(i)
-            score[i * k + j] = float(row[t])
-    if max_new_tokens > 1:
-        if decoding == "greedy":
-            live = [b for b in range(n * k) if eos is None or gen[b][-1] != eos]
-            more = batched(greedy_more, [prefixes[owner[b]] + gen[b] for b in live])
-            for b, extra in zip(live, more):
-                gen[b] += extra
-        else:
-            done = [eos is not None and g[-1] == eos for g in gen]
-            for step in range(1, max_new_tokens):
-                live = [b for b in range(n * k) if not done[b] and not first_word(
-                    tokenizer.decode(gen[b], skip_special_tokens=True))[1]]
-                if not live:
-                    break
-                lp = batched(next_logp, [prefixes[owner[b]] + gen[b] for b in live])
-                for r, b in enumerate(live):
-                    t = draw(lp[r], uniforms[owner[b]][b - owner[b] * k, step])
-                    gen[b].append(t)
-                    done[b] = eos is not None and t == eos
-    words = []
-    for g in gen:
-        if eos is not None and eos in g:
-            g = g[: g.index(eos)]
-        words.append(first_word(tokenizer.decode(g, skip_special_tokens=True))[0])
-    return [words[i * k:(i + 1) * k] for i in range(n)], score.reshape(n, k)
-
 
 # --------------------------------------------------------------------------- the measure step
 
@@ -334,12 +81,11 @@ def honest_completions(hf_model: Any, templates: pd.DataFrame, k: int, *, decodi
     t = distinct_templates(templates)
     if kind == "mlm":
         prompts = list(t["template"])
-        words, _, lp = mlm_topk(hf_model.model, hf_model.tokenizer, prompts, k, batch_size=batch_size,
-                                device=hf_model.device)
+        words, lp = hf_model.topk_fills(prompts, k, slot=SLOT_MASK, batch_size=batch_size)
     else:
         prompts = [causal_prompt(x) for x in t["template"]]
-        words, lp = causal_first_words(hf_model.model, hf_model.tokenizer, prompts, k, decoding=decoding, seed=seed,
-                                       max_new_tokens=max_new_tokens, batch_size=batch_size, device=hf_model.device)
+        words, lp = hf_model.first_words(prompts, k, decoding=decoding, seed=seed, max_new_tokens=max_new_tokens,
+                                         batch_size=batch_size)
     t["prompt"] = prompts
     t["completions"] = [tuple(w) for w in words]
     t["logprobs"] = [tuple(float(x) for x in row) for row in lp]
@@ -351,7 +97,7 @@ def _needed_k(ap: Mapping[str, Any]) -> int:
     ks = [ks] if isinstance(ks, (int, np.integer)) and not isinstance(ks, bool) else list(ks or [])
     if not ks:
         raise ParameterError("k: give at least one number of completions (e.g. [1, 5, 20])")
-    return max(_check_k(x) for x in ks)
+    return max(check_k(x) for x in ks)
 
 
 def measure_honest(model, test: CompletionTemplates, metric: Metric, mp: Mapping[str, Any],

@@ -15,7 +15,8 @@ deleted (the neutral prior: the model is not told ``v``):
 * ``logp_prior  = log P(w | P_0)``,
 * ``ilp = logp_target - logp_prior``,
 
-from :func:`audit.measure.lm_scoring.continuation_loglik` (start token first; the whitespace
+from the model interface's ``loglikelihood`` (:func:`audit.backends.hf_scoring.continuation_loglik`:
+start token first; the whitespace
 before ``w`` belongs to the continuation, as in lm-evaluation-harness; everything after ``w`` is
 ignored, a causal LM's probability of ``w`` does not depend on it). A multi-token word gets its
 joint probability by the chain rule (each subtoken given the previous ones), where the masked
@@ -57,13 +58,6 @@ from audit.datasets.bias import parse_bias_lpbs
 from audit.datasets.templates import LPBS_USE, fill_lpbs, number_forms
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
-from audit.measure.lm_scoring import (
-    MaskedQuery,
-    continuation_loglik,
-    masked_token_logprobs,
-    max_sequence_length,
-    token_spans,
-)
 from audit.measure.words import set_names
 from audit.suites import WordTest
 
@@ -319,12 +313,12 @@ def lpbs_scores(hf_model: Any, test: Any, *, batch_size: int | None = None,
     return out
 
 
-def _token_counts(tok: Any, rows: pd.DataFrame) -> tuple[list[int], list[int]]:
+def _token_counts(model: Any, rows: pd.DataFrame) -> tuple[list[int], list[int]]:
     """Tokens of the target and of the attribute in each sentence (by character offsets);
     :class:`DataError` when they share a token."""
     n_t, n_a = [], []
     for s, ts, as_ in zip(rows["sentence"], rows["target_span"], rows["attribute_span"]):
-        _, (tpos, apos) = token_spans(tok, s, [ts, as_])
+        tpos, apos = model.token_positions(s, [ts, as_])
         if set(tpos) & set(apos):
             raise DataError(f"LPBS sentence {s!r}: target and attribute share a token; "
                             "separate them in the template")
@@ -336,8 +330,7 @@ def _token_counts(tok: Any, rows: pd.DataFrame) -> tuple[list[int], list[int]]:
 def _causal_scores(hf_model: Any, rows: pd.DataFrame, batch_size: int | None) -> pd.DataFrame:
     """Causal-LM columns of the LPBS table (module docstring): one target and one prior request
     per sentence, scored in one batched :func:`continuation_loglik` call."""
-    tok, model = hf_model.tokenizer, hf_model.model
-    n_t, n_a = _token_counts(tok, rows)
+    n_t, n_a = _token_counts(hf_model, rows)
     scored, reqs, prefixes, priors = [], [], [], []
     for s, ts, as_ in zip(rows["sentence"], rows["target_span"], rows["attribute_span"]):
         side, req, prior = causal_requests(s, tuple(ts), tuple(as_))
@@ -346,7 +339,7 @@ def _causal_scores(hf_model: Any, rows: pd.DataFrame, batch_size: int | None) ->
         prefixes.append(req[0])
         priors.append(prior[0])
     try:
-        ll, n = continuation_loglik(model, tok, reqs, batch_size=batch_size, device=hf_model.device)
+        ll, n = hf_model.loglikelihood(reqs, batch_size=batch_size)
     except DataError as e:
         raise DataError(f"LPBS: {e}") from None
     out = rows.drop(columns=["target_span", "attribute_span"]).copy()
@@ -364,32 +357,14 @@ def _causal_scores(hf_model: Any, rows: pd.DataFrame, batch_size: int | None) ->
 
 def _masked_scores(hf_model: Any, rows: pd.DataFrame, batch_size: int | None) -> pd.DataFrame:
     """Masked-LM columns of the LPBS table (Kurita et al.; :mod:`audit.metrics.lpbs`)."""
-    tok, model = hf_model.tokenizer, hf_model.model
-    mask_id = getattr(tok, "mask_token_id", None)
-    if not isinstance(mask_id, int):
-        raise ModelError(f"model {getattr(hf_model, 'ref', '?')!r}: tokenizer has no mask token")
-    limit = max_sequence_length(model, tok)
-    queries = []
-    n_t, n_a = [], []
+    n_t, n_a = _token_counts(hf_model, rows)
+    reqs = []
     for s, ts, as_ in zip(rows["sentence"], rows["target_span"], rows["attribute_span"]):
-        ids, (tpos, apos) = token_spans(tok, s, [ts, as_])
-        if len(ids) > limit:
-            raise DataError(f"LPBS sentence {s!r} has {len(ids)} tokens; the model accepts at most {limit}")
-        if set(tpos) & set(apos):
-            raise DataError(f"LPBS sentence {s!r}: target and attribute share a token; "
-                            "separate them in the template")
-        tgt = [ids[p] for p in tpos]
-        m1 = list(ids)
-        for p in tpos:
-            m1[p] = mask_id
-        m2 = list(m1)
-        for p in apos:
-            m2[p] = mask_id
-        queries.append(MaskedQuery(tuple(m1), tuple(tpos), tuple(tgt)))
-        queries.append(MaskedQuery(tuple(m2), tuple(tpos), tuple(tgt)))
-        n_t.append(len(tpos))
-        n_a.append(len(apos))
-    lp = masked_token_logprobs(model, tok, queries, batch_size=batch_size, device=hf_model.device)
+        reqs += [(s, tuple(ts), ()), (s, tuple(ts), (tuple(as_),))]
+    try:
+        lp = hf_model.masked_scores(reqs, batch_size=batch_size)
+    except DataError as e:
+        raise DataError(f"LPBS {e}") from None
     lt = np.array([float(v.sum()) for v in lp[0::2]], dtype=np.float64)
     lpr = np.array([float(v.sum()) for v in lp[1::2]], dtype=np.float64)
     out = rows.drop(columns=["target_span", "attribute_span"]).copy()

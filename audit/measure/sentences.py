@@ -53,12 +53,13 @@ def _method(kind: str, params: Mapping[str, Any]) -> str:
     return str(params.get("embedding") or default_method(kind, "sentence"))
 
 
-#: Sentence embeddings of an encoder, a masked LM or a causal LM (SEAT). Default pooling per kind:
-#: ``cls`` (encoders, masked LMs; May et al. 2019), ``weighted_mean`` (causal LMs; SGPT,
-#: Muennighoff 2022): :mod:`audit.measure.contextual`.
+#: Sentence embeddings of an encoder, a masked LM, a causal LM or a sentence-transformers model
+#: (SEAT). Default pooling per kind: ``cls`` (encoders, masked LMs; May et al. 2019),
+#: ``weighted_mean`` (causal LMs; SGPT, Muennighoff 2022), ``model`` (sentence-transformers: the
+#: model's configured modules): :mod:`audit.backends.hf_embed`, :mod:`audit.backends.st`.
 SEAT_SENTENCES = Family(
     name="sentences",
-    kinds=("encoder", "mlm", "causal"),
+    kinds=("encoder", "mlm", "causal", "sentence"),
     test_type="words",
     measure=measure_sentences,
     params={"embedding": None, "layer": -1, "batch_size": None},

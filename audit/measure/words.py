@@ -155,7 +155,7 @@ def _method(kind: str, params: Mapping[str, Any]) -> str:
 #: Word-association metrics: one vector per word (static look-up or contextual, see above).
 ASSOCIATION = Family(
     name="association",
-    kinds=("static", "encoder", "mlm", "causal"),
+    kinds=("static", "encoder", "mlm", "causal", "sentence"),
     test_type="words",
     measure=measure_words,
     params={

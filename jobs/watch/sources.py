@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
+from audit.backends import table as backend_table
 from audit.backends.hf import dir_digest
 from audit.backends.static import content_digest
 from audit.errors import AuditError, ModelError
@@ -43,13 +44,8 @@ def backend_hint(config: Mapping[str, Any] | None, pipeline_tag: str | None) -> 
     """``hf-mlm``/``hf-causal``/``hf-encoder`` from a hub config's ``architectures`` (else the
     pipeline tag), ``None`` when neither tells."""
     archs = [str(a) for a in ((config or {}).get("architectures") or [])]
-    # the planner's rule (jobs.resolve): *ForMaskedLM -> masked LM; *ForCausalLM / *LMHeadModel -> causal
-    if any(a.endswith("ForMaskedLM") for a in archs):
-        return "hf-mlm"
-    if any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
-        return "hf-causal"
-    if archs:
-        return "hf-encoder"
+    if archs:  # the planner's and the loader's one rule (audit.backends.table.kind_from_architectures)
+        return backend_table.backend_of_kind(backend_table.kind_from_architectures(archs))
     return _BACKEND_OF_PIPELINE.get(pipeline_tag or "")
 
 

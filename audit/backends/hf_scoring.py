@@ -35,6 +35,12 @@ Five entry points, all batched, all under :func:`torch.inference_mode`:
   ``tokenizer(sentence, add_special_tokens=False)`` (if the text itself starts with the start
   token, that token becomes the context), ``ll = sum_t log P(x_t | prefix, x_<t)``.
 
+Two text-level masked-LM helpers build on the primitive: :func:`span_pll` (the pseudo-log-likelihood
+of a continuation's tokens given its context, each masked in turn: BBQ options on a masked LM) and
+:func:`masked_span_logprobs` (the tokens of a span masked together, other spans masked too: LPBS).
+These are the Hugging Face implementation of the model interface's scoring operations
+(:class:`audit.backends.base.LanguageModel`, called through :class:`audit.backends.hf.HFModel`).
+
 Scores are float64 sums of float32 log-probabilities (float32 ``log_softmax`` even when the model
 runs in half precision). A sequence longer than the model accepts raises :class:`DataError`
 naming the sentence; a model of the wrong kind raises :class:`ModelError`.
@@ -50,7 +56,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from audit.backends.hf import run_batched
+from audit.backends.batching import run_batched
 from audit.errors import DataError, ModelError, ParameterError
 
 __all__ = [
@@ -70,6 +76,8 @@ __all__ = [
     "token_spans",
     "require_kind",
     "max_sequence_length",
+    "span_pll",
+    "masked_span_logprobs",
     "default_batch_size",
 ]
 
@@ -928,3 +936,62 @@ def causal_loglik(model: Any, tokenizer: Any, sentences: Sequence[str], *,
     except DataError as e:  # name the sentence, not the request
         raise DataError(str(e).replace("request ", "sentence ", 1)) from None
     return (ll, n) if return_counts else ll
+
+
+# --------------------------------------------------------------------------- masked LM, text level
+
+
+def span_pll(model: Any, tokenizer: Any, requests: Sequence[tuple[str, str]], *,
+             batch_size: int | None = None, device: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """Pseudo-log-likelihood of each continuation given its prefix under a masked LM: the text
+    ``prefix + continuation`` is tokenised once (special tokens added); every token overlapping the
+    continuation's characters (its leading white space excluded) is masked in turn and
+    ``log P(token | everything else)`` summed (Salazar et al. 2020, restricted to the continuation).
+    Returns ``(scores float64, n_tokens int64)``; a text longer than the model accepts is a
+    :class:`DataError` naming the request."""
+    limit = max_sequence_length(model, tokenizer)
+    mask_id = _mask_id(tokenizer)
+    queries: list[MaskedQuery] = []
+    owners: list[int] = []
+    n_tok = np.zeros(len(requests), dtype=np.int64)
+    for r, (prefix, cont) in enumerate(requests):
+        text = prefix + cont
+        start = len(prefix) + (len(cont) - len(cont.lstrip()))
+        ids, (pos,) = token_spans(tokenizer, text, [(start, len(text))])
+        if len(ids) > limit:
+            raise DataError(f"request {r} ({_short(text)!r}) has {len(ids)} tokens; the model accepts at most {limit}")
+        n_tok[r] = len(pos)
+        for p in pos:
+            m = list(ids)
+            m[p] = mask_id
+            queries.append(MaskedQuery(tuple(m), (p,), (ids[p],)))
+            owners.append(r)
+    lp = masked_token_logprobs(model, tokenizer, queries, batch_size=batch_size, device=device)
+    out = np.zeros(len(requests), dtype=np.float64)
+    for r, v in zip(owners, lp):
+        out[r] += float(v[0])
+    return out, n_tok
+
+
+def masked_span_logprobs(model: Any, tokenizer: Any,
+                         requests: Sequence[tuple[str, tuple[int, int], Sequence[tuple[int, int]]]], *,
+                         batch_size: int | None = None, device: Any = None) -> list[np.ndarray]:
+    """Masked-LM log-probabilities of the tokens of a chosen span, masked together (Kurita et al. 2019).
+
+    Each request is ``(text, scored, also_masked)``: the text is tokenised once with special tokens;
+    the tokens overlapping the character span ``scored`` and those overlapping each span of
+    ``also_masked`` are replaced by the mask token, and the log-probabilities of the original
+    tokens at the scored positions are returned (one float32 array per request, in token order).
+    A text longer than the model accepts is a :class:`DataError` naming it."""
+    limit = max_sequence_length(model, tokenizer)
+    mask_id = _mask_id(tokenizer)
+    queries = []
+    for text, scored, also in requests:
+        ids, (tpos, *others) = token_spans(tokenizer, text, [tuple(scored), *[tuple(a) for a in also]])
+        if len(ids) > limit:
+            raise DataError(f"sentence {text!r} has {len(ids)} tokens; the model accepts at most {limit}")
+        m = list(ids)
+        for p in [*tpos, *(p for o in others for p in o)]:
+            m[p] = mask_id
+        queries.append(MaskedQuery(tuple(m), tuple(tpos), tuple(ids[p] for p in tpos)))
+    return masked_token_logprobs(model, tokenizer, queries, batch_size=batch_size, device=device)
