@@ -13,12 +13,10 @@ spec's ``regression:`` section, the choice of baselines and a failing notificati
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shlex
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -32,7 +30,7 @@ from jobs.validators import parse_yaml
 from jobs.watch import AuditIndex, SweepRecord, Watcher, load_watch_spec
 from jobs.watch.regression import baselines_of, notify
 from test_regression import planted_models, write_w2v
-from watch_fakes import Recorder
+from watch_fakes import Receiver, Recorder
 
 REPO = Path(__file__).resolve().parents[1]
 ray = pytest.importorskip("ray")
@@ -63,37 +61,6 @@ class InlineSubmitter(Recorder):
         self.outcomes[sid] = out
         self.jobs[sid].update(status="SUCCEEDED" if out.exit_code == 0 else "FAILED", exit_code=out.exit_code)
         return sid
-
-
-class Receiver:
-    """A loopback HTTP server that keeps the JSON bodies POSTed to it."""
-
-    def __init__(self):
-        self.bodies: list[dict] = []
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's name
-                n = int(self.headers.get("Content-Length") or 0)
-                outer.bodies.append({"path": self.path, "type": self.headers.get("Content-Type"),
-                                     "json": json.loads(self.rfile.read(n).decode("utf-8"))})
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/bias"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def add_revision(root: Path, name: str, vectors: dict, mtime: float) -> Path:
