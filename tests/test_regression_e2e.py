@@ -25,12 +25,10 @@ import yaml
 
 from audit.errors import DataError, ParameterError
 from jobs import watch as W
-from jobs.spec import parse_spec
-from jobs.validators import parse_yaml
 from jobs.watch import AuditIndex, SweepRecord, Watcher, load_watch_spec
 from jobs.watch.regression import baselines_of, notify
 from test_regression import planted_models, write_w2v
-from watch_fakes import Receiver, Recorder
+from watch_fakes import InlineSubmitter, Receiver
 
 REPO = Path(__file__).resolve().parents[1]
 ray = pytest.importorskip("ray")
@@ -41,26 +39,6 @@ pytest.importorskip("mlflow")
 def _cwd(monkeypatch):
     monkeypatch.chdir(REPO)  # the sweep template is relative to the current directory
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-
-
-class InlineSubmitter(Recorder):
-    """Runs each submitted sweep at once, in this process, on the local Ray: the job's
-    entrypoint (``--run-spec-env``) without the job API."""
-
-    def __init__(self):
-        super().__init__()
-        self.outcomes = {}
-
-    def submit(self, sid, entrypoint, runtime_env, metadata, resources):
-        super().submit(sid, entrypoint, runtime_env, metadata, resources)
-        from jobs.sweep import run_sweep
-
-        text = runtime_env["env_vars"]["BIASAUDIT_SWEEP_SPEC"]
-        spec = parse_spec(parse_yaml(text, "$BIASAUDIT_SWEEP_SPEC"), source="$BIASAUDIT_SWEEP_SPEC")
-        out = run_sweep(spec, progress=False)
-        self.outcomes[sid] = out
-        self.jobs[sid].update(status="SUCCEEDED" if out.exit_code == 0 else "FAILED", exit_code=out.exit_code)
-        return sid
 
 
 def add_revision(root: Path, name: str, vectors: dict, mtime: float) -> Path:

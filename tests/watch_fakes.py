@@ -69,3 +69,25 @@ class Receiver:
     def __exit__(self, *exc):
         self.server.shutdown()
         self.server.server_close()
+
+
+class InlineSubmitter(Recorder):
+    """Runs each submitted sweep at once, in this process, on the local Ray: the job's
+    entrypoint (``--run-spec-env``) without the job API."""
+
+    def __init__(self):
+        super().__init__()
+        self.outcomes = {}
+
+    def submit(self, sid, entrypoint, runtime_env, metadata, resources):
+        super().submit(sid, entrypoint, runtime_env, metadata, resources)
+        from jobs.spec import parse_spec
+        from jobs.sweep import run_sweep
+        from jobs.validators import parse_yaml
+
+        text = runtime_env["env_vars"]["BIASAUDIT_SWEEP_SPEC"]
+        spec = parse_spec(parse_yaml(text, "$BIASAUDIT_SWEEP_SPEC"), source="$BIASAUDIT_SWEEP_SPEC")
+        out = run_sweep(spec, progress=False)
+        self.outcomes[sid] = out
+        self.jobs[sid].update(status="SUCCEEDED" if out.exit_code == 0 else "FAILED", exit_code=out.exit_code)
+        return sid
