@@ -66,7 +66,7 @@ from audit.suites import CompletionTemplates, MultipleChoice, SentencePairs, Unr
 
 __all__ = [
     "METRICS", "FAMILIES", "TEST_TYPES", "register", "unregister", "get", "names", "families", "accepted_params", "split_params",
-    "check_kind", "kind_reason", "applies", "supported", "check_declared", "run_metric", "analyse",
+    "check_params", "check_kind", "kind_reason", "applies", "supported", "check_declared", "run_metric", "analyse",
     "label_items", "describe", "test_type_of", "comparer",
 ]
 
@@ -454,6 +454,64 @@ def _check_params(e: Metric, params: Mapping[str, Any]) -> None:
     if unknown:
         accepted = ", ".join(sorted(accepted_params(e.name))) or "none"
         raise ParameterError(f"metric {e.name!r} does not accept parameter(s) {', '.join(unknown)}; accepted: {accepted}")
+
+
+#: Parameters whose default (``None``) says nothing of their type: what a given value must be.
+_NONE_DEFAULT_KINDS = {"batch_size": ("int", 1), "limit": ("int", 1), "seed": ("int", 0), "max_new_tokens": ("int", 1)}
+
+
+def _value_problem(key: str, value: Any, default: Any) -> str | None:
+    """Why ``value`` cannot be parameter ``key`` whose registered default is ``default``: the
+    type of the default (a boolean, an integer, a finite real number), integers >= 0 where the
+    default is, ``confidence`` and ``*_fraction`` strictly between 0 and 1, ``permutations`` as
+    ``exact``, ``auto`` or a positive integer. Choices among words are left to the metric."""
+    kind, low = _NONE_DEFAULT_KINDS.get(key, (None, None)) if default is None else (None, None)
+    if isinstance(default, bool):
+        kind = "bool"
+    elif isinstance(default, int):
+        kind, low = "int", (0 if default >= 0 else None)
+    elif isinstance(default, float):
+        kind = "float"
+    if key == "permutations":
+        if value in ("exact", "auto"):
+            return None
+        kind, low = "int", 1
+    if kind is None or value is None:
+        return None
+    if kind == "bool":
+        return None if isinstance(value, (bool, np.bool_)) else f"expected true or false, got {value!r}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return f"expected {'an integer' if kind == 'int' else 'a number'}, got {value!r}"
+    if not np.isfinite(float(value)):
+        return f"expected a finite number, got {value!r}"
+    if kind == "int":
+        if float(value) != int(value):
+            return f"expected an integer, got {value!r}"
+        if low is not None and int(value) < low:
+            return f"must be >= {low}, got {value!r}"
+    if (key == "confidence" or key.endswith("_fraction")) and not 0 < float(value) < 1:
+        return f"must be between 0 and 1 (exclusive), got {value!r}"
+    if key == "max_missing" and not 0 <= float(value) <= 1:
+        return f"must be between 0 and 1 (a fraction of a word set), got {value!r}"
+    return None
+
+
+def check_params(name: str, params: Mapping[str, Any] | None) -> None:
+    """Refuse, before any model loads, parameters a task of metric ``name`` would refuse after
+    it: names neither its family's measure step nor its analysis takes (naming the accepted
+    ones), and values of the wrong type or range for the registered default
+    (:func:`_value_problem`). :class:`ParameterError` naming the parameter."""
+    e = get(name)
+    params = dict(params or {})
+    unknown = sorted(set(params) - accepted_params(name))
+    if unknown:
+        accepted = ", ".join(sorted(accepted_params(name))) or "none"
+        raise ParameterError(f"metric {name!r} does not accept parameter(s) {', '.join(unknown)}; accepted: {accepted}")
+    defaults = {**e.family.params, **e.params}
+    for k, v in params.items():
+        why = _value_problem(k, v, defaults.get(k))
+        if why:
+            raise ParameterError(f"parameter {k} of metric {name!r}: {why}")
 
 
 def run_metric(name: str, targets: Sequence[Any], attributes: Sequence[Any], **params: Any) -> MetricOutput:

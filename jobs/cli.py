@@ -18,7 +18,6 @@ import sys
 from typing import Sequence
 
 from audit import cli as core_cli
-from audit.errors import AuditError
 from audit.regression import RUN_PREFIXES
 from jobs import compare_runs, sweep, wal, watch
 
@@ -50,11 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.command == "sync":
         return wal.main([a.spec] + list(a.rest))
     if a.command == "compare" and (a.a.startswith(RUN_PREFIXES) or a.b.startswith(RUN_PREFIXES)):
-        try:
-            return compare_runs.command(a)
-        except AuditError as e:
-            print(f"audit: error: {e}", file=sys.stderr)
-            return 2
+        return core_cli.run_command(a, compare_runs.command)  # one line and status 2 / 130 / 143 as the core's
     return core_cli.run_command(a)
 
 

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from audit.errors import AuditError, ParameterError
+from audit.outputs import ensure_output_dir, output_dir_problem
 from jobs import report
 from jobs.builders import build_models
 from jobs.plan import attach_keys, expand, spec_field, words_for_tasks
@@ -294,6 +295,16 @@ def _inside(path: Path, root: Path) -> bool:
         return True
     except ValueError:
         return False
+
+
+def check_output_dir(spec: SweepSpec, *, create: bool) -> None:
+    """Refuse an ``output_dir`` that cannot be written, naming it (:mod:`audit.outputs`); with
+    ``create`` make it and write a probe file (a dry run only looks)."""
+    what = f"{spec.source or 'spec'}: output_dir"
+    if create:
+        ensure_output_dir(spec.output_dir, what)
+    elif (problem := output_dir_problem(spec.output_dir)) is not None:
+        raise ParameterError(f"{what}: {problem}")
 
 
 def job_output_dir(spec: SweepSpec, *, job: dict | None = None, cwd: Path | None = None) -> tuple[SweepSpec, str | None]:
@@ -597,6 +608,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec, note = job_output_dir(spec)
         if note:
             print(note, flush=True)
+        check_output_dir(spec, create=not a.dry_run)  # before any work: a traceback after it loses the results
         if a.dry_run:
             return dry_run(spec)
         return run_sweep(spec, address=a.address, progress=not a.no_progress,
