@@ -27,13 +27,22 @@ import pandas as pd
 
 from audit import catalog, regression, registry, runner
 from audit.datasets import NUMBERS
-from audit.errors import AuditError, ParameterError
+from audit.errors import AuditError, ParameterError, one_line
 from audit.measure.contextual import METHODS
 from audit.multitest import holm
 from audit.outputs import check_output_file
 
 #: File types ``--items`` writes.
 ITEMS_SUFFIXES = (".parquet", ".csv")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on standard error (``<prog>: error: ...``,
+    status 2) like every other refusal of the command line, without the usage block
+    (``--help`` prints it). Sub-commands' parsers are of this class too."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
 def _permutations(v: str) -> str | int:
@@ -151,7 +160,7 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="audit", description="Audit embeddings and language models for social bias.")
+    p = OneLineParser(prog="audit", description="Audit embeddings and language models for social bias.")
     add_core_commands(p.add_subparsers(dest="command", required=True))
     return p
 
@@ -473,7 +482,7 @@ def run_command(a: argparse.Namespace, fn: Callable[[argparse.Namespace], int] |
     try:
         return (fn or COMMANDS[a.command])(a)
     except AuditError as e:
-        print(f"audit: error: {e}", file=sys.stderr)
+        print(f"audit: error: {one_line(e)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -17,13 +17,14 @@ import os
 import sys
 from typing import Sequence
 
+from audit.cli import OneLineParser
 from audit import cli as core_cli
 from audit.regression import RUN_PREFIXES
 from jobs import compare_runs, sweep, wal, watch
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="audit", description="Audit embeddings and language models for social bias.")
+    p = OneLineParser(prog="audit", description="Audit embeddings and language models for social bias.")
     sub = p.add_subparsers(dest="command", required=True)
     core_cli.add_core_commands(sub)
     compare_runs.add_options(sub.choices["compare"])

@@ -53,7 +53,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from audit.errors import AuditError, ParameterError
+from audit.cli import OneLineParser
+from audit.errors import AuditError, ParameterError, one_line
 from audit.outputs import ensure_output_dir, output_dir_problem
 from jobs import report
 from jobs.builders import build_models
@@ -584,7 +585,7 @@ def parent_summary(tracker, plan, df, *, ran: int, resumed: int, loads: int, sec
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jobs.sweep", description="Run a biasaudit sweep spec on Ray.")
+    p = OneLineParser(prog="python -m jobs.sweep", description="Run a biasaudit sweep spec on Ray.")
     p.add_argument("spec", help="YAML sweep spec (see jobs/specs/ and docs/service.md)")
     p.add_argument("--dry-run", action="store_true", help="print the plan; load no model, start no Ray")
     p.add_argument("--output-dir", default=None, help="override the spec's output_dir")
@@ -614,7 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_sweep(spec, address=a.address, progress=not a.no_progress,
                          progress_interval=a.progress_interval).exit_code
     except AuditError as e:
-        print(f"audit: error: {e}", file=sys.stderr)
+        print(f"audit: error: {one_line(e)}", file=sys.stderr)
         return 2
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 import re
 import shlex
@@ -483,8 +484,8 @@ def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | 
     spec = parse_watch_spec(expand_env(read_yaml(p, what="watch spec"), str(p)), source=str(p))
     changes: dict[str, Any] = location_overrides(output_dir, tracking_uri)
     if interval is not None:
-        if interval <= 0:
-            raise ParameterError(f"--interval must be > 0, got {interval}")
+        if not math.isfinite(interval) or interval <= 0:
+            raise ParameterError(f"--interval must be a finite number > 0, got {interval}")
         changes["interval"] = float(interval)
     if address is not None:
         changes["ray"] = dataclasses.replace(spec.ray, address=address)
