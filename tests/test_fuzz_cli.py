@@ -290,3 +290,15 @@ def test_entry_point_end_to_end(work):
                          text=True, timeout=300)
     assert bad.returncode == 2 and bad.stdout == "" and len(bad.stderr.strip().splitlines()) == 1
     assert "Traceback" not in bad.stderr
+
+
+def test_table_exit_1_when_a_test_fails(work, monkeypatch):
+    """``audit table``: a test the model cannot score is a row saying why, and status 1."""
+    monkeypatch.chdir(work)
+    (work / "unknown_words.yaml").write_text(TEST.replace("name: small", "name: unknown")
+                                             .replace("rose, tulip, daisy, lily", "qqa, qqb, qqc, qqd"), encoding="utf-8")
+    code, out, err = run_cli(["table", "--model", "ok.vec", "--test", "small.yaml", "unknown_words.yaml",
+                              "--permutations", "50"])
+    assert code == 1 and "Traceback" not in out + err, err
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert rows[2].startswith("| en/small | en | ") and " | failed | " in rows[3] and "unknown" in rows[3]
