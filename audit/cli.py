@@ -57,6 +57,34 @@ def _permutations(v: str) -> str | int:
     return n
 
 
+#: Help of the options several commands share (filled in where a command's option has none): one text each.
+SHARED_HELP = {
+    "seed": "seed of the permutations, bootstraps and samplers (default 0); the same seed gives the same numbers",
+    "alternative": "direction of the test: greater (default for WEAT: X more associated with A), less or two-sided",
+    "embedding": "how a contextual model turns a word into one vector (docs/transformers.md): cls, target_first, "
+                 "target_pooled, mean, weighted_mean, last",
+    "batch_size": "sentences per forward pass (default: the backend's; halved on out-of-memory)",
+    "language": "language of the shipped tests to list (default: all)",
+    "format": "output format",
+    "model": "path or short reference (docs/models.md)",
+    "permutations": "exact | auto | N sampled partitions (WEAT/SEAT/LPBS)",
+    "casefold": "fold case before look-up (uncased vectors such as GloVe 6B)",
+    "strip_accents": "strip accents before look-up",
+    "max_missing": "fail if a word set loses more than this fraction (default 0.2)",
+    "allow_pickle": "allow pickle-based model formats for this model",
+    "trust_remote_code": "allow the model's own code (Hugging Face)",
+    "backend": "force a backend (static format name, hf-encoder, hf-mlm, hf-causal)",
+    "confidence": "level of the bootstrap interval of the difference (default 0.95)",
+}
+
+
+def fill_help(parser: argparse.ArgumentParser) -> None:
+    """Give each option of ``parser`` without help text the shared one (:data:`SHARED_HELP`)."""
+    for act in parser._actions:
+        if act.help is None and act.dest in SHARED_HELP:
+            act.help = SHARED_HELP[act.dest]
+
+
 def _metric_help() -> str:
     return "one of " + ", ".join(registry.names()) + " (`audit metrics` lists them with their model kinds)"
 
@@ -157,6 +185,8 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--adjust", choices=("holm", "bh"), default="holm",
                    help="adjusted p-value the gate reads (family: the compared tests of each metric); default holm")
     c.add_argument("--format", choices=("table", "json"), default="table")
+    for parser in (s, d, t, m, c):
+        fill_help(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,11 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare_runs.add_options(sub.choices["compare"])
     sub.add_parser("watch", help="watch model repositories and submit an audit for each new revision", add_help=False)
     r = sub.add_parser("run", help="run a sweep spec (YAML) on Ray")
-    r.add_argument("spec")
-    r.add_argument("--dry-run", action="store_true")
-    r.add_argument("rest", nargs=argparse.REMAINDER)
+    r.add_argument("spec", help="sweep spec (YAML; jobs/specs/smoke.yaml, docs/service.md)")
+    r.add_argument("--dry-run", action="store_true", help="print the plan (tasks per model and metric); run nothing")
+    r.add_argument("rest", nargs=argparse.REMAINDER, help="further options of `python -m jobs.sweep` (--output-dir, "
+                                                          "--tracking-uri, --address, --no-progress ...)")
     y = sub.add_parser("sync", help="upload the results a sweep could not log to MLflow (its write-ahead log)")
-    y.add_argument("spec")
+    y.add_argument("spec", help="the sweep spec whose write-ahead log to upload")
     y.add_argument("rest", nargs=argparse.REMAINDER, help="--output-dir DIR, --tracking-uri URI")
     return p
 

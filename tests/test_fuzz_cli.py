@@ -302,3 +302,25 @@ def test_table_exit_1_when_a_test_fails(work, monkeypatch):
     assert code == 1 and "Traceback" not in out + err, err
     rows = [line for line in out.splitlines() if line.startswith("| ")]
     assert rows[2].startswith("| en/small | en | ") and " | failed | " in rows[3] and "unknown" in rows[3]
+
+
+def test_every_option_of_every_command_has_help_text():
+    import argparse
+
+    from jobs import sweep, wal
+    from jobs.watch import cli as watch_cli
+
+    missing = []
+
+    def walk(p: argparse.ArgumentParser, name: str) -> None:
+        for act in p._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                for sub, sp in act.choices.items():
+                    walk(sp, f"{name} {sub}")
+            elif not act.help and act.dest != "help":
+                missing.append(f"{name} {'/'.join(act.option_strings) or act.dest}")
+
+    for p, name in ((cli.build_parser(), "audit"), (sweep.build_parser(), "audit run"), (wal.build_parser(), "audit sync"),
+                    (watch_cli.build_parser(), "audit watch")):
+        walk(p, name)
+    assert missing == []
