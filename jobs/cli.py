@@ -23,6 +23,12 @@ from audit.regression import RUN_PREFIXES
 from jobs import compare_runs, sweep, wal, watch
 
 
+def quiet_mlflow_downloads() -> None:
+    """No "Downloading artifacts" progress bars from MLflow in the output of `audit compare` and
+    `audit watch` (they read per-item tables from the store; the bars are noise in a table or a log)."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="audit", description="Audit embeddings and language models for social bias.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -44,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "watch":  # the watcher has its own options (jobs/watch)
+        quiet_mlflow_downloads()
         return watch.main(argv[1:])
     a = build_parser().parse_args(argv)
     if a.command == "run":
@@ -51,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.command == "sync":
         return wal.main([a.spec] + list(a.rest))
     if a.command == "compare" and (a.a.startswith(RUN_PREFIXES) or a.b.startswith(RUN_PREFIXES)):
+        quiet_mlflow_downloads()
         return core_cli.run_command(a, compare_runs.command)  # one line and status 2 / 130 / 143 as the core's
     return core_cli.run_command(a)
 

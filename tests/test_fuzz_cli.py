@@ -324,3 +324,14 @@ def test_every_option_of_every_command_has_help_text():
                     (watch_cli.build_parser(), "audit watch")):
         walk(p, name)
     assert missing == []
+
+
+def test_compare_of_runs_and_watch_turn_mlflow_download_bars_off(work, monkeypatch):
+    """MLflow's "Downloading artifacts" bars would clutter the comparison table and the decision log."""
+    monkeypatch.chdir(work)
+    for argv in (["compare", "run:a", "run:b"], ["watch", "missing.yaml", "--once"]):
+        monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)
+        assert run_cli(argv)[0] == 2
+        from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
+
+        assert MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.get() is False

@@ -66,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``audit watch`` / ``python -m jobs.watch``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no download bars in the decision log
     if "--run-spec-env" in argv:
         i = argv.index("--run-spec-env")
         if i + 1 >= len(argv):
