@@ -491,9 +491,18 @@ def _value_problem(key: str, value: Any, default: Any) -> str | None:
             return f"must be >= {low}, got {value!r}"
     if (key == "confidence" or key.endswith("_fraction")) and not 0 < float(value) < 1:
         return f"must be between 0 and 1 (exclusive), got {value!r}"
-    if key == "max_missing" and not 0 <= float(value) <= 1:
-        return f"must be between 0 and 1 (a fraction of a word set), got {value!r}"
     return None
+
+
+def _own_checks() -> dict[str, Callable[[Any], Any]]:
+    from audit.stats import _check_count
+    from audit.vocab import _check_max_missing
+
+    return {"max_missing": _check_max_missing, "permutations": lambda v: _check_count(v, "permutations")}
+
+
+#: Parameters whose rule lives with the code that uses them (one rule, one place): run up front too.
+_OWN_CHECKS = _own_checks()
 
 
 def check_params(name: str, params: Mapping[str, Any] | None) -> None:
@@ -509,6 +518,8 @@ def check_params(name: str, params: Mapping[str, Any] | None) -> None:
         raise ParameterError(f"metric {name!r} does not accept parameter(s) {', '.join(unknown)}; accepted: {accepted}")
     defaults = {**e.family.params, **e.params}
     for k, v in params.items():
+        if k in _OWN_CHECKS and v is not None and not (k == "permutations" and v in ("exact", "auto")):
+            _OWN_CHECKS[k](v)  # the rule the measure or statistics step applies, raised as it words it
         why = _value_problem(k, v, defaults.get(k))
         if why:
             raise ParameterError(f"parameter {k} of metric {name!r}: {why}")

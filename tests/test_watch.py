@@ -132,7 +132,7 @@ def test_cli_reports_a_bad_spec_in_one_line(tmp_path, capsys):
     assert W.main([str(p), "--once"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"audit: error: {p}: intervall: unknown field (did you mean 'interval'?); allowed fields: " \
-                  "audit, backoff, description, hub, interval, max_attempts, name, output_dir, ray, regression, sweep_output_dir, " \
+                  "audit, backoff, description, hub, interval, max_attempts, name, notify, output_dir, ray, regression, sweep_output_dir, " \
                   "tracking, watch"
 
 
