@@ -129,7 +129,8 @@ def _file_cases() -> list[tuple[str, list[str], int]]:
         out += [
             (f"score-test-{cls}", ["score", "--model", "ok.vec", "--test", f"{cls}.yaml", "--metric", "weat"], 2),
             (f"score-model-{cls}", ["score", "--model", f"{cls}.vec", "--test", "small.yaml", "--metric", "weat"], 2),
-            (f"score-crows-{cls}", ["score", "--model", "ok.vec", "--test", f"{cls}.csv", "--metric", "crows_pairs"], 2),
+            (f"score-crows-{cls}", ["score", "--model", "ok.vec", "--test", f"{cls}.csv", "--metric", "crows_pairs"],
+             2),
             (f"compare-model-{cls}", ["compare", f"{cls}.vec", "ok.vec", "--test", "small.yaml"],
              COMPARE_STATUS.get(cls, 2)),
             (f"table-test-{cls}", ["table", "--model", "ok.vec", "--test", f"{cls}.yaml"], 2),
@@ -164,7 +165,8 @@ CASES: list[tuple[str, list[str], int]] = [
     *[(f"score-param-{i}", [*S, "--param", p], 2) for i, p in enumerate((
         "n_bootstrap", "n_bootstrap=nan", "n_bootstrap=-3", "n_bootstrap=1.5", "confidence=2", "confidence=\"x\"",
         "confidence=[1]", "nosuch=1", "ddof=true", "casefold=3", "permutations=0", "max_missing=7"))],
-    ("score-honest-limit", ["score", "--model", "ok.vec", "--test", "en/honest", "--metric", "honest", "--limit", "40"], 2),
+    ("score-honest-limit", ["score", "--model", "ok.vec", "--test", "en/honest", "--metric", "honest",
+                            "--limit", "40"], 2),
     ("compare-param-unknown", [*C, "--param", "nosuch=1"], 2),
     ("compare-param-nan", [*C, "--param", "confidence=NaN"], 2),
     # unknown names
@@ -296,7 +298,8 @@ def test_table_exit_1_when_a_test_fails(work, monkeypatch):
     """``audit table``: a test the model cannot score is a row saying why, and status 1."""
     monkeypatch.chdir(work)
     (work / "unknown_words.yaml").write_text(TEST.replace("name: small", "name: unknown")
-                                             .replace("rose, tulip, daisy, lily", "qqa, qqb, qqc, qqd"), encoding="utf-8")
+                                             .replace("rose, tulip, daisy, lily", "qqa, qqb, qqc, qqd"),
+                                             encoding="utf-8")
     code, out, err = run_cli(["table", "--model", "ok.vec", "--test", "small.yaml", "unknown_words.yaml",
                               "--permutations", "50"])
     assert code == 1 and "Traceback" not in out + err, err
@@ -320,8 +323,8 @@ def test_every_option_of_every_command_has_help_text():
             elif not act.help and act.dest != "help":
                 missing.append(f"{name} {'/'.join(act.option_strings) or act.dest}")
 
-    for p, name in ((cli.build_parser(), "audit"), (sweep.build_parser(), "audit run"), (wal.build_parser(), "audit sync"),
-                    (watch_cli.build_parser(), "audit watch")):
+    for p, name in ((cli.build_parser(), "audit"), (sweep.build_parser(), "audit run"),
+                    (wal.build_parser(), "audit sync"), (watch_cli.build_parser(), "audit watch")):
         walk(p, name)
     assert missing == []
 

@@ -132,7 +132,8 @@ def test_cli_reports_a_bad_spec_in_one_line(tmp_path, capsys):
     assert W.main([str(p), "--once"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"audit: error: {p}: intervall: unknown field (did you mean 'interval'?); allowed fields: " \
-                  "audit, backoff, description, hub, interval, max_attempts, name, notify, output_dir, ray, regression, sweep_output_dir, " \
+                  "audit, backoff, description, hub, interval, max_attempts, name, notify, output_dir, ray, regression, " \
+                  "sweep_output_dir, " \
                   "tracking, watch"
 
 
@@ -706,7 +707,8 @@ def test_a_failed_audit_job_makes_watch_once_exit_1_and_notify_both_channels(tmp
 
         code, out = once()
         assert code == 1 and "1 submitted" in out and "1 failed" in out
-        assert f"failed    {root / 'tiny'}@v1 [{sid}]: job {sid} FAILED (exit status 1); submitting attempt 2 of 2" in out
+        assert (f"failed    {root / 'tiny'}@v1 [{sid}]: job {sid} FAILED (exit status 1); "
+                "submitting attempt 2 of 2") in out
         bodies = [json.loads(x) for x in hook_out.read_text().splitlines()]
         assert [(b["event"], b["submission_id"], b["attempt"]) for b in bodies] == [("audit_failed", sid, 1)]
         assert [(b["path"], b["json"]) for b in rx.bodies] == [("/hooks/bias", bodies[0])]
@@ -757,3 +759,19 @@ def test_a_failed_notification_is_an_error_and_retried(tmp_path):
         r = Watcher(spec, submitter=rec, out=None).poll()
         assert r.exit_code == 1 and [d.action for d in r.failed] == ["failed"]
         assert [e.reason for e in r.errors] == [f"notification command {sys.executable} exited 5"]
+
+
+def test_a_local_folder_the_run_could_not_load_is_not_submitted(tmp_path):
+    """A revision folder with neither config.json nor a vectors file: refused by the planner's rule
+    before submission (an error, exit 1), not submitted as a job that fails every task."""
+    root = tmp_path / "models"
+    (root / "m" / "v1").mkdir(parents=True)
+    (root / "m" / "v1" / "notes.md").write_text("no model here\n", encoding="utf-8")
+    old = time.time() - 3600
+    os.utime(root / "m" / "v1", (old, old))
+    spec = load_watch_spec(write_watch(tmp_path, [{"local": str(root)}]))
+    rec = Recorder()
+    r = Watcher(spec, submitter=rec, out=None).poll()
+    assert rec.jobs == {} and r.exit_code == 1
+    [e] = r.errors
+    assert e.reason.startswith("invalid generated sweep: ") and "is a folder without config.json" in e.reason

@@ -95,7 +95,8 @@ class PollReport:
     def summary(self) -> str:
         return (f"{self.count('found')} revision(s) seen: {self.count('submitted')} submitted, "
                 f"{self.count('skipped')} skipped, {self.count('dry_run')} to submit (dry run), "
-                f"{self.count('error')} error(s), {self.count('failed')} failed, {self.count('stuck')} stuck, {self.count('deferred')} deferred, "
+                f"{self.count('error')} error(s), {self.count('failed')} failed, {self.count('stuck')} stuck, "
+                f"{self.count('deferred')} deferred, "
                 f"{self.count('retry')} retried failure(s), {self.count('regression')} regression(s)")
 
 

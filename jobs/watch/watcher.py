@@ -198,7 +198,8 @@ class Watcher:
         body = {"event": event, "watch": self.spec.name, "action": d.action, "reason": d.reason, "entry": d.entry,
                 "repo": d.repo, "revision": d.revision, "sweep": d.sweep, "submission_id": d.submission_id,
                 "attempt": d.attempt, "spec_path": d.spec_path,
-                "tracking_uri": redact_uri(self.spec.resolved_tracking_uri), "experiment": self.spec.resolved_experiment}
+                "tracking_uri": redact_uri(self.spec.resolved_tracking_uri),
+                "experiment": self.spec.resolved_experiment}
         done, failed = notify(n, body)
         if done:
             self.log.say(f"notified ({event}): {'; '.join(done)}")
@@ -433,7 +434,8 @@ class Watcher:
 def _exit(js: JobState | None) -> str:
     if js is None:
         return ""
-    bits = ([f"exit status {js.exit_code}"] if js.exit_code is not None else []) + ([js.message[:200]] if js.message else [])
+    bits = [f"exit status {js.exit_code}"] if js.exit_code is not None else []
+    bits += [js.message[:200]] if js.message else []
     return f" ({'; '.join(bits)})" if bits else ""
 
 
