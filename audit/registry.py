@@ -63,6 +63,8 @@ from audit.metrics.sets import (
 )
 from audit.result import MetricOutput
 from audit.suites import CompletionTemplates, MultipleChoice, SentencePairs, UnreadableTest, WordTest
+from audit.stats import _check_count
+from audit.vocab import _check_max_missing
 
 __all__ = [
     "METRICS", "FAMILIES", "TEST_TYPES", "register", "unregister", "get", "names", "families", "accepted_params", "split_params",
@@ -494,15 +496,9 @@ def _value_problem(key: str, value: Any, default: Any) -> str | None:
     return None
 
 
-def _own_checks() -> dict[str, Callable[[Any], Any]]:
-    from audit.stats import _check_count
-    from audit.vocab import _check_max_missing
-
-    return {"max_missing": _check_max_missing, "permutations": lambda v: _check_count(v, "permutations")}
-
-
 #: Parameters whose rule lives with the code that uses them (one rule, one place): run up front too.
-_OWN_CHECKS = _own_checks()
+_OWN_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "max_missing": _check_max_missing, "permutations": lambda v: _check_count(v, "permutations")}
 
 
 def check_params(name: str, params: Mapping[str, Any] | None) -> None:

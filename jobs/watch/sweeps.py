@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import yaml
 
 from audit.errors import DataError
+from jobs.resolve import model_kind
 from jobs.spec import parse_spec
 from jobs.validators import expand_env, read_yaml
 from jobs.watch.spec import WatchEntry, WatchSpec, deep_merge
@@ -132,8 +133,6 @@ def generate_sweep(watch: WatchSpec, entry: WatchEntry, rel: Release) -> Generat
     expanded = expand_env(raw, src, env=env, unset_hint="set VAR where the watcher runs or in ray.runtime_env.env_vars of the watch spec")
     parse_spec(expanded, source=src)
     if rel.source == "local":  # the planner's rule for a local folder, here: a job that cannot load it is not submitted
-        from jobs.resolve import model_kind
-
         model_kind(rel.ref, model.get("backend"))
     order = ["name", "description", "seed", "output_dir", "tracking"]
     ordered = {k: raw[k] for k in order if k in raw} | {k: v for k, v in raw.items() if k not in order}
