@@ -16,18 +16,33 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from audit import catalog, regression, registry, runner
 from audit.datasets import NUMBERS
-from audit.errors import AuditError, ParameterError
+from audit.errors import AuditError, ParameterError, one_line
 from audit.measure.contextual import METHODS
 from audit.multitest import holm
+from audit.outputs import check_output_file
+
+#: File types ``--items`` writes.
+ITEMS_SUFFIXES = (".parquet", ".csv")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on standard error (``<prog>: error: ...``,
+    status 2) like every other refusal of the command line, without the usage block
+    (``--help`` prints it). Sub-commands' parsers are of this class too."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
 def _permutations(v: str) -> str | int:
@@ -40,6 +55,34 @@ def _permutations(v: str) -> str | int:
     if n <= 0:
         raise argparse.ArgumentTypeError(f"--permutations must be a positive integer, not {n}")
     return n
+
+
+#: Help of the options several commands share (filled in where a command's option has none): one text each.
+SHARED_HELP = {
+    "seed": "seed of the permutations, bootstraps and samplers (default 0); the same seed gives the same numbers",
+    "alternative": "direction of the test: greater (default for WEAT: X more associated with A), less or two-sided",
+    "embedding": "how a contextual model turns a word into one vector (docs/transformers.md): cls, target_first, "
+                 "target_pooled, mean, weighted_mean, last",
+    "batch_size": "sentences per forward pass (default: the backend's; halved on out-of-memory)",
+    "language": "language of the shipped tests to list (default: all)",
+    "format": "output format",
+    "model": "path or short reference (docs/models.md)",
+    "permutations": "exact | auto | N sampled partitions (WEAT/SEAT/LPBS)",
+    "casefold": "fold case before look-up (uncased vectors such as GloVe 6B)",
+    "strip_accents": "strip accents before look-up",
+    "max_missing": "fail if a word set loses more than this fraction (default 0.2)",
+    "allow_pickle": "allow pickle-based model formats for this model",
+    "trust_remote_code": "allow the model's own code (Hugging Face)",
+    "backend": "force a backend (static format name, hf-encoder, hf-mlm, hf-causal)",
+    "confidence": "level of the bootstrap interval of the difference (default 0.95)",
+}
+
+
+def fill_help(parser: argparse.ArgumentParser) -> None:
+    """Give each option of ``parser`` without help text the shared one (:data:`SHARED_HELP`)."""
+    for act in parser._actions:
+        if act.help is None and act.dest in SHARED_HELP:
+            act.help = SHARED_HELP[act.dest]
 
 
 def _metric_help() -> str:
@@ -143,10 +186,12 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--adjust", choices=("holm", "bh"), default="holm",
                    help="adjusted p-value the gate reads (family: the compared tests of each metric); default holm")
     c.add_argument("--format", choices=("table", "json"), default="table")
+    for parser in (s, d, t, m, c):
+        fill_help(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="audit", description="Audit embeddings and language models for social bias.")
+    p = OneLineParser(prog="audit", description="Audit embeddings and language models for social bias.")
     add_core_commands(p.add_subparsers(dest="command", required=True))
     return p
 
@@ -186,13 +231,19 @@ def cmd_score(a: argparse.Namespace) -> int:
         opts["backend"] = a.backend
     if a.revision:
         opts["revision"] = a.revision
+    if a.items:  # before any work: a path that cannot be written would lose the computed score
+        check_output_file(a.items, "--items", ITEMS_SUFFIXES)
     res = runner.score(a.model, a.test, a.metric, params, seed=a.seed, model_options=opts, language=a.language)
-    if a.items:
-        write_items(res.items, a.items)
     if a.format == "json":
-        print(res.dumps())
+        print(res.dumps(), flush=True)
     else:
-        print(format_result(res))
+        print(format_result(res), flush=True)
+    if a.items:  # after the score is printed: a late failure (disk full) keeps it
+        try:
+            write_items(res.items, a.items)
+        except OSError as e:
+            raise ParameterError(f"--items {a.items}: cannot be written ({e.strerror or type(e).__name__}); "
+                                 "the score above was printed") from None
     return 0
 
 
@@ -200,12 +251,12 @@ def write_items(items, path: str) -> None:
     if items is None:
         items = pd.DataFrame()
     p = Path(path)
-    if p.suffix == ".parquet":
+    if p.suffix.lower() == ".parquet":
         items.to_parquet(p, index=False)
-    elif p.suffix == ".csv":
+    elif p.suffix.lower() == ".csv":
         items.to_csv(p, index=False)
     else:
-        raise ParameterError(f"--items {path}: use a .parquet or .csv file name")
+        raise ParameterError(f"--items {path}: use a file name ending in {' or '.join(ITEMS_SUFFIXES)}")
 
 
 def format_number(key: str, v: Any) -> str:
@@ -379,8 +430,20 @@ def comparison_options(a: argparse.Namespace) -> dict[str, Any]:
         raise ParameterError(f"--n-bootstrap must be >= 0, got {a.n_bootstrap}")
     if not 0 < a.confidence < 1:
         raise ParameterError(f"--confidence must be in (0, 1), got {a.confidence}")
+    for opt, v in (("--min-increase", a.min_increase), ("--alpha", a.alpha)):
+        if not np.isfinite(v) or v < 0:
+            raise ParameterError(f"{opt} must be a finite number >= 0, got {v}")
+    if a.alpha > 1:
+        raise ParameterError(f"--alpha must be <= 1, got {a.alpha}")
     return {"alternative": a.alternative, "quantity": a.quantity, "n_bootstrap": a.n_bootstrap,
             "permutations": a.permutations, "confidence": a.confidence}
+
+
+def check_compare_params(metrics: Sequence[str] | None, params: dict[str, Any]) -> None:
+    """Every task parameter of ``audit compare`` against every compared metric
+    (:func:`audit.registry.check_params`), before any model loads."""
+    for m in metrics or [registry.names()[0]]:
+        registry.check_params(m, params)
 
 
 def print_comparison(df, models: dict[str, Any], a: argparse.Namespace) -> int:
@@ -412,6 +475,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
             raise ParameterError(f"{ref!r}: comparing finished sweeps in MLflow needs the service command "
                                  "(the installed `audit`, jobs.cli)")
     params = _lookup_params(a, {} if a.max_missing is None else {"max_missing": a.max_missing})
+    check_compare_params(a.metric, params)
+    comparison_options(a)
     opts: dict[str, Any] = {"allow_pickle": a.allow_pickle, "trust_remote_code": a.trust_remote_code}
     if a.backend:
         opts["backend"] = a.backend
@@ -425,15 +490,42 @@ COMMANDS = {"score": cmd_score, "datasets": cmd_datasets, "table": cmd_table, "m
             "compare": cmd_compare}
 
 
-def run_command(a: argparse.Namespace) -> int:
-    """Run a parsed core command; input errors print one line and give status 2."""
+#: Exit statuses of a command ended by a signal: 128 + the signal's number, as a shell reports it.
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT    # 130, Ctrl-C
+TERMINATED_EXIT_CODE = 128 + signal.SIGTERM    # 143, `kill`, systemd, Kubernetes
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by SIGTERM while a core command runs (like KeyboardInterrupt for SIGINT)."""
+
+
+def _raise_terminated(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    raise Terminated()
+
+
+def run_command(a: argparse.Namespace, fn: Callable[[argparse.Namespace], int] | None = None) -> int:
+    """Run a parsed core command; input errors print one line and give status 2; Ctrl-C
+    (SIGINT) and SIGTERM end it with one line and status 130 / 143, no traceback (nothing of a
+    core command is half-written: results are printed, and ``--items`` written, at the end)."""
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        return COMMANDS[a.command](a)
+        return (fn or COMMANDS[a.command])(a)
     except AuditError as e:
-        print(f"audit: error: {e}", file=sys.stderr)
+        print(f"audit: error: {one_line(e)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        print(f"audit: interrupted (SIGINT): `audit {a.command}` stopped before it finished", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    except Terminated:
+        print(f"audit: terminated (SIGTERM): `audit {a.command}` stopped before it finished", file=sys.stderr)
+        return TERMINATED_EXIT_CODE
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -124,6 +124,9 @@ class Metric:
     breakdowns:   ``(table, scores)`` pairs: nested tables of the result's fields (``per_category``:
                   category -> {score: value, ``ci``: {score: [low, high]}}) that the reports turn
                   into a model x category LaTeX table and a bar plot of each score.
+    no_bias:      the headline's value of no bias (0 for effect sizes and bias scores; 50 for a
+                  percentage of pairs such as CrowS-Pairs): the reference line of plots and the
+                  centre of their colour scales.
     sharded:      optional ``sharded(measurement, params, seed, shards, map_fn) -> MetricOutput |
                   None``: the analysis with its exact permutation count split into ``shards``
                   pieces mapped by ``map_fn`` (``None`` when splitting does not pay).
@@ -144,6 +147,7 @@ class Metric:
     roles: bool = False
     sharded: Callable[..., MetricOutput | None] | None = None
     breakdowns: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    no_bias: float = 0.0
 
     @property
     def model_kinds(self) -> tuple[str, ...]:

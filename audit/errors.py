@@ -30,3 +30,9 @@ class CoverageError(AuditError):
 
 class UnsafeModelError(ModelError):
     """A model would need pickle or remote code, and the spec does not allow it for that model."""
+
+
+def one_line(e: BaseException | str) -> str:
+    """An error message as the one line a command prints: its whitespace (a YAML parser's
+    ``in "<unicode string>"`` continuation, a wrapped message) collapsed to single spaces."""
+    return " ".join(str(e).split()) or type(e).__name__

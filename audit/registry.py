@@ -63,10 +63,12 @@ from audit.metrics.sets import (
 )
 from audit.result import MetricOutput
 from audit.suites import CompletionTemplates, MultipleChoice, SentencePairs, UnreadableTest, WordTest
+from audit.stats import _check_count
+from audit.vocab import _check_max_missing
 
 __all__ = [
     "METRICS", "FAMILIES", "TEST_TYPES", "register", "unregister", "get", "names", "families", "accepted_params", "split_params",
-    "check_kind", "kind_reason", "applies", "supported", "check_declared", "run_metric", "analyse",
+    "check_params", "check_kind", "kind_reason", "applies", "supported", "check_declared", "run_metric", "analyse",
     "label_items", "describe", "test_type_of", "comparer",
 ]
 
@@ -223,7 +225,7 @@ _ENTRIES: tuple[Metric, ...] = (
         items="one row per attribute word: its predicted protected class",
     ),
     Metric(
-        name="crows_pairs", family=PAIR_SCORES, analyse=lambda m, **p: crows_pairs_metric(m.table, **p),
+        name="crows_pairs", family=PAIR_SCORES, no_bias=50.0, analyse=lambda m, **p: crows_pairs_metric(m.table, **p),
         params={"decimals": "auto", "confidence": 0.95},
         headline="% of pairs whose more stereotypical sentence scores higher (50 = no preference), with stderr "
                  "and Wilson CI",
@@ -454,6 +456,69 @@ def _check_params(e: Metric, params: Mapping[str, Any]) -> None:
     if unknown:
         accepted = ", ".join(sorted(accepted_params(e.name))) or "none"
         raise ParameterError(f"metric {e.name!r} does not accept parameter(s) {', '.join(unknown)}; accepted: {accepted}")
+
+
+#: Parameters whose default (``None``) says nothing of their type: what a given value must be.
+_NONE_DEFAULT_KINDS = {"batch_size": ("int", 1), "limit": ("int", 1), "seed": ("int", 0), "max_new_tokens": ("int", 1)}
+
+
+def _value_problem(key: str, value: Any, default: Any) -> str | None:
+    """Why ``value`` cannot be parameter ``key`` whose registered default is ``default``: the
+    type of the default (a boolean, an integer, a finite real number), integers >= 0 where the
+    default is, ``confidence`` and ``*_fraction`` strictly between 0 and 1, ``permutations`` as
+    ``exact``, ``auto`` or a positive integer. Choices among words are left to the metric."""
+    kind, low = _NONE_DEFAULT_KINDS.get(key, (None, None)) if default is None else (None, None)
+    if isinstance(default, bool):
+        kind = "bool"
+    elif isinstance(default, int):
+        kind, low = "int", (0 if default >= 0 else None)
+    elif isinstance(default, float):
+        kind = "float"
+    if key == "permutations":
+        if value in ("exact", "auto"):
+            return None
+        kind, low = "int", 1
+    if kind is None or value is None:
+        return None
+    if kind == "bool":
+        return None if isinstance(value, (bool, np.bool_)) else f"expected true or false, got {value!r}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return f"expected {'an integer' if kind == 'int' else 'a number'}, got {value!r}"
+    if not np.isfinite(float(value)):
+        return f"expected a finite number, got {value!r}"
+    if kind == "int":
+        if float(value) != int(value):
+            return f"expected an integer, got {value!r}"
+        if low is not None and int(value) < low:
+            return f"must be >= {low}, got {value!r}"
+    if (key == "confidence" or key.endswith("_fraction")) and not 0 < float(value) < 1:
+        return f"must be between 0 and 1 (exclusive), got {value!r}"
+    return None
+
+
+#: Parameters whose rule lives with the code that uses them (one rule, one place): run up front too.
+_OWN_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "max_missing": _check_max_missing, "permutations": lambda v: _check_count(v, "permutations")}
+
+
+def check_params(name: str, params: Mapping[str, Any] | None) -> None:
+    """Refuse, before any model loads, parameters a task of metric ``name`` would refuse after
+    it: names neither its family's measure step nor its analysis takes (naming the accepted
+    ones), and values of the wrong type or range for the registered default
+    (:func:`_value_problem`). :class:`ParameterError` naming the parameter."""
+    e = get(name)
+    params = dict(params or {})
+    unknown = sorted(set(params) - accepted_params(name))
+    if unknown:
+        accepted = ", ".join(sorted(accepted_params(name))) or "none"
+        raise ParameterError(f"metric {name!r} does not accept parameter(s) {', '.join(unknown)}; accepted: {accepted}")
+    defaults = {**e.family.params, **e.params}
+    for k, v in params.items():
+        if k in _OWN_CHECKS and v is not None and not (k == "permutations" and v in ("exact", "auto")):
+            _OWN_CHECKS[k](v)  # the rule the measure or statistics step applies, raised as it words it
+        why = _value_problem(k, v, defaults.get(k))
+        if why:
+            raise ParameterError(f"parameter {k} of metric {name!r}: {why}")
 
 
 def run_metric(name: str, targets: Sequence[Any], attributes: Sequence[Any], **params: Any) -> MetricOutput:

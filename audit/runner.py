@@ -233,7 +233,7 @@ def score(
 ) -> Result:
     """Load (if needed), measure and analyse one task in this process."""
     params = dict(params or {})
-    registry.get(metric)
+    registry.check_params(metric, params)  # before any model loads (a wrong parameter after an hour of generation)
     t = load_test(test, language=language)
     if isinstance(model, str):
         model = load_model(model, words=words_for(metric, t, params), **(model_options or {}))

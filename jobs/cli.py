@@ -17,24 +17,31 @@ import os
 import sys
 from typing import Sequence
 
+from audit.cli import OneLineParser
 from audit import cli as core_cli
-from audit.errors import AuditError
 from audit.regression import RUN_PREFIXES
 from jobs import compare_runs, sweep, wal, watch
 
 
+def quiet_mlflow_downloads() -> None:
+    """No "Downloading artifacts" progress bars from MLflow in the output of `audit compare` and
+    `audit watch` (they read per-item tables from the store; the bars are noise in a table or a log)."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="audit", description="Audit embeddings and language models for social bias.")
+    p = OneLineParser(prog="audit", description="Audit embeddings and language models for social bias.")
     sub = p.add_subparsers(dest="command", required=True)
     core_cli.add_core_commands(sub)
     compare_runs.add_options(sub.choices["compare"])
     sub.add_parser("watch", help="watch model repositories and submit an audit for each new revision", add_help=False)
     r = sub.add_parser("run", help="run a sweep spec (YAML) on Ray")
-    r.add_argument("spec")
-    r.add_argument("--dry-run", action="store_true")
-    r.add_argument("rest", nargs=argparse.REMAINDER)
+    r.add_argument("spec", help="sweep spec (YAML; jobs/specs/smoke.yaml, docs/service.md)")
+    r.add_argument("--dry-run", action="store_true", help="print the plan (tasks per model and metric); run nothing")
+    r.add_argument("rest", nargs=argparse.REMAINDER, help="further options of `python -m jobs.sweep` (--output-dir, "
+                                                          "--tracking-uri, --address, --no-progress ...)")
     y = sub.add_parser("sync", help="upload the results a sweep could not log to MLflow (its write-ahead log)")
-    y.add_argument("spec")
+    y.add_argument("spec", help="the sweep spec whose write-ahead log to upload")
     y.add_argument("rest", nargs=argparse.REMAINDER, help="--output-dir DIR, --tracking-uri URI")
     return p
 
@@ -43,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "watch":  # the watcher has its own options (jobs/watch)
+        quiet_mlflow_downloads()
         return watch.main(argv[1:])
     a = build_parser().parse_args(argv)
     if a.command == "run":
@@ -50,11 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.command == "sync":
         return wal.main([a.spec] + list(a.rest))
     if a.command == "compare" and (a.a.startswith(RUN_PREFIXES) or a.b.startswith(RUN_PREFIXES)):
-        try:
-            return compare_runs.command(a)
-        except AuditError as e:
-            print(f"audit: error: {e}", file=sys.stderr)
-            return 2
+        quiet_mlflow_downloads()
+        return core_cli.run_command(a, compare_runs.command)  # one line and status 2 / 130 / 143 as the core's
     return core_cli.run_command(a)
 
 

@@ -260,11 +260,17 @@ def task_params(spec: SweepSpec, model: ModelSpec, metric: str, metric_params: d
 
 def _check_model_params(spec: SweepSpec) -> None:
     for i, m in enumerate(spec.models):
-        for k in m.params:
-            if not any(k in registry.accepted_params(ms.name) for ms in spec.metrics):
+        for k, v in m.params.items():
+            takers = [ms.name for ms in spec.metrics if k in registry.accepted_params(ms.name)]
+            if not takers:
                 raise ParameterError(
                     f"{spec.source}: {spec_field(spec, i)}.params.{k}: no metric of the spec takes a parameter {k!r}"
                 )
+            for name in takers:
+                try:
+                    registry.check_params(name, {k: v})
+                except ParameterError as e:
+                    raise ParameterError(f"{spec.source}: {spec_field(spec, i)}.params.{k}: {e}") from None
 
 
 def expand(spec: SweepSpec, *, infos: dict[str, ModelInfo] | None = None) -> Plan:

@@ -234,8 +234,6 @@ FACETS_PER_PLOT = 12
 FACET_COLUMNS = 6
 HEATMAP_COLUMNS = 30
 PLOT_DPI = 110
-#: The no-bias line of a headline, by registered metric (others: 0).
-NO_BIAS = {"crows_pairs": 50.0}
 
 
 def _chunks(xs: list, size: int) -> list[list]:
@@ -268,10 +266,11 @@ def _pyplot():
 
 
 def _no_bias(metric: str) -> float:
-    """The value of no bias for ``metric`` (a registered or a recorded name): :data:`NO_BIAS`."""
+    """The value of no bias for ``metric`` (a registered or a recorded name): its entry's
+    :attr:`~audit.entries.Metric.no_bias`."""
     for name, e in registry.METRICS.items():
         if metric == name or metric in e.result_names.values():
-            return NO_BIAS.get(name, 0.0)
+            return e.no_bias
     return 0.0
 
 
@@ -362,7 +361,7 @@ def _plot_effects(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
 def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, model_order: list[str],
                   mc: MultipleComparisons | None = None) -> list[Path]:
     """Model x test heat map of the headline value (diverging colours centred on no bias,
-    :data:`NO_BIAS`, one colour scale over all files), annotated with the significance marks; split by :func:`plot_parts`."""
+    the entry's ``no_bias``, one colour scale over all files), annotated with the significance marks; split by :func:`plot_parts`."""
     plt = _pyplot()
     ok = sub[sub["status"] == "finished"]
     tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)

@@ -91,6 +91,11 @@ def model_kind(ref: str, backend: str | None = None, build: dict | None = None, 
     p = Path(local).expanduser()
     if p.is_dir() and (p / "config.json").is_file():
         return infer_hf_kind(str(p))
+    if p.is_dir() and not (p / "vocab" / "vectors").is_file():
+        # the loader's rule (audit.backends.static.folder_vectors): planning a folder it cannot load
+        # as static would fail every task of the model after the dry run said it was fine
+        raise ParameterError(f"model {ref!r}: {p} is a folder without config.json (a Hugging Face checkpoint), "
+                         "a vectors file or a spaCy pipeline; give the model file, or the checkpoint folder")
     if p.exists():
         return "static"
     cfg = _cached_hub_config(local)

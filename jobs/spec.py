@@ -57,7 +57,7 @@ from typing import Any, Mapping
 
 from audit import registry
 from audit.backends import table as backend_table
-from audit.errors import AuditError
+from audit.errors import AuditError, ParameterError
 from audit.mitigation import get_mitigation, load_definitions
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
 from jobs.validators import (
@@ -531,6 +531,11 @@ def _metric(ctx: Ctx, i: int, v: Any, known: tuple[str, ...]) -> MetricSpec:
     bad = [k for k in params if k not in registry.accepted_params(name)]
     if bad:
         raise ctx.param(f"{path}.params.{bad[0]}", f"metric {name!r} takes no parameter {bad[0]!r}")
+    for k, v in params.items():
+        try:
+            registry.check_params(name, {k: v})
+        except ParameterError as e:
+            raise ctx.param(f"{path}.params.{k}", str(e)) from None
     tests = str_list(ctx, f"{path}.tests", d["tests"]) if d.get("tests") is not None else None
     return MetricSpec(name=name, params=params, tests=tests)
 

@@ -53,7 +53,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from audit.errors import AuditError, ParameterError
+from audit.cli import OneLineParser
+from audit.errors import AuditError, ParameterError, one_line
+from audit.outputs import ensure_output_dir, output_dir_problem
 from jobs import report
 from jobs.builders import build_models
 from jobs.plan import attach_keys, expand, spec_field, words_for_tasks
@@ -294,6 +296,16 @@ def _inside(path: Path, root: Path) -> bool:
         return True
     except ValueError:
         return False
+
+
+def check_output_dir(spec: SweepSpec, *, create: bool) -> None:
+    """Refuse an ``output_dir`` that cannot be written, naming it (:mod:`audit.outputs`); with
+    ``create`` make it and write a probe file (a dry run only looks)."""
+    what = f"{spec.source or 'spec'}: output_dir"
+    if create:
+        ensure_output_dir(spec.output_dir, what)
+    elif (problem := output_dir_problem(spec.output_dir)) is not None:
+        raise ParameterError(f"{what}: {problem}")
 
 
 def job_output_dir(spec: SweepSpec, *, job: dict | None = None, cwd: Path | None = None) -> tuple[SweepSpec, str | None]:
@@ -578,7 +590,7 @@ def parent_summary(tracker, plan, df, *, ran: int, resumed: int, loads: int, sec
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m jobs.sweep", description="Run a biasaudit sweep spec on Ray.")
+    p = OneLineParser(prog="python -m jobs.sweep", description="Run a biasaudit sweep spec on Ray.")
     p.add_argument("spec", help="YAML sweep spec (see jobs/specs/ and docs/service.md)")
     p.add_argument("--dry-run", action="store_true", help="print the plan; load no model, start no Ray")
     p.add_argument("--output-dir", default=None, help="override the spec's output_dir")
@@ -602,12 +614,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec, note = job_output_dir(spec)
         if note:
             print(note, flush=True)
+        check_output_dir(spec, create=not a.dry_run)  # before any work: a traceback after it loses the results
         if a.dry_run:
             return dry_run(spec)
         return run_sweep(spec, address=a.address, progress=not a.no_progress,
                          progress_interval=a.progress_interval).exit_code
     except AuditError as e:
-        print(f"audit: error: {e}", file=sys.stderr)
+        print(f"audit: error: {one_line(e)}", file=sys.stderr)
         return 2
 
 

@@ -37,7 +37,9 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from audit.errors import AuditError
+from audit.cli import OneLineParser
+from audit.errors import AuditError, ParameterError, one_line
+from audit.outputs import output_dir_problem
 from jobs.spec import load_spec
 from jobs.tracker import Tracker, TrackingUnavailable, driver_alive, record_row, redact_uri, unavailable
 
@@ -340,7 +342,7 @@ def sync_spec(spec, *, quiet: bool = False) -> SyncOutcome:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="audit sync", description="Upload the results a sweep could not log to MLflow.")
+    p = OneLineParser(prog="audit sync", description="Upload the results a sweep could not log to MLflow.")
     p.add_argument("spec", help="the sweep spec (its output_dir holds wal.jsonl)")
     p.add_argument("--output-dir", default=None, help="override the spec's output_dir")
     p.add_argument("--tracking-uri", default=None, help="override the spec's tracking.uri")
@@ -353,12 +355,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         spec = load_spec(a.spec, output_dir=a.output_dir, tracking_uri=a.tracking_uri)
+        if (problem := output_dir_problem(spec.output_dir)) is not None:  # bad input, not an unreachable store
+            raise ParameterError(f"{spec.source}: output_dir: {problem}")
         out = sync_spec(spec)
     except TrackingUnavailable as e:
-        print(f"audit: error: {e}; nothing uploaded, the records stay pending", file=sys.stderr)
+        print(f"audit: error: {one_line(e)}; nothing uploaded, the records stay pending", file=sys.stderr)
         return 3
     except AuditError as e:
-        print(f"audit: error: {e}", file=sys.stderr)
+        print(f"audit: error: {one_line(e)}", file=sys.stderr)
         return 2
     return 3 if out.pending else 0
 

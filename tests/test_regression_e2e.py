@@ -13,12 +13,10 @@ spec's ``regression:`` section, the choice of baselines and a failing notificati
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shlex
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -27,12 +25,10 @@ import yaml
 
 from audit.errors import DataError, ParameterError
 from jobs import watch as W
-from jobs.spec import parse_spec
-from jobs.validators import parse_yaml
 from jobs.watch import AuditIndex, SweepRecord, Watcher, load_watch_spec
 from jobs.watch.regression import baselines_of, notify
 from test_regression import planted_models, write_w2v
-from watch_fakes import Recorder
+from watch_fakes import InlineSubmitter, Receiver
 
 REPO = Path(__file__).resolve().parents[1]
 ray = pytest.importorskip("ray")
@@ -43,57 +39,6 @@ pytest.importorskip("mlflow")
 def _cwd(monkeypatch):
     monkeypatch.chdir(REPO)  # the sweep template is relative to the current directory
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-
-
-class InlineSubmitter(Recorder):
-    """Runs each submitted sweep at once, in this process, on the local Ray: the job's
-    entrypoint (``--run-spec-env``) without the job API."""
-
-    def __init__(self):
-        super().__init__()
-        self.outcomes = {}
-
-    def submit(self, sid, entrypoint, runtime_env, metadata, resources):
-        super().submit(sid, entrypoint, runtime_env, metadata, resources)
-        from jobs.sweep import run_sweep
-
-        text = runtime_env["env_vars"]["BIASAUDIT_SWEEP_SPEC"]
-        spec = parse_spec(parse_yaml(text, "$BIASAUDIT_SWEEP_SPEC"), source="$BIASAUDIT_SWEEP_SPEC")
-        out = run_sweep(spec, progress=False)
-        self.outcomes[sid] = out
-        self.jobs[sid].update(status="SUCCEEDED" if out.exit_code == 0 else "FAILED", exit_code=out.exit_code)
-        return sid
-
-
-class Receiver:
-    """A loopback HTTP server that keeps the JSON bodies POSTed to it."""
-
-    def __init__(self):
-        self.bodies: list[dict] = []
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's name
-                n = int(self.headers.get("Content-Length") or 0)
-                outer.bodies.append({"path": self.path, "type": self.headers.get("Content-Type"),
-                                     "json": json.loads(self.rfile.read(n).decode("utf-8"))})
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/bias"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def add_revision(root: Path, name: str, vectors: dict, mtime: float) -> Path:

@@ -24,7 +24,7 @@ from audit.errors import DataError, ParameterError
 from jobs import watch as W
 from jobs.watch import (AuditIndex, Backoff, LocalSource, SourceUnavailable, Watcher,
                         generate_sweep, load_watch_spec, spec_digest, submission_id)
-from watch_fakes import Recorder  # noqa: E402
+from watch_fakes import Receiver, Recorder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -132,7 +132,8 @@ def test_cli_reports_a_bad_spec_in_one_line(tmp_path, capsys):
     assert W.main([str(p), "--once"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"audit: error: {p}: intervall: unknown field (did you mean 'interval'?); allowed fields: " \
-                  "audit, backoff, description, hub, interval, max_attempts, name, output_dir, ray, regression, sweep_output_dir, " \
+                  "audit, backoff, description, hub, interval, max_attempts, name, notify, output_dir, ray, regression, " \
+                  "sweep_output_dir, " \
                   "tracking, watch"
 
 
@@ -474,8 +475,12 @@ def test_the_store_decides_audited_failed_and_running(tmp_path):
     by = {Path(d.repo).name: d for d in r.decisions if d.action in ("submitted", "skipped")}
     assert by["done"].action == "skipped" and by["done"].reason.startswith("already audited: sweep run ")
     assert by["busy"].action == "skipped" and by["busy"].reason.startswith("in progress: sweep run ")
-    assert by["twice"].action == "skipped" and by["twice"].reason.startswith(
+    fails = {Path(d.repo).name: d.reason for d in r.failed}
+    assert "twice" not in by and fails["twice"].startswith(
         "gave up: the sweep ran 2 time(s), last FAILED (3 failed task(s)); max_attempts is 2")
+    assert fails["failed"].startswith("sweep run ") and fails["failed"].endswith(
+        "ended FAILED (1 failed task(s)) after 1 of 2 attempt(s); submitting it again")
+    assert r.exit_code == 1
     f = by["failed"]
     assert f.action == "submitted" and f.attempt == 2 and f.submission_id.endswith("-2")
     assert f.reason == "re-run after a FAILED sweep (1 failed task(s))" and list(rec.jobs) == [f.submission_id]
@@ -658,7 +663,7 @@ def test_poll_loop_backs_off_after_failed_polls_and_stops(tmp_path):
     flaky = Flaky(LocalSource(), 2)  # the first two polls fail (no retries), the third succeeds
     rec = Recorder()
     code = Watcher(spec, submitter=rec, sources={"local": flaky}, out=None).run(max_polls=4, stop=Stop())
-    assert code == 0 and len(rec.jobs) == 1
+    assert code == 1 and len(rec.jobs) == 1  # the failed polls are not hidden by the good one after them
     assert waits == [0.06, 0.18, 0.02]  # interval * 3**n after n failed polls in a row, then the interval again
     polls = [x["poll"] for x in decisions(tmp_path)]
     assert len(set(polls)) == 4
@@ -672,3 +677,101 @@ def test_run_spec_env_needs_the_variable(monkeypatch, capsys):
     monkeypatch.setenv("BIASAUDIT_SWEEP_SPEC", "name: x\nmodels: [glove-6b-50d]\nmetrics: [wat]\n")
     assert W.main(["--run-spec-env", "BIASAUDIT_SWEEP_SPEC"]) == 2
     assert "metrics[0].name: unknown metric 'wat'" in capsys.readouterr().err
+
+
+def test_a_failed_audit_job_makes_watch_once_exit_1_and_notify_both_channels(tmp_path, monkeypatch, capsys):
+    """The recipe's failure: the job dies before its sweep writes a run (``No module named
+    'pandas'``). ``audit watch --once`` exits 1 and notifies (command and POST) when it sees the
+    failed job (submitting attempt 2), then again when it gives up; repeated polls keep exit 1 for
+    the given-up audit without notifying twice; a submission the cluster refuses is exit 1 too."""
+    root = tmp_path / "models"
+    write_vectors(root / "tiny" / "v1", 0, mtime=time.time() - 3600)
+    hook_out = tmp_path / "hook.jsonl"
+    hook = tmp_path / "hook.py"
+    hook.write_text("import json, sys\n"
+                    f"open({str(hook_out)!r}, 'a').write(json.dumps(json.load(sys.stdin)) + '\\n')\n", encoding="utf-8")
+    rec = Recorder()
+    monkeypatch.setattr("jobs.watch.watcher.RaySubmitter", lambda address=None: rec)  # the CLI's submitter
+    with Receiver() as rx:
+        p = write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}],
+                        notify={"command": f"{sys.executable} {hook}", "url": rx.url, "timeout": 20})
+
+        def once() -> tuple[int, str]:
+            code = W.main([str(p), "--once"])
+            return code, capsys.readouterr().out
+
+        code, out = once()
+        assert code == 0 and "1 submitted" in out and not hook_out.exists() and rx.bodies == []
+        [sid] = rec.jobs
+        rec.jobs[sid].update(status="FAILED", exit_code=1)  # ModuleNotFoundError: No module named 'pandas'
+
+        code, out = once()
+        assert code == 1 and "1 submitted" in out and "1 failed" in out
+        assert (f"failed    {root / 'tiny'}@v1 [{sid}]: job {sid} FAILED (exit status 1); "
+                "submitting attempt 2 of 2") in out
+        bodies = [json.loads(x) for x in hook_out.read_text().splitlines()]
+        assert [(b["event"], b["submission_id"], b["attempt"]) for b in bodies] == [("audit_failed", sid, 1)]
+        assert [(b["path"], b["json"]) for b in rx.bodies] == [("/hooks/bias", bodies[0])]
+        assert bodies[0]["repo"] == str(root / "tiny") and bodies[0]["revision"] == "v1"
+        assert sorted(rec.jobs) == [sid, sid + "-2"]
+
+        code, out = once()  # attempt 2 still pending: attempt 1's failure was told already
+        assert code == 0 and "0 failed" in out and len(rx.bodies) == 1
+
+        rec.jobs[sid + "-2"].update(status="FAILED", exit_code=1)
+        for k in range(2):  # given up: exit 1 on every poll, one notification
+            code, out = once()
+            assert code == 1 and f"gave up: job {sid}-2 FAILED (exit status 1) and max_attempts is 2" in out
+            assert [b["json"]["event"] for b in rx.bodies] == ["audit_failed", "audit_gave_up"]
+        assert len(hook_out.read_text().splitlines()) == 2
+        log = decisions(tmp_path)
+        assert [x["submission_id"] for x in log if x["action"] == "failed"] == [sid, sid + "-2", sid + "-2"]
+
+        # a submission the cluster refuses: exit 1 and one notification
+        from jobs.watch import SubmitError
+
+        class Refusing(Recorder):
+            def submit(self, sid, *a):
+                if sid in self.jobs:
+                    return super().submit(sid, *a)  # Ray's "already exists" comes before the new job
+                raise SubmitError(f"submission {sid}: Ray job API at http://head:8265: connection refused")
+
+        refusing = Refusing()
+        refusing.jobs = rec.jobs
+        monkeypatch.setattr("jobs.watch.watcher.RaySubmitter", lambda address=None: refusing)
+        write_vectors(root / "other" / "v1", 1, mtime=time.time() - 3600)
+        code, out = once()
+        assert code == 1 and "connection refused" in out
+        assert [b["json"]["event"] for b in rx.bodies] == ["audit_failed", "audit_gave_up", "audit_not_submitted"]
+        assert rx.bodies[-1]["json"]["repo"] == str(root / "other")
+
+
+def test_a_failed_notification_is_an_error_and_retried(tmp_path):
+    root = tmp_path / "models"
+    write_vectors(root / "tiny" / "v1", 0, mtime=time.time() - 3600)
+    spec = load_watch_spec(write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}],
+                                       notify={"command": f"{sys.executable} -c 'import sys; sys.exit(5)'"}))
+    rec = Recorder()
+    Watcher(spec, submitter=rec, out=None).poll()
+    [sid] = rec.jobs
+    rec.jobs[sid].update(status="STOPPED")
+    for _ in range(2):  # the notification fails: an error, and the next poll tells the failure again
+        r = Watcher(spec, submitter=rec, out=None).poll()
+        assert r.exit_code == 1 and [d.action for d in r.failed] == ["failed"]
+        assert [e.reason for e in r.errors] == [f"notification command {sys.executable} exited 5"]
+
+
+def test_a_local_folder_the_run_could_not_load_is_not_submitted(tmp_path):
+    """A revision folder with neither config.json nor a vectors file: refused by the planner's rule
+    before submission (an error, exit 1), not submitted as a job that fails every task."""
+    root = tmp_path / "models"
+    (root / "m" / "v1").mkdir(parents=True)
+    (root / "m" / "v1" / "notes.md").write_text("no model here\n", encoding="utf-8")
+    old = time.time() - 3600
+    os.utime(root / "m" / "v1", (old, old))
+    spec = load_watch_spec(write_watch(tmp_path, [{"local": str(root)}]))
+    rec = Recorder()
+    r = Watcher(spec, submitter=rec, out=None).poll()
+    assert rec.jobs == {} and r.exit_code == 1
+    [e] = r.errors
+    assert e.reason.startswith("invalid generated sweep: ") and "is a folder without config.json" in e.reason

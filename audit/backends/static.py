@@ -102,6 +102,7 @@ from audit.errors import DataError, ModelError, ParameterError, UnsafeModelError
 __all__ = [
     "load_static",
     "is_static_ref",
+    "folder_vectors",
     "resolve_revision",
     "content_digest",
     "FORMAT_PREFIXES",
@@ -412,7 +413,32 @@ def is_static_ref(ref: str) -> bool:
     name = ref.lower()
     if name.endswith(".gz"):
         name = name[:-3]
-    return name.endswith(STATIC_EXTENSIONS)
+    if name.endswith(STATIC_EXTENSIONS):
+        return True
+    try:
+        return folder_vectors(ref) is not None  # a folder holding one vectors file (it must exist)
+    except (ModelError, OSError):
+        return True  # several: load_static names them
+
+
+def folder_vectors(path: str | os.PathLike) -> Path | None:
+    """The vectors file a model *folder* stands for, the one rule of every command (``audit score``,
+    ``compare``, sweeps and their planner, the watcher's local models): a folder holding
+    ``config.json`` is a Hugging Face checkpoint (``None``); otherwise the single file directly
+    inside it whose name (``.gz`` stripped) ends in one of :data:`STATIC_EXTENSIONS`, not counting
+    the vocabulary files beside an ``.npy`` matrix. ``None`` when there is none (or ``path`` is
+    not a folder); :class:`ModelError` naming them when there are several (give the file)."""
+    d = Path(os.path.expanduser(str(path)))
+    if not d.is_dir() or (d / "config.json").is_file():
+        return None
+    files = sorted(f for f in d.iterdir() if f.is_file() and not f.name.startswith(".")
+                   and _strip_gz(f.name).lower().endswith(STATIC_EXTENSIONS))
+    vocab = {v for f in files if f.name.lower().endswith(".npy") for v in _vocab_candidates(f)}
+    files = [f for f in files if f not in vocab]
+    if len(files) > 1:
+        raise ModelError(f"model folder {d} holds {len(files)} vectors files ({_preview([f.name for f in files])}); "
+                         "give the file itself")
+    return files[0] if files else None
 
 
 def _split_ref(ref: str, format: str | None) -> tuple[str | None, str]:
@@ -498,7 +524,11 @@ def load_static(
     if path.is_dir():
         if (path / "vocab" / "vectors").is_file():
             return _load_spacy(ref, str(path))
-        raise ModelError(f"model {ref!r}: {path} is a folder; accepted forms: {ACCEPTED_FORMS}")
+        inside = folder_vectors(path)
+        if inside is None:
+            raise ModelError(f"model {ref!r}: {path} is a folder without config.json or a vectors file; "
+                             f"accepted forms: {ACCEPTED_FORMS}")
+        path = inside
     detected = fmt is None
     fmt = fmt or _detect_format(path)
     if fmt == "fasttext-bin":
@@ -542,6 +572,8 @@ def resolve_revision(ref: str, *, format: str | None = None) -> str | None:
             matrix = _existing(ref, matrix_part)
             return content_digest([matrix, _npy_vocab_path(ref, matrix, vocab_part or None)])
         path = _existing(ref, target)
+        if path.is_dir() and folder_vectors(path) is not None:
+            path = folder_vectors(path)
         if path.is_dir():
             data, _ = _spacy_data_dir(ref, str(path))
             return content_digest(_spacy_files(data))

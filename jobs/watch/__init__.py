@@ -44,6 +44,7 @@ what to watch and which audit to run on it::
       alpha: 0.05                    # ... with a Holm-adjusted p-value (adjust: holm | bh) at most this
       baseline: v1.0                 # also compare with this pinned revision (optional)
       notify: {command: "notify-team --channel bias", url: "http://hooks.example/bias", timeout: 10}
+    notify: {command: "page-oncall", url: null}   # failed / given-up / unsubmittable audits (default regression.notify)
 
 What happens in one poll (:meth:`Watcher.poll`):
 
@@ -105,8 +106,12 @@ revision, the sweep name and the submission id) is printed and appended as a JSO
 
 Exit status (``--once``): 0 when every repository was resolved and every decision made, 1 when any
 error was recorded (hub unreachable after the retries, a submission refused, a notification that
-failed) or a sweep is stuck, 3 when a revision regressed (and nothing else went wrong), 2 for an
-invalid watch spec or template (one line naming the file and field).
+failed), an audit failed (``failed``: its Ray job or sweep run failed and it is submitted again, or
+it was given up after ``max_attempts``) or a sweep is stuck, 3 when a revision regressed (and
+nothing else went wrong), 2 for an invalid watch spec or template (one line naming the file and
+field). Without ``--once``: the worst status of all polls. A failed, given-up or unsubmittable
+audit runs the notification (``notify:``, else ``regression.notify``) once (a marker in
+``<output_dir>/alerts/``).
 
 The package, one module per job: :mod:`~jobs.watch.spec` (the watch spec),
 :mod:`~jobs.watch.regression` (regression detection between audited revisions),

@@ -10,7 +10,9 @@ import sys
 import threading
 from typing import Sequence
 
-from audit.errors import AuditError
+from audit.cli import OneLineParser
+from audit.errors import AuditError, one_line
+from audit.outputs import ensure_output_dir
 from jobs import sweep
 from jobs.spec import parse_spec
 from jobs.validators import parse_yaml
@@ -28,17 +30,20 @@ def run_spec_from_env(var: str, sweep_args: Sequence[str]) -> int:
     try:
         spec = parse_spec(parse_yaml(text, f"${var}"), source=f"${var}")
     except AuditError as e:
-        print(f"audit: error: {e}", file=sys.stderr)
+        print(f"audit: error: {one_line(e)}", file=sys.stderr)
         return 2
-    out = spec.output_dir
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out = ensure_output_dir(spec.output_dir, f"${var}: output_dir")
+    except AuditError as e:
+        print(f"audit: error: {one_line(e)}", file=sys.stderr)
+        return 2
     path = out / f"{spec.name}.yaml"
     path.write_text(text, encoding="utf-8")
     return sweep.main([str(path), *sweep_args])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="audit watch", description=(
+    p = OneLineParser(prog="audit watch", description=(
         "Watch model repositories (Hugging Face hub or a local directory) and submit an audit sweep "
         "to Ray for each new revision, once."))
     p.add_argument("spec", nargs="?", help="watch spec (YAML; see jobs/specs/watch-example.yaml, docs/scheduling.md)")
@@ -61,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``audit watch`` / ``python -m jobs.watch``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no download bars in the decision log
     if "--run-spec-env" in argv:
         i = argv.index("--run-spec-env")
         if i + 1 >= len(argv):
@@ -77,8 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         spec = load_watch_spec(a.spec, output_dir=a.output_dir, tracking_uri=a.tracking_uri, address=a.address,
                                interval=a.interval)
+        ensure_output_dir(spec.output_dir, f"{spec.source}: output_dir")  # the decision log goes there, dry run too
     except AuditError as e:
-        print(f"audit: error: {e}", file=sys.stderr)
+        print(f"audit: error: {one_line(e)}", file=sys.stderr)
         return 2
     stop = threading.Event()
     watcher = Watcher(spec, dry_run=a.dry_run, out=None if a.quiet else sys.stdout, sleep=stop.wait)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TextIO
 
 #: Every action a decision can have.
-ACTIONS = ("found", "submitted", "skipped", "deferred", "stuck", "dry_run", "retry", "error", "regression", "compared")
+ACTIONS = ("found", "submitted", "skipped", "deferred", "stuck", "dry_run", "retry", "error", "failed", "regression",
+           "compared")
 
 #: ``audit watch --once`` exit status when a poll found a regression (and recorded no error).
 REGRESSION_EXIT_CODE = 3
@@ -25,7 +26,9 @@ class Decision:
             waits for a later poll: ``ray.max_jobs`` of this watch's sweeps are pending or
             running), ``stuck`` (a sweep whose tasks wait too long for resources, with the
             pending demand), ``error``, ``retry`` (a transient failure about to be retried),
-            ``found`` (a revision seen), ``regression`` (an audited revision is more biased
+            ``found`` (a revision seen), ``failed`` (an audit's Ray job or sweep failed, told once
+            per attempt, or the audit was given up after ``max_attempts``, told on every poll),
+            ``regression`` (an audited revision is more biased
             than the one it was compared with: :mod:`jobs.watch.regression`), ``compared`` (an
             audited revision was compared and did not regress, or had nothing to compare with).
     """
@@ -69,6 +72,10 @@ class PollReport:
         return [d for d in self.decisions if d.action == "error"]
 
     @property
+    def failed(self) -> list[Decision]:
+        return [d for d in self.decisions if d.action == "failed"]
+
+    @property
     def stuck(self) -> list[Decision]:
         return [d for d in self.decisions if d.action == "stuck"]
 
@@ -78,16 +85,18 @@ class PollReport:
 
     @property
     def exit_code(self) -> int:
-        """1 when an error was recorded or a sweep is stuck (someone should look), else
-        :data:`REGRESSION_EXIT_CODE` (3) when a revision regressed, else 0."""
-        if self.errors or self.stuck:
+        """1 when an error was recorded, an audit failed or was given up, or a sweep is stuck
+        (someone should look), else :data:`REGRESSION_EXIT_CODE` (3) when a revision regressed,
+        else 0."""
+        if self.errors or self.stuck or self.failed:
             return 1
         return REGRESSION_EXIT_CODE if self.regressions else 0
 
     def summary(self) -> str:
         return (f"{self.count('found')} revision(s) seen: {self.count('submitted')} submitted, "
                 f"{self.count('skipped')} skipped, {self.count('dry_run')} to submit (dry run), "
-                f"{self.count('error')} error(s), {self.count('stuck')} stuck, {self.count('deferred')} deferred, "
+                f"{self.count('error')} error(s), {self.count('failed')} failed, {self.count('stuck')} stuck, "
+                f"{self.count('deferred')} deferred, "
                 f"{self.count('retry')} retried failure(s), {self.count('regression')} regression(s)")
 
 
@@ -117,4 +126,10 @@ class DecisionLog:
             print(f"watch {self.watch}: {text}", file=self.out, flush=True)
 
 
-__all__ = ["ACTIONS", "REGRESSION_EXIT_CODE", "Decision", "PollReport", "DecisionLog"]
+def worst(codes: list[int]) -> int:
+    """The exit status of several polls: 1 if any poll had an error, a failed audit or a stuck
+    sweep, else 3 if any found a regression, else 0."""
+    return 1 if 1 in codes else (REGRESSION_EXIT_CODE if REGRESSION_EXIT_CODE in codes else 0)
+
+
+__all__ = ["ACTIONS", "REGRESSION_EXIT_CODE", "Decision", "PollReport", "DecisionLog", "worst"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 import re
 import shlex
@@ -42,7 +43,7 @@ DEFAULT_ENTRYPOINT = f"python -m jobs.watch --run-spec-env {SPEC_ENV} --no-progr
 
 _TOP_FIELDS = {
     "name", "description", "output_dir", "interval", "max_attempts", "backoff", "tracking",
-    "sweep_output_dir", "hub", "ray", "audit", "watch", "regression",
+    "sweep_output_dir", "hub", "ray", "audit", "watch", "regression", "notify",
 }
 _REGRESSION_FIELDS = {"metrics", "tests", "min_increase", "alpha", "adjust", "baseline", "previous", "n_bootstrap",
                       "permutations", "seed", "notify"}
@@ -126,7 +127,9 @@ class RaySubmit:
 
 @dataclasses.dataclass(frozen=True)
 class Notify:
-    """What the watcher does when it finds a regression (``regression.notify``).
+    """What the watcher does when it finds a regression (``regression.notify``) or an audit fails
+    (``notify``, else ``regression.notify``). The JSON's ``event`` tells which: ``bias_regression``,
+    ``audit_failed``, ``audit_gave_up``, ``audit_not_submitted``.
 
     command: run (split like a shell line with :func:`shlex.split`, no shell) with the
              regression's JSON on its standard input and ``AUDIT_REGRESSION_JSON`` naming a file
@@ -191,6 +194,13 @@ class WatchSpec:
     description: str = ""
     source: str = ""
     regression: RegressionSpec | None = None
+    notify: Notify | None = None
+
+    @property
+    def alerts(self) -> Notify | None:
+        """Where failed audits are announced (``notify:``, else ``regression.notify``): a job that
+        failed, an audit given up, an audit that cannot be submitted."""
+        return self.notify or (self.regression.notify if self.regression is not None else None)
 
     @property
     def resolved_tracking_uri(self) -> str:
@@ -345,6 +355,24 @@ def _ray(ctx: Ctx, v: Any) -> RaySubmit:
     return RaySubmit(**kw)
 
 
+def _notify(ctx: Ctx, path: str, v: Any) -> Notify:
+    n = mapping(ctx, path, v, _NOTIFY_FIELDS)
+    command = string(ctx, f"{path}.command", n["command"]) if given(n.get("command")) else None
+    url = string(ctx, f"{path}.url", n["url"]) if given(n.get("url")) else None
+    if url is not None and not re.match(r"^https?://[^\s/]+", url):
+        raise ctx.param(f"{path}.url", f"{url!r}: expected an http(s):// URL")
+    if command is not None:
+        try:
+            if not shlex.split(command):
+                raise ValueError("empty")
+        except ValueError as e:
+            raise ctx.param(f"{path}.command", f"{command!r}: cannot be split into a command ({e})") from None
+    if command is None and url is None:
+        raise ctx.data(path, "give a `command`, a `url` or both")
+    timeout = number(ctx, f"{path}.timeout", n["timeout"], strict=True) if n.get("timeout") is not None else 10.0
+    return Notify(command=command, url=url, timeout=timeout)
+
+
 def _regression(ctx: Ctx, v: Any) -> RegressionSpec:
     d = mapping(ctx, "regression", v, _REGRESSION_FIELDS)
     kw: dict[str, Any] = {}
@@ -392,21 +420,7 @@ def _regression(ctx: Ctx, v: Any) -> RegressionSpec:
     if d.get("seed") is not None:
         kw["seed"] = integer(ctx, "regression.seed", d["seed"], minimum=0)
     if d.get("notify") is not None:
-        n = mapping(ctx, "regression.notify", d["notify"], _NOTIFY_FIELDS)
-        command = string(ctx, "regression.notify.command", n["command"]) if given(n.get("command")) else None
-        url = string(ctx, "regression.notify.url", n["url"]) if given(n.get("url")) else None
-        if url is not None and not re.match(r"^https?://[^\s/]+", url):
-            raise ctx.param("regression.notify.url", f"{url!r}: expected an http(s):// URL")
-        if command is not None:
-            try:
-                if not shlex.split(command):
-                    raise ValueError("empty")
-            except ValueError as e:
-                raise ctx.param("regression.notify.command", f"{command!r}: cannot be split into a command ({e})") from None
-        if command is None and url is None:
-            raise ctx.data("regression.notify", "give a `command`, a `url` or both")
-        timeout = number(ctx, "regression.notify.timeout", n["timeout"], strict=True) if n.get("timeout") is not None else 10.0
-        kw["notify"] = Notify(command=command, url=url, timeout=timeout)
+        kw["notify"] = _notify(ctx, "regression.notify", d["notify"])
     return RegressionSpec(**kw)
 
 
@@ -451,13 +465,14 @@ def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
         raise ctx.data("watch", f"expected a non-empty list, got {d['watch']!r}")
     entries = tuple(_entry(ctx, i, e, default, branch) for i, e in enumerate(d["watch"]))
     regression = _regression(ctx, d["regression"]) if d.get("regression") is not None else None
+    notify = _notify(ctx, "notify", d["notify"]) if d.get("notify") is not None else None
     description = d.get("description") or ""
     if not isinstance(description, str):
         raise ctx.data("description", f"expected text, got {description!r}")
     return WatchSpec(name=watch_name, entries=entries, output_dir=out, interval=interval, max_attempts=max_attempts,
                      backoff=backoff, tracking_uri=uri, experiment=experiment, sweep_output_dir=sweep_out,
                      hub_endpoint=endpoint, hub_branch=branch, hub_timeout=timeout, ray=ray,
-                     description=description, source=source, regression=regression)
+                     description=description, source=source, regression=regression, notify=notify)
 
 
 def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | None = None,
@@ -469,8 +484,8 @@ def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | 
     spec = parse_watch_spec(expand_env(read_yaml(p, what="watch spec"), str(p)), source=str(p))
     changes: dict[str, Any] = location_overrides(output_dir, tracking_uri)
     if interval is not None:
-        if interval <= 0:
-            raise ParameterError(f"--interval must be > 0, got {interval}")
+        if not math.isfinite(interval) or interval <= 0:
+            raise ParameterError(f"--interval must be a finite number > 0, got {interval}")
         changes["interval"] = float(interval)
     if address is not None:
         changes["ray"] = dataclasses.replace(spec.ray, address=address)

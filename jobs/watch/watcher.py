@@ -21,13 +21,13 @@ from audit.errors import AuditError
 from jobs.tracker import driver_alive
 from jobs.uris import redact_uri, store_identity
 from jobs.watch.backoff import SourceUnavailable, retry
-from jobs.watch.decisions import Decision, DecisionLog, PollReport
+from jobs.watch.decisions import Decision, DecisionLog, PollReport, worst
 from jobs.watch.index import REGRESSION_TAG, STUCK_EXIT_CODE, AuditIndex, SweepRecord
 from jobs.watch.regression import check_revision, notify, payload, record, write_report
 from jobs.watch.sources import HubSource, LocalSource, Source
 from jobs.watch.spec import SPEC_ENV, WatchEntry, WatchSpec
 from jobs.watch.submit import ACTIVE_STATES, AlreadySubmitted, JobState, RaySubmitter, SubmitError, Submitter, job_state
-from jobs.watch.sweeps import GeneratedSweep, Release, generate_sweep, submission_id
+from jobs.watch.sweeps import GeneratedSweep, Release, generate_sweep, safe_name, submission_id
 
 
 class Watcher:
@@ -125,8 +125,9 @@ class Watcher:
         try:
             gen = generate_sweep(self.spec, entry, rel)
         except AuditError as e:
-            self._record(Decision("error", f"invalid generated sweep: {e}", entry.describe(), repo=rel.repo,
-                                  revision=rel.revision))
+            d = self._record(Decision("error", f"invalid generated sweep: {e}", entry.describe(), repo=rel.repo,
+                                      revision=rel.revision))
+            self._alert(f"invalid-{rel.source}-{rel.repo}-{rel.revision}", "audit_not_submitted", d)
             return
         spec_path = self._write_spec(gen)
         base = dict(entry=entry.describe(), repo=rel.repo, revision=rel.revision, sweep=gen.name, spec_path=str(spec_path))
@@ -156,16 +157,74 @@ class Watcher:
             failed = f"{rec.tasks_failed} failed task(s)" if rec.tasks_failed is not None else "interrupted"
             last = f"{rec.status}, stuck" if stuck else rec.status
             if rec.invocations >= self.spec.max_attempts:
-                self._record(Decision("skipped", f"gave up: the sweep ran {rec.invocations} time(s), last {last} "
-                                      f"({failed}); max_attempts is {self.spec.max_attempts}; `audit run {spec_path}` "
-                                      "re-runs the failed tasks by hand", **base))
+                self._failed(f"{gen.name}-gave-up", "audit_gave_up",
+                             f"gave up: the sweep ran {rec.invocations} time(s), last {last} ({failed}); max_attempts "
+                             f"is {self.spec.max_attempts}; `audit run {spec_path}` re-runs the failed tasks by hand",
+                             base, every_poll=True)
                 return
+            self._failed(f"{gen.name}-run-{rec.invocations}", "audit_failed",
+                         f"sweep run {rec.run_id} ended {last} ({failed}) after {rec.invocations} of "
+                         f"{self.spec.max_attempts} attempt(s); submitting it again", base)
             first = rec.invocations + 1
             why = f"re-run after a {'stuck' if stuck else rec.status} sweep ({failed})"
         else:
             why = "new revision" if not known.get(rel.revision) else \
                 f"revision has {known[rel.revision]} finished run(s) under other specs; this audit is new"
         self._submit(entry, rel, gen, first, why, base)
+
+    # ------------------------------------------------------------------ failed audits
+    def _alert_marker(self, key: str) -> Path:
+        return self.out_dir / "alerts" / safe_name(key, 200)
+
+    def _alert(self, key: str, event: str, d: Decision) -> bool:
+        """Announce ``d`` through the watch's notification (:attr:`WatchSpec.alerts`) once per
+        ``key``: the first watcher to create ``<output_dir>/alerts/<key>`` (``O_EXCL``, so racing
+        watchers announce once) runs it; a notification that fails is an ``error`` decision and
+        its marker is removed, so the next poll tries again. Returns whether this call was the
+        first for ``key`` (nothing is written in a dry run)."""
+        if self.dry_run:
+            return False
+        marker = self._alert_marker(key)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(d.line() + "\n")
+        n = self.spec.alerts
+        if n is None:
+            return True
+        body = {"event": event, "watch": self.spec.name, "action": d.action, "reason": d.reason, "entry": d.entry,
+                "repo": d.repo, "revision": d.revision, "sweep": d.sweep, "submission_id": d.submission_id,
+                "attempt": d.attempt, "spec_path": d.spec_path,
+                "tracking_uri": redact_uri(self.spec.resolved_tracking_uri),
+                "experiment": self.spec.resolved_experiment}
+        done, failed = notify(n, body)
+        if done:
+            self.log.say(f"notified ({event}): {'; '.join(done)}")
+        if failed:
+            marker.unlink(missing_ok=True)
+        keep = {k: v for k, v in dataclasses.asdict(d).items() if k in ("entry", "repo", "revision", "sweep",
+                                                                        "submission_id", "attempt", "spec_path")}
+        for f in failed:
+            self._record(Decision("error", f, **keep))
+        return True
+
+    def _failed(self, key: str, event: str, reason: str, base: dict[str, Any], *, every_poll: bool = False,
+                **kw: Any) -> None:
+        """A ``failed`` decision (exit status 1) and its notification: once per ``key`` (a failed
+        attempt that is submitted again), or on every poll with the notification once
+        (``every_poll``: an audit given up stays failed until someone re-runs it)."""
+        d = Decision("failed", reason, **base, **kw)
+        if self.dry_run:
+            self._record(d)
+            return
+        marker = self._alert_marker(key)
+        if marker.exists() and not every_poll:
+            return
+        self._record(d)
+        self._alert(key, event, d)
 
     # ------------------------------------------------------------------ regression detection
     def _check_regression(self, rec: SweepRecord, index: AuditIndex, base: dict[str, Any]) -> None:
@@ -324,11 +383,14 @@ class Watcher:
                 if st == "FAILED" and js.exit_code == STUCK_EXIT_CODE:
                     self._record(Decision("stuck", _stuck_job_reason(sid), submission_id=sid, attempt=attempt, **base))
                 if st in ("FAILED", "STOPPED") and attempt < self.spec.max_attempts:
+                    self._failed(sid, "audit_failed", f"job {sid} {st}{_exit(js)}; submitting attempt {attempt + 1} "
+                                 f"of {self.spec.max_attempts} (`ray job logs {sid}`)", base, submission_id=sid,
+                                 attempt=attempt)
                     continue
                 if st in ("FAILED", "STOPPED"):
-                    self._record(Decision("skipped", f"gave up: job {sid} {st} and max_attempts is "
-                                          f"{self.spec.max_attempts} (`ray job logs {sid}`)", submission_id=sid,
-                                          attempt=attempt, **base))
+                    self._failed(f"{sid}-gave-up", "audit_gave_up", f"gave up: job {sid} {st}{_exit(js)} and "
+                                 f"max_attempts is {self.spec.max_attempts} (`ray job logs {sid}`)", base,
+                                 every_poll=True, submission_id=sid, attempt=attempt)
                     return
                 note = "" if st in ACTIVE_STATES or st is None else \
                     f"; no sweep run in {redact_uri(self.spec.resolved_tracking_uri)} yet: check the job's tracking URI"
@@ -336,8 +398,10 @@ class Watcher:
                                       submission_id=sid, attempt=attempt, **base))
                 return
             except SubmitError as e:
-                self._record(Decision("error", str(e), submission_id=sid, attempt=attempt, **base))
+                d = self._record(Decision("error", str(e), submission_id=sid, attempt=attempt, **base))
+                self._alert(f"{sid}-not-submitted", "audit_not_submitted", d)
                 return
+            self._alert_marker(f"{sid}-not-submitted").unlink(missing_ok=True)  # a later refusal is news again
             self._record(Decision("submitted", why, submission_id=sid, attempt=attempt, **base))
             if self._active is not None:
                 self._active += 1
@@ -348,22 +412,31 @@ class Watcher:
             stop: threading.Event | None = None) -> int:
         """Poll once (``once``) or every ``interval`` seconds (longer after failed polls, see
         :meth:`~jobs.watch.backoff.Backoff.poll_delay`) until ``stop`` is set or ``max_polls``
-        polls ran. Returns the exit status of the last poll."""
+        polls ran. Returns the worst exit status of its polls (:func:`~jobs.watch.decisions.worst`): a
+        failure seen in any poll is not hidden by a quiet poll after it."""
         stop = stop or threading.Event()
         failed_in_a_row = 0
         n = 0
-        code = 0
+        codes: list[int] = []
         while True:
             report = self.poll()
-            code = report.exit_code
+            codes.append(report.exit_code)
             n += 1
             if once or (max_polls is not None and n >= max_polls) or stop.is_set():
-                return code
+                return worst(codes)
             failed_in_a_row = failed_in_a_row + 1 if report.errors else 0
             delay = self.spec.backoff.poll_delay(self.spec.interval, failed_in_a_row)
             self.log.say(f"next poll in {delay:.0f} s")
             if stop.wait(delay):
-                return code
+                return worst(codes)
+
+
+def _exit(js: JobState | None) -> str:
+    if js is None:
+        return ""
+    bits = [f"exit status {js.exit_code}"] if js.exit_code is not None else []
+    bits += [js.message[:200]] if js.message else []
+    return f" ({'; '.join(bits)})" if bits else ""
 
 
 def _stuck_job_reason(sid: str) -> str:

@@ -1,0 +1,82 @@
+"""Output paths checked before any work: one rule for every command that writes (``audit score
+--items``, a sweep's ``output_dir``, the watcher's directories).
+
+:func:`output_dir_problem` and :func:`output_file_problem` only look (a dry run uses them);
+:func:`ensure_output_dir` also creates the directory and writes a probe file in it, so a path
+that looks fine but cannot be written (``/proc/...``, a read-only mount, a full disk) is refused
+before a model loads, with one line naming the path, instead of a traceback after the work.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from audit.errors import ParameterError
+
+
+def _nearest_existing(p: Path) -> Path:
+    q = p
+    while not q.exists() and q.parent != q:
+        q = q.parent
+    return q
+
+
+def output_dir_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot become a writable directory (without creating anything), or ``None``:
+    it, or the nearest of its ancestors that exists, is not a directory or is not writable."""
+    p = Path(path).expanduser()
+    q = _nearest_existing(p)
+    if not q.is_dir():
+        return f"{p} is not a directory" if q == p else f"{q} is a file, so {p} cannot be a directory under it"
+    if not os.access(q, os.W_OK | os.X_OK):
+        return f"{q} is not writable" + (f" (so {p} cannot be created)" if q != p else "")
+    return None
+
+
+def output_file_problem(path: str | os.PathLike, suffixes: Sequence[str] = ()) -> str | None:
+    """Why a file cannot be written at ``path`` (without creating anything), or ``None``: a
+    name without one of ``suffixes``, a directory there, an existing file that is not
+    writable, or a folder that cannot be made or written (:func:`output_dir_problem`)."""
+    p = Path(path).expanduser()
+    if suffixes and p.suffix.lower() not in suffixes:
+        return f"{p}: use a file name ending in {' or '.join(suffixes)}"
+    if p.is_dir():
+        return f"{p} is a directory; give a file name"
+    if p.exists() and not os.access(p, os.W_OK):
+        return f"{p} exists and is not writable"
+    return output_dir_problem(p.parent)
+
+
+def ensure_output_dir(path: str | os.PathLike, what: str) -> Path:
+    """Create ``path`` (with its parents) and write and remove a probe file in it; a
+    :class:`ParameterError` naming ``what`` and the path when that fails."""
+    p = Path(path).expanduser()
+    problem = output_dir_problem(p)
+    if problem is None:
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=p, prefix=".write-probe-"):
+                pass
+        except OSError as e:
+            problem = f"{p} cannot be written: {e.strerror or type(e).__name__}"
+    if problem:
+        raise ParameterError(f"{what}: {problem}")
+    return p
+
+
+def check_output_file(path: str | os.PathLike, what: str, suffixes: Sequence[str] = ()) -> Path:
+    """:func:`output_file_problem` as a :class:`ParameterError` naming ``what``; creates the
+    file's folder (and probes it, :func:`ensure_output_dir`) so that the later write cannot fail
+    on the folder."""
+    problem = output_file_problem(path, suffixes)
+    if problem:
+        raise ParameterError(f"{what}: {problem}")
+    p = Path(path).expanduser()
+    ensure_output_dir(p.parent, what)
+    return p
+
+
+__all__ = ["output_dir_problem", "output_file_problem", "ensure_output_dir", "check_output_file"]
