@@ -119,7 +119,7 @@ def _weat_sharded(m: Measurement, params: dict[str, Any], shards: int, map_fn) -
 
 
 _WEAT_PARAMS = {"ddof": 1, "alternative": "greater", "permutations": "auto", "seed": None,
-                "n_bootstrap": 1000, "confidence": 0.95, "ci_method": "targets"}
+                "n_bootstrap": 1000, "confidence": 0.95, "ci_method": "targets", "p_convention": "phipson_smyth"}
 _WEAT_REF = "Caliskan, Bryson & Narayanan (2017), Science 356:183-186"
 
 
@@ -148,7 +148,7 @@ _ENTRIES: tuple[Metric, ...] = (
     Metric(
         name="lpbs", family=LPBS_SCORES, analyse=lambda m, **p: lpbs_metric(m.table, **p),
         params={"permutations": "auto", "seed": None, "alternative": "two-sided", "n_bootstrap": 1000,
-                "confidence": 0.95},
+                "confidence": 0.95, "p_convention": "phipson_smyth"},
         headline="LPBS effect size over attribute words (ddof=0), two-sided permutation p, bootstrap CI; causal "
                  "LMs: the later word's log-probability given the earlier one minus its prior",
         reference="Kurita, Vyas, Pareek, Black & Tsvetkov (2019), Measuring Bias in Contextualized Word "

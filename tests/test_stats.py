@@ -26,16 +26,19 @@ def brute_sums(s: np.ndarray, n_x: int) -> np.ndarray:
     return np.array([math.fsum(s[list(c)]) for c in itertools.combinations(range(s.size), n_x)])
 
 
-def brute_extreme(s: np.ndarray, n_x: int, alternative: str) -> tuple[int, int]:
-    """(n_extreme, n_partitions) by enumeration, following the documented conventions."""
+def brute_extreme(s: np.ndarray, n_x: int, alternative: str, convention: str = "phipson_smyth") -> tuple[int, int]:
+    """(n_extreme, n_partitions) by enumeration, following the documented conventions
+    (phipson_smyth: at least as extreme, ties and the observed partition counted; caliskan:
+    strictly more extreme one-sided)."""
     sums = brute_sums(s, n_x)
     tol = 1e-12 * np.abs(s).sum() + np.finfo(float).tiny
     obs = math.fsum(s[:n_x])
     mean = n_x * math.fsum(s) / s.size
+    strict = convention == "caliskan"
     if alternative == "greater":
-        k = int((sums > obs + tol).sum())
+        k = int((sums > obs + tol).sum()) if strict else int((sums >= obs - tol).sum())
     elif alternative == "less":
-        k = int((sums < obs - tol).sum())
+        k = int((sums < obs - tol).sum()) if strict else int((sums <= obs + tol).sum())
     else:
         k = int((np.abs(sums - mean) >= abs(obs - mean) - tol).sum())
     return k, sums.size
@@ -92,11 +95,22 @@ def test_exact_matches_enumeration(name, s, n_x, alternative):
 
 def test_exact_known_values():
     s = np.array([3.0, 2.0, 1.0, 0.0])  # X = {3, 2}: sums over the 6 partitions 5,4,3,3,2,1
-    assert stats.permutation_test(s, 2).p_value == 0.0
-    assert stats.permutation_test(s, 2, alternative="less").n_extreme == 5
-    # |S - 3| >= 2: the sums 5 and 1
-    assert stats.permutation_test(s, 2, alternative="two-sided").n_extreme == 2
-    assert stats.permutation_test(s[::-1], 2, alternative="less").p_value == 0.0
+    # the default counts the observed partition: p = 1/6, never 0 (Phipson & Smyth 2010)
+    top = stats.permutation_test(s, 2)
+    assert (top.p_value, top.n_extreme, top.p_min, top.convention) == (1 / 6, 1, 1 / 6, "phipson_smyth")
+    assert stats.permutation_test(s, 2, alternative="less").n_extreme == 6
+    assert stats.permutation_test(s[::-1], 2, alternative="less").p_value == 1 / 6
+    # Caliskan's strict count (WEFE): nothing is greater than the observed 5, p = 0
+    strict = stats.permutation_test(s, 2, p_convention="caliskan")
+    assert (strict.p_value, strict.p_min) == (0.0, 0.0)
+    assert stats.permutation_test(s, 2, alternative="less", p_convention="caliskan").n_extreme == 5
+    assert stats.permutation_test(s[::-1], 2, alternative="less", p_convention="caliskan").p_value == 0.0
+    # |S - 3| >= 2: the sums 5 and 1, in both conventions; p_min 2/6 (the mirror counts too)
+    for conv in stats.P_CONVENTIONS:
+        two = stats.permutation_test(s, 2, alternative="two-sided", p_convention=conv)
+        assert (two.n_extreme, two.p_min) == (2, 2 / 6)
+    with pytest.raises(ParameterError, match="p_convention='wefe' is not one of"):
+        stats.permutation_test(s, 2, p_convention="wefe")
     all_same = stats.permutation_test(np.ones(6), 3, alternative="two-sided")
     assert all_same.p_value == 1.0 and all_same.n_extreme == 20
 
@@ -105,9 +119,13 @@ def test_rounding_ties_do_not_count():
     # 0.1 + 0.2 != 0.3 in float64; swapping the two is a tie, not a "greater" partition
     s = np.array([0.3, 0.5, 0.1 + 0.2, 0.0])
     assert 0.1 + 0.2 > 0.3
-    res = stats.permutation_test(s, 2, alternative="greater")
+    res = stats.permutation_test(s, 2, alternative="greater", p_convention="caliskan")
     assert res.n_extreme == 0  # a naive '>' would count {0.1+0.2, 0.5}
-    assert stats.permutation_test(s, 2, alternative="less").n_extreme == 4  # 0.6, 0.5, 0.3, 0.3
+    # 0.6, 0.5, 0.3, 0.3 are strictly less than the observed 0.8
+    assert stats.permutation_test(s, 2, alternative="less", p_convention="caliskan").n_extreme == 4
+    # at least as extreme: the observed {0.3, 0.5} and its rounding tie {0.1+0.2, 0.5}
+    assert stats.permutation_test(s, 2, alternative="greater").n_extreme == 2
+    assert stats.permutation_test(s, 2, alternative="less").n_extreme == 6
     two = stats.permutation_test(s, 2, alternative="two-sided")
     # the observed partition and its swapped tie, and their mirror images
     assert two.n_extreme == brute_extreme(s, 2, "two-sided")[0] == 4
@@ -164,8 +182,10 @@ def test_exact_25_plus_25_matches_polynomial_count():
     res = stats.permutation_test(s, 25)  # "auto" must choose the exact test here
     assert res.method == "exact" and res.n_partitions == math.comb(50, 25)
     obs = sum(values[:25])
-    assert res.n_extreme == dp_count_greater(values, 25, obs)
+    assert res.n_extreme == dp_count_greater(values, 25, obs - 0.5)  # integer sums >= obs
     assert res.p_value == res.n_extreme / math.comb(50, 25)
+    strict = stats.permutation_test(s, 25, p_convention="caliskan")
+    assert strict.n_extreme == dp_count_greater(values, 25, obs)
     # two-sided by the n_x = n_y mirror shortcut equals both tails counted separately
     two = stats.permutation_test(s, 25, alternative="two-sided")
     d = abs(obs - sum(values) / 2)
@@ -196,8 +216,10 @@ def test_exact_many_items_small_group(n_items, n_x):
     sums = brute_sums(s, small)
     obs = math.fsum(sub)
     tol = 1e-12 * np.abs(s).sum() + np.finfo(float).tiny
-    res = stats.permutation_test(s, n_x, alternative="greater")
+    res = stats.permutation_test(s, n_x, alternative="greater", p_convention="caliskan")
     want = (sums > obs + tol).sum() if n_x == small else (sums < obs - tol).sum()
+    ps = stats.permutation_test(s, n_x, alternative="greater")
+    assert ps.n_extreme == ((sums >= obs - tol).sum() if n_x == small else (sums <= obs + tol).sum())
     assert res.method == "exact" and res.n_partitions == math.comb(n_items, n_x)
     assert res.n_extreme == want
 
@@ -218,13 +240,13 @@ def test_feasibility_and_sizes():
 
 def test_sampled_approaches_exact_and_is_reproducible():
     rng = np.random.default_rng(5)
-    s = rng.normal(size=16)
+    s = rng.normal(size=18)  # C(18, 9) = 48,620 > the 20,000 draws: sampled
     for alt in ALTS:
-        exact = stats.permutation_test(s, 8, alternative=alt, permutations="exact")
+        exact = stats.permutation_test(s, 9, alternative=alt, permutations="exact")
         n = 20_000
-        a = stats.permutation_test(s, 8, alternative=alt, permutations=n, seed=42)
-        b = stats.permutation_test(s, 8, alternative=alt, permutations=n, seed=42)
-        c = stats.permutation_test(s, 8, alternative=alt, permutations=n, seed=43)
+        a = stats.permutation_test(s, 9, alternative=alt, permutations=n, seed=42)
+        b = stats.permutation_test(s, 9, alternative=alt, permutations=n, seed=42)
+        c = stats.permutation_test(s, 9, alternative=alt, permutations=n, seed=43)
         assert a == b
         assert a.method == "sampled" and a.n_partitions == n and a.seed == 42
         assert a.p_value == (a.n_extreme + 1) / (n + 1)
@@ -235,10 +257,10 @@ def test_sampled_approaches_exact_and_is_reproducible():
 
 
 def test_sampled_without_seed_records_one():
-    s = np.arange(10.0)
-    res = stats.permutation_test(s, 5, permutations=500)
+    s = np.arange(12.0)  # C(12, 6) = 924 partitions > 500 draws
+    res = stats.permutation_test(s, 6, permutations=500)
     assert isinstance(res.seed, int) and res.seed >= 0
-    again = stats.permutation_test(s, 5, permutations=500, seed=res.seed)
+    again = stats.permutation_test(s, 6, permutations=500, seed=res.seed)
     assert again.n_extreme == res.n_extreme
 
 
@@ -320,8 +342,11 @@ small_scores = st.lists(st.integers(-8, 8), min_size=2, max_size=10).map(
 @given(small_scores, st.data())
 def test_property_negation_and_tails(s, data):
     n_x = data.draw(st.integers(1, s.size - 1))
-    res = {a: stats.permutation_test(s, n_x, alternative=a) for a in ALTS}
-    neg = {a: stats.permutation_test(-s, n_x, alternative=a) for a in ALTS}
+    res = {a: stats.permutation_test(s, n_x, alternative=a, p_convention="caliskan") for a in ALTS}
+    neg = {a: stats.permutation_test(-s, n_x, alternative=a, p_convention="caliskan") for a in ALTS}
+    ps = {a: stats.permutation_test(s, n_x, alternative=a) for a in ALTS}
+    assert ps["two-sided"].n_extreme == res["two-sided"].n_extreme
+    assert ps["greater"].p_value > 0 and ps["less"].p_value > 0
     assert res["greater"].n_extreme == neg["less"].n_extreme
     assert res["less"].n_extreme == neg["greater"].n_extreme
     assert res["two-sided"].n_extreme == neg["two-sided"].n_extreme
@@ -331,6 +356,8 @@ def test_property_negation_and_tails(s, data):
     total = res["greater"].n_partitions
     assert ties >= 1
     assert res["greater"].n_extreme + res["less"].n_extreme + ties == total
+    assert ps["greater"].n_extreme == res["greater"].n_extreme + ties
+    assert ps["less"].n_extreme == res["less"].n_extreme + ties
     two = res["two-sided"]
     assert two.n_extreme >= 1 and two.p_value >= 1 / total
     if obs >= n_x * s.sum() / s.size:

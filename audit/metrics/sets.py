@@ -57,7 +57,7 @@ from audit.metrics.same import direct_bias, gweat, same
 from audit.metrics.weat import as_vectors, weat, weat_scores
 from audit.metrics.wefe_family import ect, mac, ripa, rnd, rnsb
 from audit.result import MetricOutput
-from audit.stats import sharded_exact_p_value, shards_worthwhile
+from audit.stats import DEFAULT_P_CONVENTION, sharded_exact_p_value, shards_worthwhile
 
 
 def weat_sets(targets: list, attributes: list, **params: Any) -> MetricOutput:
@@ -184,7 +184,8 @@ def weat_sets_sharded(targets: list, attributes: list, params: dict[str, Any], s
     if not shards_worthwhile(n_x + n_y, n_x, params.get("permutations", "auto"), shards):
         return None
     scores = np.concatenate([weat_scores(X, A, B), weat_scores(Y, A, B)])
-    test = sharded_exact_p_value(scores, n_x, params.get("alternative", "greater"), shards, map_fn)
+    test = sharded_exact_p_value(scores, n_x, params.get("alternative", "greater"), shards, map_fn,
+                                 p_convention=params.get("p_convention", DEFAULT_P_CONVENTION))
     out = weat_sets(targets, attributes, **{**params, "permutations": 1})
     out.fields.update(test)
     return out

@@ -71,6 +71,7 @@ from audit.stats import (
     effect_size_bootstrap,
     fresh_seed,
     percentile_interval,
+    DEFAULT_P_CONVENTION,
     permutation_test,
     resample_counts,
     stream,
@@ -286,6 +287,7 @@ def weat(
     n_bootstrap: int = 1000,
     confidence: float = 0.95,
     ci_method: str = "targets",
+    p_convention: str = DEFAULT_P_CONVENTION,
 ) -> MetricOutput:
     """WEAT statistic, effect size, permutation p-value and bootstrap CI (Caliskan et al. 2017).
 
@@ -316,12 +318,17 @@ def weat(
     ci_method : {"targets", "targets_attributes"}, default="targets"
         Which words are resampled (module docstring): target words only, conditioning on the
         attribute sets as the permutation test does (default), or all four sets.
+    p_convention : {"phipson_smyth", "caliskan"}, default="phipson_smyth"
+        What the permutation test counts (:mod:`audit.stats`): partitions at least as extreme
+        as the observed one, itself included (p is never 0; Phipson & Smyth 2010), or
+        Caliskan et al.'s strictly greater ones (WEFE 1.0.1; an exact p may be 0).
 
     Returns
     -------
     MetricOutput
         ``value`` = effect size. ``fields``: ``statistic``, ``effect_size``, ``p_value``,
-        ``p_method``, ``n_partitions``, ``ci`` ([low, high] or None), ``ci_method``
+        ``p_method``, ``p_convention``, ``p_min`` (the smallest attainable p), ``p_note`` (why
+        the method differs from the one asked for, else None), ``n_partitions``, ``ci`` ([low, high] or None), ``ci_method``
         (``"targets"`` / ``"targets_attributes"``, None without a CI), ``ci_degenerate``,
         ``n_bootstrap``, ``confidence``, ``ddof``, ``alternative``, ``seed``,
         ``random_streams`` (procedure -> child index of ``SeedSequence(seed)``), ``n_x``,
@@ -355,7 +362,7 @@ def weat(
         seed = fresh_seed()
     perm = permutation_test(
         np.concatenate([s_x, s_y]), X.shape[0], alternative=alternative, permutations=permutations,
-        seed=stream(seed, "permutation"),
+        seed=stream(seed, "permutation"), p_convention=p_convention,
     )
 
     ci: list[float] | None = None
@@ -380,6 +387,9 @@ def weat(
         "effect_size": effect_size,
         "p_value": float(perm.p_value),
         "p_method": perm.method,
+        "p_convention": perm.convention,
+        "p_min": perm.p_min,
+        "p_note": perm.note,
         "n_partitions": perm.n_partitions,
         "n_extreme": perm.n_extreme,
         "ci": ci,
