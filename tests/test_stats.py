@@ -462,3 +462,104 @@ def test_task_streams_are_seedsequence_children():
         stream(42, "boot")
     with pytest.raises(ParameterError, match="seed"):
         stream(-1, "bootstrap")
+
+
+# --------------------------------------------------------------------------- p-value conventions
+
+
+def _scipy_sum_x(x, y, axis=-1):
+    return np.sum(x, axis=axis)
+
+
+@pytest.mark.parametrize("kind", ["float", "int"])
+@pytest.mark.parametrize("alternative", ALTS)
+def test_exact_equals_scipy_permutation_test(kind, alternative):
+    """scipy.stats.permutation_test counts the observed arrangement, as the default
+    (phipson_smyth) does: identical exact p-values on identical inputs (ties included)."""
+    rng = np.random.default_rng(11)
+    s = rng.normal(size=15) if kind == "float" else rng.integers(-3, 4, size=15).astype(float)
+    n_x = 7
+    ours = stats.permutation_test(s, n_x, alternative=alternative, permutations="exact")
+    total = math.comb(15, 7)
+    if alternative == "two-sided":  # ours: |S - E| >= |obs - E|, i.e. scipy's "greater" on |S - E|
+        mean = n_x * s.sum() / s.size
+        ref = sps.permutation_test((s[:n_x], s[n_x:]), lambda x, y, axis: np.abs(np.sum(x, axis=axis) - mean),
+                                   permutation_type="independent", vectorized=True, n_resamples=10**9,
+                                   alternative="greater")
+    else:
+        ref = sps.permutation_test((s[:n_x], s[n_x:]), _scipy_sum_x, permutation_type="independent",
+                                   vectorized=True, n_resamples=10**9, alternative=alternative)
+    assert ref.null_distribution.size == total  # scipy enumerated every partition
+    assert ours.p_value == pytest.approx(ref.pvalue, rel=1e-12)
+    assert ours.p_value >= ours.p_min >= 1 / total > 0
+
+
+@pytest.mark.parametrize("alternative", ALTS)
+def test_sampled_agrees_with_scipy_permutation_test(alternative):
+    """Sampled: both are (k + 1) / (n + 1) estimates of the same exact p-value."""
+    rng = np.random.default_rng(12)
+    s = rng.normal(size=24) + np.r_[np.full(12, 0.3), np.zeros(12)]
+    n, mean = 20_000, 12 * s.sum() / 24
+    ours = stats.permutation_test(s, 12, alternative=alternative, permutations=n, seed=3)
+    stat = (lambda x, y, axis: np.abs(np.sum(x, axis=axis) - mean)) if alternative == "two-sided" else _scipy_sum_x
+    ref = sps.permutation_test((s[:12], s[12:]), stat, permutation_type="independent", vectorized=True,
+                               n_resamples=n, alternative="greater" if alternative == "two-sided" else alternative,
+                               random_state=np.random.default_rng(4))
+    exact = stats.permutation_test(s, 12, alternative=alternative, permutations="exact").p_value
+    se = math.sqrt(exact * (1 - exact) / n)
+    assert ours.method == "sampled" and ours.p_value == (ours.n_extreme + 1) / (n + 1)
+    assert abs(ours.p_value - ref.pvalue) < 6 * se + 2 / n
+    assert ours.p_min == 1 / (n + 1)
+
+
+@pytest.mark.parametrize("alternative", ALTS)
+def test_label_swap_equals_scipy_paired_permutation_test(alternative):
+    """audit.compare's paired test runs on stats.label_swap_test: scipy's ``samples``
+    permutation type (sign flips of the differences), exact, gives the same p-value."""
+    rng = np.random.default_rng(13)
+    a, b = rng.normal(size=11), rng.normal(size=11) + 0.4
+    d = b - a
+
+    def t_of(m):
+        return np.where(m, -d, d).mean(axis=1)
+
+    ours = stats.label_swap_test(11, t_of, float(d.mean()), alternative=alternative, exact=True)
+    ref = sps.permutation_test((a, b), lambda x, y, axis: np.mean(y - x, axis=axis), permutation_type="samples",
+                               vectorized=True, n_resamples=10**9, alternative=alternative)
+    assert ours.n_partitions == 2**11 and ours.p_value == pytest.approx(ref.pvalue, rel=1e-12)
+    assert ours.p_min == (2 if alternative == "two-sided" else 1) / 2**11
+    # compare.py's paired test gives the same number
+    from audit.compare import paired_compare
+
+    res = paired_compare(a, b, lambda v: v.mean(axis=1), family="mean", n_bootstrap=0, alternative=alternative,
+                         seed=0)
+    assert res.p_value == pytest.approx(ref.pvalue, rel=1e-12) and res.p_min == ours.p_min
+    assert res.p_convention == "phipson_smyth"
+
+
+def test_p_values_are_never_zero_by_default():
+    s = np.arange(16.0)[::-1]  # X holds the 8 largest: the most extreme partition
+    total = math.comb(16, 8)
+    for alt, want in (("greater", 1), ("two-sided", 2)):
+        res = stats.permutation_test(s, 8, alternative=alt)
+        assert res.n_extreme == want and res.p_value == want / total == res.p_min
+    strict = stats.permutation_test(s, 8, p_convention="caliskan")
+    assert strict.p_value == 0.0 and strict.p_min == 0.0
+    shard = stats.sharded_exact_p_value(s, 8, "greater", 3)
+    assert shard["p_value"] == 1 / total and shard["p_convention"] == "phipson_smyth" and shard["p_min"] == 1 / total
+    assert stats.sharded_exact_p_value(s, 8, "greater", 3, p_convention="caliskan")["p_value"] == 0.0
+
+
+def test_more_permutations_than_partitions_runs_the_exact_test_at_once():
+    import time
+
+    s = np.random.default_rng(14).normal(size=16)
+    t0 = time.perf_counter()
+    res = stats.permutation_test(s, 8, permutations=10**14, seed=0)  # 8+8: 12,870 partitions
+    assert time.perf_counter() - t0 < 5
+    exact = stats.permutation_test(s, 8, permutations="exact")
+    assert res.method == "exact" and res.n_partitions == 12_870 and res.p_value == exact.p_value
+    assert res.note == "permutations=100,000,000,000,000 >= the 12,870 distinct partitions of 8+8 items: " \
+                       "exact test run instead"
+    assert stats.resolve_permutations(12_869, 16, 8) == ("sampled", 12_869, None)
+    assert stats.resolve_permutations(12_870, 16, 8)[:2] == ("exact", 12_870)
