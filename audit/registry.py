@@ -60,6 +60,7 @@ from audit.metrics.sets import (
     same_sets,
     weat_sets,
     weat_sets_sharded,
+    check_set_sizes,
 )
 from audit.result import MetricOutput
 from audit.suites import CompletionTemplates, MultipleChoice, SentencePairs, UnreadableTest, WordTest
@@ -102,6 +103,7 @@ def _on_sets(fn: Callable[..., MetricOutput]) -> Callable[..., MetricOutput]:
     """The analysis of a vectors-per-set measurement by an array-level ``fn(targets, attributes, **p)``."""
 
     def analyse(m: Measurement, **params: Any) -> MetricOutput:
+        check_set_sizes(m.targets, m.attributes, m.labels, m.set_names)
         out = fn(list(m.targets), list(m.attributes), **params)
         out.items = label_items(out.items, m)
         return out
@@ -112,6 +114,7 @@ def _on_sets(fn: Callable[..., MetricOutput]) -> Callable[..., MetricOutput]:
 
 
 def _weat_sharded(m: Measurement, params: dict[str, Any], shards: int, map_fn) -> MetricOutput | None:
+    check_set_sizes(m.targets, m.attributes, m.labels, m.set_names)
     out = weat_sets_sharded(list(m.targets), list(m.attributes), params, shards, map_fn)
     if out is not None:
         out.items = label_items(out.items, m)
