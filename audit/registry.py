@@ -38,6 +38,7 @@ from audit.compare import (
 )
 from audit.entries import KIND_NAMES, MODEL_KINDS, Family, Measurement, Metric, check_count
 from audit.errors import DataError, ModelError, ParameterError
+from audit.stats import check_resample_memory
 from audit.measure.bbq import CHOICES
 from audit.measure.crows_pairs import PAIR_SCORES
 from audit.measure.honest import COMPLETIONS
@@ -450,6 +451,26 @@ def applies(name: str, test: Any, kind: str | None = None, params: Mapping[str, 
 # --------------------------------------------------------------------------------------
 # Analysis
 # --------------------------------------------------------------------------------------
+
+
+#: Parameters that are resample counts, checked against memory before a model loads.
+RESAMPLE_SIZES = ("n_bootstrap",)
+
+
+def check_sizes(name: str, params: Mapping[str, Any], test: Any) -> None:
+    """Refuse, before a model loads, resample counts of ``params`` whose draws cannot fit in
+    memory for ``test`` (:func:`audit.stats.check_resample_memory`; items: the target words of
+    a word test, the rows of a table test, a lower bound of what is resampled)."""
+    e = get(name)
+    sets = getattr(test, "targets", None)
+    if sets is not None:
+        items = sum(len(getattr(s, "words", ())) for s in sets)
+    else:
+        table = getattr(test, "table", None)
+        items = len(table) if table is not None and hasattr(table, "__len__") else 1
+    for key in RESAMPLE_SIZES:
+        if key in e.params and key in params:
+            check_resample_memory(key, params[key], max(1, items))
 
 
 def _check_params(e: Metric, params: Mapping[str, Any]) -> None:

@@ -248,6 +248,7 @@ def score(
     params = dict(params or {})
     registry.get(metric)
     t = load_test(test, language=language)
+    registry.check_sizes(metric, params, t)  # sizes that cannot fit in memory: refused before loading
     if isinstance(model, str):
         model = load_model(model, words=words_for(metric, t, params), **(model_options or {}))
     meas = measure(model, t, metric, params)

@@ -144,6 +144,8 @@ __all__ = [
     "effect_size_bootstrap",
     "fresh_seed",
     "percentile_interval",
+    "check_resample_memory",
+    "physical_memory",
     "p_from_count",
     "p_min",
     "label_swap_test",
@@ -1260,6 +1262,51 @@ def sharded_exact_p_value(
     return {"p_value": p_from_count(k, total, "exact"), "p_method": "exact", "n_partitions": total,
             "n_extreme": k, "exact_shards": int(shards), "p_convention": conv,
             "p_min": p_min("exact", total, alternative, conv, mirrored=2 * n == s.size)}
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical memory of this machine (``os.sysconf``), or None where unknown."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return None
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if b < 1024 or unit == "PiB":
+            return f"{b:,.0f} {unit}" if unit == "bytes" else f"{b:,.1f} {unit}"
+        b /= 1024
+    return f"{b:.1f} PiB"  # pragma: no cover
+
+
+def check_resample_memory(name: str, n: Any, items: int, *, memory: int | None = None) -> None:
+    """Refuse, before any work, a resample count whose draws cannot fit in memory.
+
+    A bootstrap of ``n`` resamples over ``items`` items holds at least ``n * items`` int64
+    indices at once (:func:`bootstrap_indices`), ``8 n items`` bytes. When that exceeds the
+    machine's physical memory (``memory``, default :func:`physical_memory`) a ParameterError
+    names the parameter, the size and the largest count that fits. ``n`` may be an int or an
+    integral float (``--param n_bootstrap=1e11``); anything else is left to the metric's own
+    validation.
+    """
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Real):
+        return
+    try:
+        count = int(n) if float(n).is_integer() else None
+    except (OverflowError, ValueError):
+        count = None
+    if count is None or count <= 0 or items <= 0:
+        return
+    mem = physical_memory() if memory is None else int(memory)
+    need = 8 * count * int(items)
+    if mem is not None and need > mem:
+        fits = max(1, mem // (8 * int(items)))
+        raise ParameterError(
+            f"{name}={_fmt_count(count)}: {_fmt_count(count)} resamples of {items} items need at least "
+            f"{_fmt_bytes(need)} of memory, more than this machine's {_fmt_bytes(mem)}; "
+            f"use at most {fits:,}"
+        )
 
 
 def resample_counts(idx: np.ndarray, m: int) -> np.ndarray:
