@@ -103,6 +103,7 @@ from audit.stats import (
     STREAMS,
     PermutationResult,
     bootstrap_indices,
+    check_ddof,
     label_swap_test,
     fresh_seed,
     percentile_interval,
@@ -404,10 +405,6 @@ def _standardise(v: np.ndarray) -> np.ndarray:
     return (v - v.mean()) / sd if sd > DEGENERATE_STD else v - v.mean()
 
 
-def _check_ddof(ddof: Any) -> int:
-    if isinstance(ddof, bool) or ddof not in (0, 1):
-        raise ParameterError(f"ddof must be 0 or 1, got {ddof!r}")
-    return int(ddof)
 
 
 def compare_effect_size(
@@ -421,7 +418,7 @@ def compare_effect_size(
     (the ``targets`` interval of :mod:`audit.metrics.weat`); the label swap uses each model's
     standardised scores. Other keyword arguments: :func:`paired_compare`.
     """
-    ddof = _check_ddof(ddof)
+    ddof = check_ddof(ddof)
     xa, xb = _paired_values(s_x_a, s_x_b, ("s_x_a", "s_x_b"))
     ya, yb = _paired_values(s_y_a, s_y_b, ("s_y_a", "s_y_b"))
     if xa.ndim != 1 or ya.ndim != 1:
@@ -509,7 +506,7 @@ def compare_weat(
         raise ParameterError(f"ci_method must be 'targets' or 'targets_attributes', got {ci_method!r}")
     if swap not in ("auto", "words", "targets"):
         raise ParameterError(f"swap must be 'auto', 'words' or 'targets', got {swap!r}")
-    ddof = _check_ddof(ddof)
+    ddof = check_ddof(ddof)
     ua = _unit_sets(sets_a, "sets_a")
     ub = _unit_sets(sets_b, "sets_b")
     for i, (p, q) in enumerate(zip(ua, ub)):

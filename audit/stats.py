@@ -150,6 +150,8 @@ __all__ = [
     "p_min",
     "label_swap_test",
     "check_convention",
+    "check_seed",
+    "check_ddof",
     "resolve_permutations",
     "swap_extreme",
     "resample_counts",
@@ -290,6 +292,16 @@ def check_convention(convention: Any) -> str:
     return str(convention)
 
 
+def check_ddof(ddof: Any, n: int | None = None) -> int:
+    """The delta degrees of freedom of a pooled standard deviation: 0 or 1 (ParameterError
+    otherwise); with ``n`` pooled values, also ``n - ddof > 0`` (DataError otherwise)."""
+    if isinstance(ddof, (bool, np.bool_)) or not isinstance(ddof, numbers.Integral) or ddof not in (0, 1):
+        raise ParameterError(f"ddof must be 0 or 1, got {ddof!r}")
+    if n is not None and n - int(ddof) <= 0:
+        raise DataError(f"effect size needs more than {ddof} target words in X and Y together, got {n}")
+    return int(ddof)
+
+
 def _as_thresholds(thresholds: Any) -> np.ndarray:
     t = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
     if t.ndim != 1 or t.size == 0:
@@ -299,12 +311,18 @@ def _as_thresholds(thresholds: Any) -> np.ndarray:
     return t
 
 
-def _check_seed(seed: Any) -> int | np.random.SeedSequence | None:
+def check_seed(seed: Any, name: str = "seed") -> int | np.random.SeedSequence | None:
+    """The one seed rule of every random procedure: None (a seed is drawn and recorded), a
+    :class:`numpy.random.SeedSequence` (a task's stream), or an integer ``>= 0`` of any size
+    (``SeedSequence`` takes them all; libraries that need 32 bits get them through
+    :func:`stream_seeds`). Anything else is a ParameterError naming ``name``."""
     if seed is None or isinstance(seed, np.random.SeedSequence):
         return seed
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ParameterError(f"seed={seed!r}: expected a non-negative integer or None")
+        raise ParameterError(f"{name}={seed!r}: expected a non-negative integer or None")
     return int(seed)
+
+
 
 
 # --------------------------------------------------------------------------- random streams
@@ -320,7 +338,7 @@ def stream(seed: int, name: str) -> np.random.SeedSequence:
     ``SeedSequence(seed).spawn(n)[i]`` with ``i = STREAMS.index(name)`` (module docstring)."""
     if name not in STREAMS:
         raise ParameterError(f"unknown random stream {name!r}; streams: {', '.join(STREAMS)}")
-    s = _check_seed(seed)
+    s = check_seed(seed)
     if not isinstance(s, int):
         raise ParameterError(f"seed={seed!r}: a task's streams derive from a non-negative integer seed")
     return np.random.SeedSequence(s, spawn_key=(STREAMS.index(name),))
@@ -338,7 +356,7 @@ def _generator(seed: Any) -> np.random.Generator:
     """``Generator(PCG64(seed))`` for an int, None or SeedSequence; a Generator is used as is."""
     if isinstance(seed, np.random.Generator):
         return seed
-    return np.random.Generator(np.random.PCG64(_check_seed(seed)))
+    return np.random.Generator(np.random.PCG64(check_seed(seed)))
 
 
 def _check_count(n: Any, name: str) -> int:
@@ -948,7 +966,7 @@ def sampled_count_greater(
     k = _check_n_x(n_x, s.size)
     ts = _as_thresholds(thresholds)
     n = _check_count(n, "n")
-    root = np.random.PCG64(_check_seed(seed))
+    root = np.random.PCG64(check_seed(seed))
     th = _n_threads(threads)
 
     def chunk(cr: tuple[int, int]) -> np.ndarray:
@@ -967,7 +985,7 @@ def sample_partitions(
     n_items = int(n_items)
     k = _check_n_x(n_x, n_items)
     n = _check_count(n, "n")
-    root = np.random.PCG64(_check_seed(seed))
+    root = np.random.PCG64(check_seed(seed))
     zeros = np.zeros(n_items)
     for c, rows in _chunks(n):
         _, mask = _draw_chunk(np.random.Generator(root.jumped(c)), zeros, k, rows, True)
@@ -1087,7 +1105,7 @@ def permutation_test(
     n = _check_n_x(n_x, s.size)
     alt = _check_alternative(alternative)
     conv = check_convention(p_convention)
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     method, total, note = _resolve_permutations(permutations, s.size, n)
     ts = extreme_thresholds(s, n, alt, conv)
     floor = p_min(method, total, alt, conv, mirrored=2 * n == s.size)
@@ -1164,7 +1182,7 @@ def label_swap_test(
         blocks: Any = [masks[i : i + SWAP_BLOCK] for i in range(0, masks.shape[0], SWAP_BLOCK)]
     else:
         n_draw = _check_count(n_draw, "permutations")
-        seed = fresh_seed() if seed is None else _check_seed(seed)
+        seed = fresh_seed() if seed is None else check_seed(seed)
         gen = np.random.Generator(np.random.PCG64(seed))
         sizes = [min(SWAP_BLOCK, n_draw - i) for i in range(0, n_draw, SWAP_BLOCK)]
         # each pattern: n independent fair bits (the bits of uniform random bytes)

@@ -563,3 +563,20 @@ def test_more_permutations_than_partitions_runs_the_exact_test_at_once():
                        "exact test run instead"
     assert stats.resolve_permutations(12_869, 16, 8) == ("sampled", 12_869, None)
     assert stats.resolve_permutations(12_870, 16, 8)[:2] == ("exact", 12_870)
+
+
+def test_one_seed_rule_for_every_random_procedure():
+    """stats and the WEFE-family metrics accept the same seeds (before: any int >= 0 in
+    stats, only < 2**32 in RNSB and Cramér's V)."""
+    from audit.metrics import rnsb
+
+    assert stats.check_seed(2**40) == 2**40
+    rng = np.random.default_rng(3)
+    X, Y, A, B = (rng.normal(size=(6, 4)) for _ in range(4))
+    big = rnsb([X, Y], A, B, seed=2**40, n_iterations=2)
+    assert big.value == rnsb([X, Y], A, B, seed=2**40, n_iterations=2).value
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ParameterError, match=r"^seed=.*: expected a non-negative integer or None$"):
+            rnsb([X, Y], A, B, seed=bad)
+        with pytest.raises(ParameterError, match=r"^seed=.*: expected a non-negative integer or None$"):
+            stats.permutation_test(np.arange(6.0), 3, permutations=5, seed=bad)

@@ -72,6 +72,7 @@ from audit.stats import (
     fresh_seed,
     percentile_interval,
     DEFAULT_P_CONVENTION,
+    check_ddof,
     permutation_test,
     resample_counts,
     stream,
@@ -155,12 +156,6 @@ def cosine_matrix(u: np.ndarray, v: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_ddof(ddof: Any, n: int) -> int:
-    if isinstance(ddof, bool) or not isinstance(ddof, (int, np.integer)) or ddof not in (0, 1):
-        raise ParameterError(f"ddof must be 0 or 1, got {ddof!r}")
-    if n - int(ddof) <= 0:
-        raise DataError(f"effect size needs more than {ddof} target words in X and Y together, got {n}")
-    return int(ddof)
 
 
 def weat_scores(T: Any, A: Any, B: Any) -> np.ndarray:
@@ -196,7 +191,7 @@ def weat_effect_size(s_x: np.ndarray, s_y: np.ndarray, ddof: int = 1) -> float:
     s_x = np.asarray(s_x, dtype=np.float64)
     s_y = np.asarray(s_y, dtype=np.float64)
     pooled = np.concatenate([s_x, s_y])
-    ddof = _check_ddof(ddof, pooled.size)
+    ddof = check_ddof(ddof, pooled.size)
     std = float(np.std(pooled, ddof=ddof))
     if not std > _DEGENERATE_STD:
         raise DataError(
@@ -328,7 +323,8 @@ def weat(
     MetricOutput
         ``value`` = effect size. ``fields``: ``statistic``, ``effect_size``, ``p_value``,
         ``p_method``, ``p_convention``, ``p_min`` (the smallest attainable p), ``p_note`` (why
-        the method differs from the one asked for, else None), ``n_partitions``, ``ci`` ([low, high] or None), ``ci_method``
+        the method differs from the one asked for, else None), ``n_partitions``, ``ci``
+        ([low, high] or None), ``ci_method``
         (``"targets"`` / ``"targets_attributes"``, None without a CI), ``ci_degenerate``,
         ``n_bootstrap``, ``confidence``, ``ddof``, ``alternative``, ``seed``,
         ``random_streams`` (procedure -> child index of ``SeedSequence(seed)``), ``n_x``,
@@ -340,7 +336,7 @@ def weat(
     A = as_vectors(A, "A", nonzero=True)
     B = as_vectors(B, "B", nonzero=True)
     check_same_dim([("X", X), ("Y", Y), ("A", A), ("B", B)])
-    ddof = _check_ddof(ddof, X.shape[0] + Y.shape[0])
+    ddof = check_ddof(ddof, X.shape[0] + Y.shape[0])
     if alternative not in ("greater", "less", "two-sided"):
         raise ParameterError(f"alternative must be 'greater', 'less' or 'two-sided', got {alternative!r}")
     _check_bootstrap_params(n_bootstrap, confidence)
