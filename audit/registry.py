@@ -453,6 +453,23 @@ def applies(name: str, test: Any, kind: str | None = None, params: Mapping[str, 
 # --------------------------------------------------------------------------------------
 
 
+#: Parameters whose default is part of every task's ``audit.key`` even when not given: a change
+#: of their default changes the numbers (the p-value convention: results computed under the
+#: old strict count get new keys, so a resumed sweep recomputes them instead of reusing them).
+KEY_DEFAULTS = ("p_convention",)
+
+
+def key_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with the defaults of :data:`KEY_DEFAULTS` the metric takes filled in: the
+    parameters :func:`audit.provenance.task_key` hashes (planner and runner alike)."""
+    out = dict(params)
+    e = get(name)
+    for k in KEY_DEFAULTS:
+        if k in e.params and k not in out:
+            out[k] = e.params[k]
+    return out
+
+
 #: Parameters that are resample counts, checked against memory before a model loads.
 RESAMPLE_SIZES = ("n_bootstrap",)
 

@@ -276,7 +276,7 @@ def make_result(
         "versions": package_versions(),
         "key": task_key(
             model_revision=model.revision, model_ref=model.ref, dataset_digest=digest,
-            metric=metric_name, params=params, seed=seed, load=model.load,
+            metric=metric_name, params=registry.key_params(metric, params), seed=seed, load=model.load,
         ),
     }
     if meas.subword and any(meas.subword.values()):
