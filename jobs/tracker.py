@@ -11,8 +11,8 @@ Layout of an experiment (one per spec by default, ``biasaudit-<name>``):
   params   ``model``, ``model_name``, ``revision``, ``backend``, ``kind``, ``embedding``, ``test``,
            ``language``, ``metric``, ``dataset_digest``, ``seed``, ``param.<name>`` for each
            metric parameter (JSON-encoded) and the result's string fields of
-           :data:`RESULT_STRING_FIELDS` (``ci_method``, ``p_method``, ``p_value_counts``,
-           ``groups``, ``groups_source``) where it has them;
+           :data:`RESULT_STRING_FIELDS` (``ci_method``, ``p_method``, ``p_convention``,
+           ``p_note``, ``p_value_counts``, ``groups``, ``groups_source``) where it has them;
   metrics  ``value`` (the headline number), ``effect_size``, ``p_value``, ``statistic``,
            ``ci_low``/``ci_high``, ``coverage.<set>`` and ``coverage_min``, every other numeric
            field of the result, ``n_items``, ``measure_seconds``/``analyse_seconds``;
@@ -85,7 +85,8 @@ HEADLINE_FIELDS = ("effect_size", "p_value", "statistic")
 #: String fields of a result logged as params of its child run (where the result has them):
 #: which interval (``ci_method``: ``targets``/``targets_attributes``), how the p-value was
 #: obtained and what it counts, which side held the protected groups and who said so.
-RESULT_STRING_FIELDS = ("ci_method", "p_method", "p_value_counts", "groups", "groups_source")
+RESULT_STRING_FIELDS = ("ci_method", "p_method", "p_convention", "p_note", "p_value_counts", "groups",
+                        "groups_source")
 
 #: The tag MLflow's ``log_table`` sets to list a run's tables (the UI's evaluation view).
 _LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
@@ -542,6 +543,9 @@ def _row(t: dict, p: dict, m: dict, run_id: str | None) -> dict[str, Any]:
         "value": m.get("value"),
         "effect_size": m.get("effect_size"),
         "p_value": m.get("p_value"),
+        "p_min": m.get("p_min"),
+        "p_method": p.get("p_method"),
+        "p_convention": p.get("p_convention"),
         "ci_low": m.get("ci_low"),
         "ci_high": m.get("ci_high"),
         "coverage_min": m.get("coverage_min"),
