@@ -1,0 +1,45 @@
+"""Small reader items of issue 18 (item 8): one CrowS-Pairs loader rule for a registered test
+and a file passed by path; honest item counts; HONEST items as lists; vocabulary vs subword
+coverage."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from audit.datasets.crows_pairs import load_crows_pairs
+from audit.errors import DataError
+from audit.runner import load_test
+
+DATA = Path(os.environ.get("BIASAUDIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+FR = DATA / "crows-pairs-multilingual" / "crows_pairs_fr.tsv"
+
+
+@pytest.mark.skipif(not FR.is_file(), reason=f"French CrowS-Pairs not found at {FR}")
+def test_french_crows_pairs_by_path_equals_the_registered_test():
+    """The official French TSV passed by path used to fail on row 129 ("column 'sent_less' is
+    empty") while ``fr/crows_pairs`` skipped it: one rule now, the row skipped with its reason."""
+    by_name = load_test("fr/crows_pairs")
+    by_path = load_test(str(FR), language="fr")
+    want = [{"pair_id": "129", "row": 129, "reason": "column 'sent_less' is empty"}]
+    assert by_name.extra["skipped"] == by_path.extra["skipped"] == want
+    assert len(by_path.table) == 1676
+    pd.testing.assert_frame_equal(by_name.table, by_path.table)
+
+
+def test_crows_pairs_rows_skipped_with_reasons_and_a_file_without_valid_rows_refused(tmp_path):
+    rows = pd.DataFrame({"sent_more": ["A is bad.", "", "C is bad."], "sent_less": ["B is bad.", "D.", "E."],
+                         "stereo_antistereo": ["stereo", "stereo", "sideways"], "bias_type": ["race-color"] * 3})
+    rows.to_csv(tmp_path / "cp.csv", index=False)
+    t = load_crows_pairs(tmp_path / "cp.csv")
+    assert list(t["sent_more"]) == ["A is bad."]
+    assert [s["reason"] for s in t.attrs["skipped"]] == [
+        "column 'sent_more' is empty", "column 'stereo_antistereo' must be 'stereo' or 'antistereo', got 'sideways'"]
+    with pytest.raises(DataError, match=r"column 'sent_more' is empty in row 2 \(pair_id 1\)$"):
+        load_crows_pairs(tmp_path / "cp.csv", invalid="error")
+    rows.assign(sent_more="").to_csv(tmp_path / "none.csv", index=False)
+    with pytest.raises(DataError, match=r"is empty in row 1 \(pair_id 0\) \(no valid row left\)$"):
+        load_crows_pairs(tmp_path / "none.csv")
