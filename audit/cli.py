@@ -68,7 +68,9 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--embedding", choices=METHODS, default=None)
     s.add_argument("--layer", type=int, default=None, help="hidden layer (Python index; -1 = last)")
     s.add_argument("--batch-size", type=int, default=None)
-    s.add_argument("--limit", type=int, default=None, help="first N items (CrowS-Pairs pairs)")
+    s.add_argument("--limit", type=int, default=None,
+                   help="first N items: CrowS-Pairs pairs; BBQ family: N per category and "
+                        "context condition, so up to 2N items per category (result: limit, limit_scope, n_items)")
     s.add_argument("--forms", nargs="+", choices=NUMBERS, default=None,
                    help="LPBS template forms to use (--forms singular reproduces the BIAS framework)")
     s.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="further metric parameter (JSON value)")

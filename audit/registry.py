@@ -114,6 +114,20 @@ def _on_sets(fn: Callable[..., MetricOutput]) -> Callable[..., MetricOutput]:
     return analyse
 
 
+#: What the BBQ family's ``limit`` counts (audit.datasets.bbq.select_items): items per category
+#: and context condition, so ``--limit 200`` on one category scores up to 400 items.
+BBQ_LIMIT_SCOPE = "per category and context condition (ambiguous, disambiguated)"
+
+
+def _with_limit(out: MetricOutput, m: Measurement) -> MetricOutput:
+    """A BBQ result with the ``limit`` it was measured with and what it counts (``n_items``
+    stays the number of items scored, ``n_amb`` + ``n_disamb``)."""
+    limit = m.info.get("limit")
+    out.fields["limit"] = limit
+    out.fields["limit_scope"] = BBQ_LIMIT_SCOPE if limit is not None else None
+    return out
+
+
 def _weat_sharded(m: Measurement, params: dict[str, Any], shards: int, map_fn) -> MetricOutput | None:
     check_set_sizes(m.targets, m.attributes, m.labels, m.set_names)
     out = weat_sets_sharded(list(m.targets), list(m.attributes), params, shards, map_fn)
@@ -248,7 +262,7 @@ _ENTRIES: tuple[Metric, ...] = (
         breakdowns=(("per_group", ("k20", "k5", "k1")), ("per_category", ("k20", "k5", "k1"))),
     ),
     Metric(
-        name="bbq", family=CHOICES, analyse=lambda m, **p: bbq_metric(m.table, **p),
+        name="bbq", family=CHOICES, analyse=lambda m, **p: _with_limit(bbq_metric(m.table, **p), m),
         params={"length_norm": "none", "n_bootstrap": 1000, "confidence": 0.95, "seed": None},
         headline="BBQ ambiguous-context bias score s_AMB = (1 - acc_amb) * (2 n_biased / n_non_unknown - 1); also "
                  "accuracies and s_DIS, overall and per category, bootstrap CIs",
