@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from audit import catalog, regression, registry, runner
+from audit.result import json_cells
 from audit.datasets import NUMBERS
 from audit.errors import AuditError, ParameterError
 from audit.measure.contextual import METHODS
@@ -204,7 +205,7 @@ def write_items(items, path: str) -> None:
     if p.suffix == ".parquet":
         items.to_parquet(p, index=False)
     elif p.suffix == ".csv":
-        items.to_csv(p, index=False)
+        json_cells(items).to_csv(p, index=False)  # list cells as JSON text, not Python repr
     else:
         raise ParameterError(f"--items {path}: use a .parquet or .csv file name")
 

@@ -259,13 +259,11 @@ def result_metrics(res) -> dict[str, float]:
 
 
 def _table_for_mlflow(items: pd.DataFrame) -> pd.DataFrame:
-    """A JSON-safe copy of a per-item table (lists/tuples/dicts as JSON text, NaN kept)."""
-    df = items.copy()
-    for c in df.columns:
-        if df[c].dtype == object:
-            df[c] = [json.dumps(x, default=str, ensure_ascii=False) if isinstance(x, (list, tuple, dict, set)) else x for x in df[c]]
-    df.columns = [str(c) for c in df.columns]
-    return df.reset_index(drop=True)
+    """A JSON-safe copy of a per-item table (lists/tuples/dicts as JSON text, NaN kept:
+    :func:`audit.result.json_cells`, the rule of ``audit score --items x.csv`` too)."""
+    from audit.result import json_cells
+
+    return json_cells(items)
 
 
 class Tracker:

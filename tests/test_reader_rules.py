@@ -43,3 +43,33 @@ def test_crows_pairs_rows_skipped_with_reasons_and_a_file_without_valid_rows_ref
     rows.assign(sent_more="").to_csv(tmp_path / "none.csv", index=False)
     with pytest.raises(DataError, match=r"is empty in row 1 \(pair_id 0\) \(no valid row left\)$"):
         load_crows_pairs(tmp_path / "none.csv")
+
+
+def test_honest_items_hold_lists_and_files_keep_them_readable(tmp_path):
+    """HONEST per-item cells were tuples, written as Python repr text ("('g',)"): they are lists
+    now, a Parquet file gives lists back and a CSV file JSON text."""
+    import json
+
+    from audit.cli import write_items
+    from audit.metrics.honest import honest_metric
+
+    from audit.datasets.honest import Lexicon
+
+    lex = Lexicon("en", "made-up", "sha256:0", pd.DataFrame({"lemma": ["thief", "liar"], "category": ["re", "an"],
+                                                            "level": ["conservative"] * 2}))
+    table = pd.DataFrame({"template": ["a [M].", "b [M]."], "groups": [("g", "h"), ("g",)],
+                          "completions": [("thief", "house"), ("cat", "liar")]})
+    out = honest_metric(table, language="en", lexicon=lex, k=[2])
+    assert out.value == 0.5
+    row = out.items.iloc[0]
+    assert row["groups"] == ["g", "h"] and row["completions"] == ["thief", "house"]
+    assert row["hurtful"] == [True, False] and row["hurtful_words"] == ["thief"]
+    assert row["categories"] == [["re"], []]
+    write_items(out.items, str(tmp_path / "i.parquet"))
+    back = pd.read_parquet(tmp_path / "i.parquet")
+    assert list(back.loc[1, "hurtful_words"]) == ["liar"] and list(back.loc[0, "groups"]) == ["g", "h"]
+    write_items(out.items, str(tmp_path / "i.csv"))
+    csv = pd.read_csv(tmp_path / "i.csv")
+    assert json.loads(csv.loc[0, "groups"]) == ["g", "h"]
+    assert json.loads(csv.loc[0, "categories"]) == [["re"], []]
+    assert json.loads(csv.loc[1, "hurtful"]) == [False, True]
