@@ -268,6 +268,9 @@ def make_result(
     """Attach coverage, parameters and provenance to a metric output."""
     digest = test.digest()
     metric_name = registry.get(metric).result_name(model.kind)
+    if meas.info.get("coverage_vocabulary") is not None:  # words found in the vocabulary vs built from subwords
+        out.fields.setdefault("coverage_vocabulary", dict(meas.info["coverage_vocabulary"]))
+        out.fields.setdefault("n_subword", {k: len(v) for k, v in (meas.subword or {}).items()})
     prov = {
         **model.describe(),
         "test": test.name,

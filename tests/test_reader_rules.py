@@ -73,3 +73,44 @@ def test_honest_items_hold_lists_and_files_keep_them_readable(tmp_path):
     assert json.loads(csv.loc[0, "groups"]) == ["g", "h"]
     assert json.loads(csv.loc[0, "categories"]) == [["re"], []]
     assert json.loads(csv.loc[1, "hurtful"]) == [False, True]
+
+
+def test_coverage_tells_vocabulary_words_from_subword_built_ones(tmp_path, monkeypatch):
+    """A fastText model that knows none of the test's words in its vocabulary builds them all
+    from subwords: coverage 1.00 as before, and now coverage_vocabulary 0.00 and n_subword."""
+    import contextlib
+    import io
+    import json
+
+    import fasttext
+
+    from jobs import cli
+
+    corpus = " ".join(["roses tulips daisies lilies ants wasps fleas moths lovely peaceful joyful hateful "
+                       "warlike painful"] * 60)
+    (tmp_path / "c.txt").write_text(corpus + "\n")
+    ft = fasttext.train_unsupervised(str(tmp_path / "c.txt"), model="skipgram", dim=8, epoch=1, minCount=1,
+                                     minn=2, maxn=4, bucket=5000, thread=1, verbose=0)
+    ft.save_model(str(tmp_path / "ft.bin"))
+    test = """name: tiny
+language: en
+provenance: made up
+licence: CC0
+targets:
+- {name: flowers, words: [rose, tulip, daisy, roses]}
+- {name: insects, words: [ant, wasp, flea, moth]}
+attributes:
+- {name: pleasant, words: [love, peace, joy]}
+- {name: unpleasant, words: [hate, war, pain]}
+"""
+    (tmp_path / "t.yaml").write_text(test)
+    monkeypatch.chdir(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["score", "--model", "ft.bin", "--test", "t.yaml", "--metric", "weat", "--n-bootstrap", "0",
+                         "--format", "json"])
+    assert code == 0, err.getvalue()
+    res = json.loads(out.getvalue())
+    assert res["coverage"] == {"flowers": 1.0, "insects": 1.0, "pleasant": 1.0, "unpleasant": 1.0}
+    assert res["coverage_vocabulary"] == {"flowers": 0.25, "insects": 0.0, "pleasant": 0.0, "unpleasant": 0.0}
+    assert res["n_subword"] == {"flowers": 3, "insects": 4, "pleasant": 3, "unpleasant": 3}
