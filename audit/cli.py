@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -37,7 +38,14 @@ def _permutations(v: str) -> str | int:
     try:
         n = int(v)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--permutations must be exact, auto or a positive integer, not {v!r}") from None
+        try:  # 1e14: a whole number in exponent notation
+            f = float(v)
+            n = int(f) if math.isfinite(f) and f.is_integer() else None
+        except ValueError:
+            n = None
+        if n is None:
+            raise argparse.ArgumentTypeError(
+                f"--permutations must be exact, auto or a positive integer, not {v!r}") from None
     if n <= 0:
         raise argparse.ArgumentTypeError(f"--permutations must be a positive integer, not {n}")
     return n
