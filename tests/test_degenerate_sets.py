@@ -81,3 +81,39 @@ def test_check_names_every_degenerate_set_and_the_words_found():
                         labels={"target0": ["he"]}, set_names={"target0": "male", "attribute0": "career"})
     assert str(e.value).startswith("word set 'male' (target0) has 1 item after look-up (he); "
                                    "word set 'career' (attribute0) has 0 items after look-up; every set needs")
+
+
+def test_a_sweep_fails_only_the_degenerate_task_with_the_reason(tmp_path, local_ray):
+    """In a sweep the task whose set keeps one word fails with the one-line reason; the
+    other tasks finish."""
+    from jobs.spec import load_spec
+    from jobs.sweep import run_sweep
+
+    one = tmp_path / "one.yaml"
+    one.write_text(TEST.replace("[rose, tulip, daisy, lily]", "[rose]").replace("name: tiny", "name: one"))
+    rng = np.random.default_rng(0)
+    lines = [w + " " + " ".join(f"{x:.5f}" for x in rng.normal(size=5)) for w in WORDS]
+    (tmp_path / "ok.vec").write_text("\n".join(lines) + "\n")
+    two = tmp_path / "two.yaml"
+    two.write_text(TEST.replace("name: tiny", "name: two"))
+    spec_text = f"""
+name: degenerate
+seed: 0
+output_dir: {tmp_path / 'out'}
+permutations: 300
+n_bootstrap: 50
+languages: [en]
+tests: ["{one}", "{two}"]
+metrics: [weat]
+models:
+  - ref: "{tmp_path / 'ok.vec'}"
+    name: ok
+ray: {{batch_size: 1, actor_num_cpus: 0.5, stats_num_cpus: 0.5, max_restarts: 2, max_task_retries: 3}}
+"""
+    (tmp_path / "s.yaml").write_text(spec_text)
+    out = run_sweep(load_spec(tmp_path / "s.yaml"), progress=False)
+    df = out.results.set_index("test")
+    assert out.exit_code == 1 and len(df) == 2
+    assert df.loc["en/one", "status"] == "failed" and df.loc["en/two", "status"] == "finished"
+    assert "word set 'flowers' (target0) has 1 item after look-up (rose); every set needs at least 2" in \
+        df.loc["en/one", "error"]

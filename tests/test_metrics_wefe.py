@@ -256,9 +256,9 @@ def test_registry_union_metrics_and_rnsb():
     r = run_metric("ripa", targets, attributes)
     assert r.value == pytest.approx(ripa(arr["X"], arr["Y"], union).value)
     assert list(r.items["set"]) == ["attribute0"] * 5 + ["attribute1"] * 7
-    # ECT on a one-word attribute set alone is undefined: reported as None, not NaN
-    e1 = run_metric("ect", targets, [arr["A"], arr["B"][:1]])
-    assert e1.fields["ect_per_attribute"][1] is None
+    # a one-word set is refused before any metric runs (its ECT alone was undefined)
+    with pytest.raises(DataError, match=r"^word set attribute1 has 1 item after look-up; every set needs at least 2"):
+        run_metric("ect", targets, [arr["A"], arr["B"][:1]])
     n = run_metric("rnsb", targets + [arr["X"][:2]], attributes, seed=3, holdout=False)
     assert n.value == rnsb(targets + [arr["X"][:2]], arr["A"], arr["B"], seed=3, holdout=False).value
     assert run_metric("mac", targets, attributes).value == pytest.approx(mac(targets, attributes).value)
