@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -26,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from audit import catalog, regression, registry, runner
+from audit.result import json_cells
 from audit.datasets import NUMBERS
 from audit.errors import AuditError, ParameterError, one_line
 from audit.measure.contextual import METHODS
@@ -51,7 +53,14 @@ def _permutations(v: str) -> str | int:
     try:
         n = int(v)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--permutations must be exact, auto or a positive integer, not {v!r}") from None
+        try:  # 1e14: a whole number in exponent notation
+            f = float(v)
+            n = int(f) if math.isfinite(f) and f.is_integer() else None
+        except ValueError:
+            n = None
+        if n is None:
+            raise argparse.ArgumentTypeError(
+                f"--permutations must be exact, auto or a positive integer, not {v!r}") from None
     if n <= 0:
         raise argparse.ArgumentTypeError(f"--permutations must be a positive integer, not {n}")
     return n
@@ -112,7 +121,9 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--embedding", choices=METHODS, default=None)
     s.add_argument("--layer", type=int, default=None, help="hidden layer (Python index; -1 = last)")
     s.add_argument("--batch-size", type=int, default=None)
-    s.add_argument("--limit", type=int, default=None, help="first N items (CrowS-Pairs pairs)")
+    s.add_argument("--limit", type=int, default=None,
+                   help="first N items: CrowS-Pairs pairs; BBQ family: N per category and "
+                        "context condition, so up to 2N items per category (result: limit, limit_scope, n_items)")
     s.add_argument("--forms", nargs="+", choices=NUMBERS, default=None,
                    help="LPBS template forms to use (--forms singular reproduces the BIAS framework)")
     s.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="further metric parameter (JSON value)")
@@ -254,7 +265,7 @@ def write_items(items, path: str) -> None:
     if p.suffix.lower() == ".parquet":
         items.to_parquet(p, index=False)
     elif p.suffix.lower() == ".csv":
-        items.to_csv(p, index=False)
+        json_cells(items).to_csv(p, index=False)  # list cells as JSON text, not Python repr
     else:
         raise ParameterError(f"--items {path}: use a file name ending in {' or '.join(ITEMS_SUFFIXES)}")
 

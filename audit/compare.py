@@ -24,7 +24,9 @@ of each item are exchangeable, so swapping them in any subset of items gives an 
 data set. ``T`` is ``delta`` (``quantity="delta"``) or ``|headline(B)| - |headline(A)|``
 (``"delta_abs"``); a swap pattern counts as extreme when ``|T*| >= |T| - tol`` (two-sided,
 the observed pattern included), ``T* >= T - tol`` (``"greater"``: B more than A) or ``T* <=
-T + tol`` (``"less"``), ``tol = 1e-10 max(1, |T|)``. ``permutations="auto"`` (default) enumerates all ``2**n``
+T + tol`` (``"less"``), ``tol = 1e-10 max(1, |T|)``: the observed pattern always counts,
+so ``p > 0`` (the ``phipson_smyth`` convention of :mod:`audit.stats`, whose
+:func:`audit.stats.label_swap_test` runs the test). ``permutations="auto"`` (default) enumerates all ``2**n``
 patterns when ``n <= EXACT_MAX_ITEMS`` (``p = k / 2**n``; swapping the complement of a
 pattern exchanges the two models, ``T -> -T``, so half of them are evaluated) and otherwise
 draws :data:`DEFAULT_PERMUTATIONS` uniform random patterns (``p = (k + 1) / (N + 1)``,
@@ -97,8 +99,12 @@ from audit.errors import DataError, ParameterError
 from audit.metrics.weat import as_vectors, check_same_dim, unit_rows
 from audit.stats import (
     DEGENERATE_STD,
+    DEFAULT_P_CONVENTION,
     STREAMS,
+    PermutationResult,
     bootstrap_indices,
+    check_ddof,
+    label_swap_test,
     fresh_seed,
     percentile_interval,
     resample_counts,
@@ -157,7 +163,9 @@ class Comparison:
                      ``alternative``; ``p_method``: ``"exact label swap"``, ``"sampled label
                      swap"`` or ``"exact McNemar"``; ``null_hypothesis``: what is exchangeable
                      under H0 (which items were swapped); ``n_permutations``: patterns counted
-                     (``2**n`` when exact; the discordant pairs for McNemar).
+                     (``2**n`` when exact; the discordant pairs for McNemar); ``p_convention``:
+                     :data:`audit.stats.P_CONVENTIONS` (the observed arrangement counts);
+                     ``p_min``: the smallest p-value the test could give.
     n_items:         paired items; ``strata``: items per stratum.
     seed:            the task seed; ``random_streams``: procedure -> child of SeedSequence(seed).
     """
@@ -183,6 +191,8 @@ class Comparison:
     strata: list[int]
     seed: int
     random_streams: dict[str, int]
+    p_convention: str = DEFAULT_P_CONVENTION
+    p_min: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields."""
@@ -256,60 +266,28 @@ def _stratified_index(strata: list[int], n_resamples: int, gen: np.random.Genera
     return np.concatenate([p + o for p, o in zip(parts, offsets)], axis=1)
 
 
-def _swap_masks_exact(n: int) -> np.ndarray:
-    """All 2**n swap patterns as an (2**n, n) boolean array (bit j of the row number)."""
-    rows = np.arange(2**n, dtype=np.int64)[:, None]
-    return ((rows >> np.arange(n, dtype=np.int64)[None, :]) & 1).astype(bool)
-
-
-def _extreme(t: np.ndarray, obs: float, alternative: str) -> np.ndarray:
-    tol = 1e-10 * max(1.0, abs(obs))
-    with np.errstate(invalid="ignore"):
-        if alternative == "greater":
-            return t >= obs - tol
-        if alternative == "less":
-            return t <= obs + tol
-        return np.abs(t) >= abs(obs) - tol
-
-
 def _quantity(ta: np.ndarray, tb: np.ndarray, quantity: str) -> np.ndarray:
     return tb - ta if quantity == "delta" else np.abs(tb) - np.abs(ta)
 
 
 def _swap_test(n: int, t_of: Callable[[np.ndarray], np.ndarray], obs: float, alternative: str,
-               permutations: str | int, seed: int) -> tuple[float, bool, int]:
-    """Label-swap p-value over swap patterns of ``n`` items (module docstring): ``t_of(masks)``
-    gives the statistic for a (R, n) boolean block of patterns (True: swapped). Returns
-    ``(p, exact, patterns counted)``."""
+               permutations: str | int, seed: int) -> PermutationResult:
+    """Label-swap test over swap patterns of ``n`` items (module docstring) on
+    :func:`audit.stats.label_swap_test`, the engine's paired test, with its default
+    ``p_convention`` (``phipson_smyth``: the observed pattern counts). ``t_of(masks)`` gives the
+    statistic for a (R, n) boolean block of patterns (True: swapped). A sampled count at or
+    above ``2**n`` enumerates the patterns instead."""
     exact = permutations == "exact" or (permutations == "auto" and n <= EXACT_MAX_ITEMS)
     if permutations == "exact" and n > EXACT_LIMIT_ITEMS:
         raise ParameterError(
             f"permutations='exact': {n} items have 2**{n} swap patterns, more than enumerated here "
             f"(up to {EXACT_LIMIT_ITEMS} items); sample instead, e.g. permutations=9999"
         )
-    k = total = 0
-    if exact:
-        # patterns with the last item unswapped; each one's complement exchanges the models: -T
-        half = _swap_masks_exact(n - 1) if n > 1 else np.zeros((1, 0), dtype=bool)
-        masks = np.concatenate([half, np.zeros((half.shape[0], 1), dtype=bool)], axis=1)
-        blocks: Any = [masks[i : i + _BLOCK] for i in range(0, masks.shape[0], _BLOCK)]
-    else:
-        n_draw = DEFAULT_PERMUTATIONS if permutations == "auto" else int(permutations)
-        gen = np.random.Generator(np.random.PCG64(stream(seed, "compare_permutation")))
-        sizes = [min(_BLOCK, n_draw - i) for i in range(0, n_draw, _BLOCK)]
-        # each pattern: n independent fair bits (the bits of uniform random bytes)
-        blocks = (
-            np.unpackbits(gen.integers(0, 256, size=(r, -(-n // 8)), dtype=np.uint8), axis=1, count=n).astype(bool)
-            for r in sizes
-        )
-    for m in blocks:
-        t = t_of(m)
-        k += int(_extreme(t, obs, alternative).sum())
-        total += m.shape[0]
-        if exact:
-            k += int(_extreme(-t, obs, alternative).sum())
-            total += m.shape[0]
-    return (k / total if exact else (k + 1) / (total + 1)), exact, total
+    n_draw = DEFAULT_PERMUTATIONS if permutations in ("auto", "exact") else int(permutations)
+    if not exact and n <= EXACT_LIMIT_ITEMS and n_draw >= 2**n:
+        exact = True  # more draws than distinct patterns: enumerate them instead
+    return label_swap_test(n, t_of, obs, alternative=alternative, exact=exact, n_draw=n_draw,
+                           seed=stream(seed, "compare_permutation"), p_convention=DEFAULT_P_CONVENTION)
 
 
 def paired_compare(
@@ -387,18 +365,19 @@ def paired_compare(
         xb = np.where(mm, sa[None], sb[None])
         return _quantity(statistic(xa), statistic(xb), quantity)
 
-    p, exact, total = _swap_test(n, t_of, obs, alternative, permutations, seed)
+    perm = _swap_test(n, t_of, obs, alternative, permutations, seed)
     strata_desc = "" if len(strata_l) == 1 else f" within {len(strata_l)} strata"
     return Comparison(
         family=family, value_a=va, value_b=vb, delta=vb - va, delta_abs=abs(vb) - abs(va),
         ci=ci, ci_abs=ci_abs,
         ci_method=ci_method or f"paired percentile bootstrap: items resampled jointly{strata_desc}",
         confidence=confidence, n_bootstrap=n_bootstrap, ci_degenerate=n_deg,
-        p_value=float(p), p_method="exact label swap" if exact else "sampled label swap",
+        p_value=float(perm.p_value), p_method=f"{perm.method} label swap",
         null_hypothesis=null_hypothesis or "each item's two measurements are exchangeable between the models",
-        alternative=alternative, quantity=quantity, n_permutations=int(total), n_items=int(n),
+        alternative=alternative, quantity=quantity, n_permutations=int(perm.n_partitions), n_items=int(n),
         strata=strata_l, seed=seed,
         random_streams={s: STREAMS.index(s) for s in ("compare_bootstrap", "compare_permutation")},
+        p_convention=perm.convention, p_min=perm.p_min,
     )
 
 
@@ -426,10 +405,6 @@ def _standardise(v: np.ndarray) -> np.ndarray:
     return (v - v.mean()) / sd if sd > DEGENERATE_STD else v - v.mean()
 
 
-def _check_ddof(ddof: Any) -> int:
-    if isinstance(ddof, bool) or ddof not in (0, 1):
-        raise ParameterError(f"ddof must be 0 or 1, got {ddof!r}")
-    return int(ddof)
 
 
 def compare_effect_size(
@@ -443,7 +418,7 @@ def compare_effect_size(
     (the ``targets`` interval of :mod:`audit.metrics.weat`); the label swap uses each model's
     standardised scores. Other keyword arguments: :func:`paired_compare`.
     """
-    ddof = _check_ddof(ddof)
+    ddof = check_ddof(ddof)
     xa, xb = _paired_values(s_x_a, s_x_b, ("s_x_a", "s_x_b"))
     ya, yb = _paired_values(s_y_a, s_y_b, ("s_y_a", "s_y_b"))
     if xa.ndim != 1 or ya.ndim != 1:
@@ -531,7 +506,7 @@ def compare_weat(
         raise ParameterError(f"ci_method must be 'targets' or 'targets_attributes', got {ci_method!r}")
     if swap not in ("auto", "words", "targets"):
         raise ParameterError(f"swap must be 'auto', 'words' or 'targets', got {swap!r}")
-    ddof = _check_ddof(ddof)
+    ddof = check_ddof(ddof)
     ua = _unit_sets(sets_a, "sets_a")
     ub = _unit_sets(sets_b, "sets_b")
     for i, (p, q) in enumerate(zip(ua, ub)):
@@ -616,11 +591,11 @@ def compare_weat(
         rows, cols = m[:, :n_t], m[:, n_t:]
         return _quantity(stat(mixed(rows, cols)), stat(mixed(~rows, ~cols)), quantity)
 
-    p, exact, total = _swap_test(n_t + n_a + n_b, t_of, float(_quantity(
+    perm = _swap_test(n_t + n_a + n_b, t_of, float(_quantity(
         np.array([res.value_a]), np.array([res.value_b]), quantity)[0]), alternative, permutations, res.seed)
     return dataclasses.replace(
-        res, p_value=float(p), p_method="exact label swap" if exact else "sampled label swap",
-        n_permutations=int(total),
+        res, p_value=float(perm.p_value), p_method=f"{perm.method} label swap",
+        n_permutations=int(perm.n_partitions), p_min=perm.p_min,
         null_hypothesis="every word's (X, Y, A, B) two vectors are exchangeable between the models "
                         "(one vector space; all cosines recomputed)",
     )
@@ -656,7 +631,8 @@ def compare_proportions(outcome_a: Any, outcome_b: Any, *, confidence: float = 0
     n01 = int(((a == 0) & (b == 1)).sum())
     n10 = int(((a == 1) & (b == 0)).sum())
     p = 1.0 if n01 + n10 == 0 else float(binomtest(n01, n01 + n10, 0.5, alternative=alternative).pvalue)
-    return dataclasses.replace(res, p_value=p, p_method="exact McNemar", n_permutations=n01 + n10,
+    floor = min(1.0, (2.0 if alternative == "two-sided" else 1.0) * 0.5 ** (n01 + n10))
+    return dataclasses.replace(res, p_value=p, p_method="exact McNemar", n_permutations=n01 + n10, p_min=floor,
                                null_hypothesis="each pair's two outcomes are exchangeable between the models")
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "METHODS",
     "add_adjusted_pvalues",
     "adjust_pvalues",
+    "adjust_rows",
     "benjamini_hochberg",
     "holm",
 ]
@@ -169,3 +170,25 @@ def add_adjusted_pvalues(
         out[name] = values
     out["n_family"] = n_family
     return out
+
+
+def adjust_rows(df: pd.DataFrame, rows: Any, *, family: Sequence[str] | None = DEFAULT_FAMILY,
+                p_col: str = "p_value", unadjusted_n_family: float = np.nan) -> pd.DataFrame:
+    """A copy of ``df`` with ``p_holm``, ``p_bh`` and ``n_family`` over the selected ``rows``
+    only (a boolean mask: a sweep's finished tasks, a comparison's compared tests), by
+    :func:`add_adjusted_pvalues` per ``family``; the other rows are no test of the family and
+    get NaN adjusted p-values and ``unadjusted_n_family`` (NaN, or 0 where a count is wanted).
+    The one wrapper of the sweep reports and of ``audit compare``/``audit watch``."""
+    out = df.copy()
+    mask = np.asarray(rows, dtype=bool) if len(out) else np.zeros(0, dtype=bool)
+    for c in ("p_holm", "p_bh"):
+        out[c] = np.nan
+    out["n_family"] = unadjusted_n_family
+    if mask.any():
+        cols = list(dict.fromkeys([*(family or ()), p_col]))
+        sub = out.loc[mask, cols].astype({p_col: "float64"})
+        adj = add_adjusted_pvalues(sub, family=tuple(family or ()), p_col=p_col)
+        for c in ("p_holm", "p_bh", "n_family"):
+            out.loc[mask, c] = adj[c].to_numpy(dtype=np.float64)
+    return out
+

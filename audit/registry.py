@@ -38,6 +38,7 @@ from audit.compare import (
 )
 from audit.entries import KIND_NAMES, MODEL_KINDS, Family, Measurement, Metric, check_count
 from audit.errors import DataError, ModelError, ParameterError
+from audit.stats import check_resample_memory
 from audit.measure.bbq import CHOICES
 from audit.measure.crows_pairs import PAIR_SCORES
 from audit.measure.honest import COMPLETIONS
@@ -60,6 +61,7 @@ from audit.metrics.sets import (
     same_sets,
     weat_sets,
     weat_sets_sharded,
+    check_set_sizes,
 )
 from audit.result import MetricOutput
 from audit.suites import CompletionTemplates, MultipleChoice, SentencePairs, UnreadableTest, WordTest
@@ -104,6 +106,7 @@ def _on_sets(fn: Callable[..., MetricOutput]) -> Callable[..., MetricOutput]:
     """The analysis of a vectors-per-set measurement by an array-level ``fn(targets, attributes, **p)``."""
 
     def analyse(m: Measurement, **params: Any) -> MetricOutput:
+        check_set_sizes(m.targets, m.attributes, m.labels, m.set_names)
         out = fn(list(m.targets), list(m.attributes), **params)
         out.items = label_items(out.items, m)
         return out
@@ -113,7 +116,22 @@ def _on_sets(fn: Callable[..., MetricOutput]) -> Callable[..., MetricOutput]:
     return analyse
 
 
+#: What the BBQ family's ``limit`` counts (audit.datasets.bbq.select_items): items per category
+#: and context condition, so ``--limit 200`` on one category scores up to 400 items.
+BBQ_LIMIT_SCOPE = "per category and context condition (ambiguous, disambiguated)"
+
+
+def _with_limit(out: MetricOutput, m: Measurement) -> MetricOutput:
+    """A BBQ result with the ``limit`` it was measured with and what it counts (``n_items``
+    stays the number of items scored, ``n_amb`` + ``n_disamb``)."""
+    limit = m.info.get("limit")
+    out.fields["limit"] = limit
+    out.fields["limit_scope"] = BBQ_LIMIT_SCOPE if limit is not None else None
+    return out
+
+
 def _weat_sharded(m: Measurement, params: dict[str, Any], shards: int, map_fn) -> MetricOutput | None:
+    check_set_sizes(m.targets, m.attributes, m.labels, m.set_names)
     out = weat_sets_sharded(list(m.targets), list(m.attributes), params, shards, map_fn)
     if out is not None:
         out.items = label_items(out.items, m)
@@ -121,7 +139,7 @@ def _weat_sharded(m: Measurement, params: dict[str, Any], shards: int, map_fn) -
 
 
 _WEAT_PARAMS = {"ddof": 1, "alternative": "greater", "permutations": "auto", "seed": None,
-                "n_bootstrap": 1000, "confidence": 0.95, "ci_method": "targets"}
+                "n_bootstrap": 1000, "confidence": 0.95, "ci_method": "targets", "p_convention": "phipson_smyth"}
 _WEAT_REF = "Caliskan, Bryson & Narayanan (2017), Science 356:183-186"
 
 
@@ -150,7 +168,7 @@ _ENTRIES: tuple[Metric, ...] = (
     Metric(
         name="lpbs", family=LPBS_SCORES, analyse=lambda m, **p: lpbs_metric(m.table, **p),
         params={"permutations": "auto", "seed": None, "alternative": "two-sided", "n_bootstrap": 1000,
-                "confidence": 0.95},
+                "confidence": 0.95, "p_convention": "phipson_smyth"},
         headline="LPBS effect size over attribute words (ddof=0), two-sided permutation p, bootstrap CI; causal "
                  "LMs: the later word's log-probability given the earlier one minus its prior",
         reference="Kurita, Vyas, Pareek, Black & Tsvetkov (2019), Measuring Bias in Contextualized Word "
@@ -246,7 +264,7 @@ _ENTRIES: tuple[Metric, ...] = (
         breakdowns=(("per_group", ("k20", "k5", "k1")), ("per_category", ("k20", "k5", "k1"))),
     ),
     Metric(
-        name="bbq", family=CHOICES, analyse=lambda m, **p: bbq_metric(m.table, **p),
+        name="bbq", family=CHOICES, analyse=lambda m, **p: _with_limit(bbq_metric(m.table, **p), m),
         params={"length_norm": "none", "n_bootstrap": 1000, "confidence": 0.95, "seed": None},
         headline="BBQ ambiguous-context bias score s_AMB = (1 - acc_amb) * (2 n_biased / n_non_unknown - 1); also "
                  "accuracies and s_DIS, overall and per category, bootstrap CIs",
@@ -449,6 +467,43 @@ def applies(name: str, test: Any, kind: str | None = None, params: Mapping[str, 
 # --------------------------------------------------------------------------------------
 # Analysis
 # --------------------------------------------------------------------------------------
+
+
+#: Parameters whose default is part of every task's ``audit.key`` even when not given: a change
+#: of their default changes the numbers (the p-value convention: results computed under the
+#: old strict count get new keys, so a resumed sweep recomputes them instead of reusing them).
+KEY_DEFAULTS = ("p_convention",)
+
+
+def key_params(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with the defaults of :data:`KEY_DEFAULTS` the metric takes filled in: the
+    parameters :func:`audit.provenance.task_key` hashes (planner and runner alike)."""
+    out = dict(params)
+    e = get(name)
+    for k in KEY_DEFAULTS:
+        if k in e.params and k not in out:
+            out[k] = e.params[k]
+    return out
+
+
+#: Parameters that are resample counts, checked against memory before a model loads.
+RESAMPLE_SIZES = ("n_bootstrap",)
+
+
+def check_sizes(name: str, params: Mapping[str, Any], test: Any) -> None:
+    """Refuse, before a model loads, resample counts of ``params`` whose draws cannot fit in
+    memory for ``test`` (:func:`audit.stats.check_resample_memory`; items: the target words of
+    a word test, the rows of a table test, a lower bound of what is resampled)."""
+    e = get(name)
+    sets = getattr(test, "targets", None)
+    if sets is not None:
+        items = sum(len(getattr(s, "words", ())) for s in sets)
+    else:
+        table = getattr(test, "table", None)
+        items = len(table) if table is not None and hasattr(table, "__len__") else 1
+    for key in RESAMPLE_SIZES:
+        if key in e.params and key in params:
+            check_resample_memory(key, params[key], max(1, items))
 
 
 def _check_params(e: Metric, params: Mapping[str, Any]) -> None:

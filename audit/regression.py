@@ -44,7 +44,7 @@ import pandas as pd
 from audit import catalog, registry, runner
 from audit.errors import AuditError, DataError, ParameterError
 from audit.measure.words import paired_role
-from audit.multitest import METHODS, add_adjusted_pvalues
+from audit.multitest import METHODS, adjust_rows
 from audit.suites import WordSet, WordTest
 
 __all__ = [
@@ -151,7 +151,9 @@ def comparison_row(comparison, comparer, *, test: str, language: str, metric: st
         "test": test, "language": language, "metric": metric, "status": "compared", "value_a": va, "value_b": vb,
         "delta": comparison.delta, "ci_low": ci[0], "ci_high": ci[1], "delta_abs": abs(vb - n) - abs(va - n),
         "ci_abs_low": ci_abs[0], "ci_abs_high": ci_abs[1], "p_value": comparison.p_value,
-        "p_method": comparison.p_method, "n_items": comparison.n_items, "missing_a": missing_a,
+        "p_method": comparison.p_method, "p_min": getattr(comparison, "p_min", None),
+        "p_convention": getattr(comparison, "p_convention", None), "n_items": comparison.n_items,
+        "missing_a": missing_a,
         "missing_b": missing_b, "dropped_items": "; ".join("/".join(map(str, d)) for d in dropped),
         "ci_method": comparison.ci_method, "null_hypothesis": comparison.null_hypothesis,
         "alternative": comparison.alternative, "quantity": comparison.quantity, "error": None,
@@ -298,13 +300,8 @@ def adjust(df: pd.DataFrame, family: Sequence[str] = FAMILY) -> pd.DataFrame:
     for c in ("value_a", "value_b", "delta", "ci_low", "ci_high", "delta_abs", "ci_abs_low", "ci_abs_high",
               "p_value"):
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
-    ok = (df["status"] == "compared").to_numpy()
-    adjusted = add_adjusted_pvalues(df[ok].drop(columns=["p_holm", "p_bh", "n_family"]), family=tuple(family))
-    for c in ("p_holm", "p_bh"):
-        df[c] = np.nan
-        df.loc[ok, c] = adjusted[c].to_numpy()
-    df["n_family"] = 0
-    df.loc[ok, "n_family"] = adjusted["n_family"].to_numpy()
+    df = adjust_rows(df, (df["status"] == "compared").to_numpy(), family=tuple(family), unadjusted_n_family=0)
+    df["n_family"] = df["n_family"].astype("int64")
     return df[COLUMNS + [c for c in df.columns if c not in COLUMNS]].reset_index(drop=True)
 
 

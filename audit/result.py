@@ -73,3 +73,17 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, (np.bool_,)):
         return bool(v)
     return v
+
+
+def json_cells(items: pd.DataFrame) -> pd.DataFrame:
+    """A copy of a per-item table whose list, tuple, dict and set cells are JSON text (for
+    formats without nested values: CSV, MLflow tables), so a reader parses them with
+    ``json.loads`` instead of getting Python repr strings such as ``('a', 'b')``."""
+    df = items.copy()
+    for c in df.columns:
+        if df[c].dtype == object:
+            df[c] = [json.dumps(_jsonable(sorted(x) if isinstance(x, set) else x), ensure_ascii=False, default=str)
+                     if isinstance(x, (list, tuple, dict, set, np.ndarray)) else x for x in df[c]]
+    df.columns = [str(c) for c in df.columns]
+    return df.reset_index(drop=True)
+

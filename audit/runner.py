@@ -235,6 +235,7 @@ def score(
     params = dict(params or {})
     registry.check_params(metric, params)  # before any model loads (a wrong parameter after an hour of generation)
     t = load_test(test, language=language)
+    registry.check_sizes(metric, params, t)  # sizes that cannot fit in memory: refused before loading
     if isinstance(model, str):
         model = load_model(model, words=words_for(metric, t, params), **(model_options or {}))
     meas = measure(model, t, metric, params)
@@ -254,6 +255,9 @@ def make_result(
     """Attach coverage, parameters and provenance to a metric output."""
     digest = test.digest()
     metric_name = registry.get(metric).result_name(model.kind)
+    if meas.info.get("coverage_vocabulary") is not None:  # words found in the vocabulary vs built from subwords
+        out.fields.setdefault("coverage_vocabulary", dict(meas.info["coverage_vocabulary"]))
+        out.fields.setdefault("n_subword", {k: len(v) for k, v in (meas.subword or {}).items()})
     prov = {
         **model.describe(),
         "test": test.name,
@@ -262,7 +266,7 @@ def make_result(
         "versions": package_versions(),
         "key": task_key(
             model_revision=model.revision, model_ref=model.ref, dataset_digest=digest,
-            metric=metric_name, params=params, seed=seed, load=model.load,
+            metric=metric_name, params=registry.key_params(metric, params), seed=seed, load=model.load,
         ),
     }
     if meas.subword and any(meas.subword.values()):

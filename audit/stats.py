@@ -21,20 +21,36 @@ normal float64, which only matters when every score is 0) the tie tolerance: sub
 are mathematically equal but added in a different order differ by rounding (at most about
 ``N * 2**-53 * sum |s_i|``), so sums within ``tol`` of each other are treated as ties. The
 tolerance is relative, so the p-value does not change when all scores are scaled.
-A partition with X-subset sum ``S`` counts as *extreme* when
+A partition with X-subset sum ``S`` counts as *extreme* under one of two named conventions
+(``p_convention``; :data:`P_CONVENTIONS`):
 
-* ``"greater"``   (one-sided, Caliskan et al.'s ``Pr[s(X_i, Y_i) > s(X, Y)]``, strict):
-  ``S > obs + tol``. The observed partition and its ties never count (``p`` may be 0);
-* ``"less"``:      ``S < obs - tol`` (the mirror image; the observed partition never counts);
-* ``"two-sided"``: ``|S - E| >= |obs - E| - tol``. This one *includes* the observed
-  partition and its ties, so ``p >= 1 / C(N, n_x)``, and ``p = 1`` when ``|obs - E| <= tol``.
+``"phipson_smyth"`` (the default; Phipson & Smyth 2010, "Permutation p-values should never be
+zero", Stat. Appl. Genet. Mol. Biol. 9(1):39; what :func:`scipy.stats.permutation_test`
+computes): a partition is extreme when its statistic is *at least as extreme* as the observed
+one, so the observed partition and its ties always count and ``p > 0``:
+
+* ``"greater"``:   ``S >= obs - tol``;
+* ``"less"``:      ``S <= obs + tol``;
+* ``"two-sided"``: ``|S - E| >= |obs - E| - tol`` (``p = 1`` when ``|obs - E| <= tol``).
+
+``"caliskan"`` (Caliskan et al. 2017's strict ``Pr[s(X_i, Y_i) > s(X, Y)]``, what WEFE 1.0.1
+computes): one-sided tests count only partitions *strictly* beyond the observed one,
+``S > obs + tol`` (``"greater"``) or ``S < obs - tol`` (``"less"``), so the observed partition
+and its ties never count and an exact ``p`` may be 0. The two-sided test is the same as above
+in both conventions (Caliskan et al. define only the one-sided test).
 
 p-values: exact ``p = k / C(N, n_x)`` with ``k`` the number of extreme partitions among all
-of them; sampled ``p = (k + 1) / (n + 1)`` with ``k`` the number of extreme partitions among
-``n`` i.i.d. uniform random partitions (Phipson & Smyth 2010, "Permutation p-values should
-never be zero", Stat. Appl. Genet. Mol. Biol. 9(1):39). The sampled draws are *with*
-replacement across partitions (the observed partition may be drawn); the +1 accounts for the
-observed partition.
+of them (``phipson_smyth``: the observed one included, so ``p >= 1 / C(N, n_x)``); sampled
+``p = (k + 1) / (n + 1)`` with ``k`` the number of extreme partitions among ``n`` i.i.d.
+uniform random partitions (Phipson & Smyth's estimator; the +1 counts the observed partition;
+WEFE uses it too, with its strict ``k``). The sampled draws are *with* replacement across
+partitions (the observed partition may be drawn). ``p_min`` (:func:`p_min`) is the smallest
+p-value a test can return: ``1 / (n + 1)`` sampled; exact ``1 / C(N, n_x)`` (``2 / C(N, n_x)``
+two-sided with ``n_x = n_y``, where the observed partition and its mirror both count), or 0 for
+a one-sided ``caliskan`` count.
+
+A permutation count at or above ``C(N, n_x)`` asks for more random partitions than there are
+distinct ones: the exact test is run instead (``method="exact"``, with a ``note`` saying so).
 
 Exact counting
 --------------
@@ -114,6 +130,8 @@ from audit.errors import DataError, ParameterError
 
 __all__ = [
     "ALTERNATIVES",
+    "DEFAULT_P_CONVENTION",
+    "P_CONVENTIONS",
     "DEFAULT_PERMUTATIONS",
     "MAX_EXACT_SUMS",
     "SAMPLE_CHUNK",
@@ -126,6 +144,16 @@ __all__ = [
     "effect_size_bootstrap",
     "fresh_seed",
     "percentile_interval",
+    "check_resample_memory",
+    "physical_memory",
+    "p_from_count",
+    "p_min",
+    "label_swap_test",
+    "check_convention",
+    "check_seed",
+    "check_ddof",
+    "resolve_permutations",
+    "swap_extreme",
     "resample_counts",
     "stream",
     "stream_seeds",
@@ -142,6 +170,12 @@ __all__ = [
 ]
 
 ALTERNATIVES = ("greater", "less", "two-sided")
+
+#: Named conventions of what counts as extreme (module docstring): ``"phipson_smyth"``
+#: (at least as extreme, the observed arrangement counted: p is never 0) and ``"caliskan"``
+#: (strictly more extreme, one-sided; WEFE 1.0.1's count).
+P_CONVENTIONS = ("phipson_smyth", "caliskan")
+DEFAULT_P_CONVENTION = "phipson_smyth"
 
 #: Relative tie tolerance: ``tol = TIE_RTOL * sum |s_i| + TIE_ATOL``.
 TIE_RTOL = 1e-12
@@ -180,6 +214,10 @@ class PermutationResult:
 
     p_value:      exact ``k / C(N, n_x)`` or sampled ``(k + 1) / (n + 1)``.
     method:       ``"exact"`` or ``"sampled"``.
+    convention:   ``"phipson_smyth"`` or ``"caliskan"`` (:data:`P_CONVENTIONS`).
+    p_min:        the smallest p-value this test could return (:func:`p_min`).
+    note:         why the method differs from the one asked for (a permutation count at or
+                  above ``C(N, n_x)`` runs the exact test), else None.
     alternative:  ``"greater"``, ``"less"`` or ``"two-sided"``.
     n_partitions: exact: ``C(N, n_x)``; sampled: the number of random partitions drawn.
     n_extreme:    ``k``, the partitions counted as extreme (see the module conventions).
@@ -195,6 +233,9 @@ class PermutationResult:
     n_partitions: int
     n_extreme: int
     seed: int | np.random.SeedSequence | None
+    convention: str = DEFAULT_P_CONVENTION
+    p_min: float = 0.0
+    note: str | None = None
 
 
 # --------------------------------------------------------------------------- validation
@@ -242,6 +283,25 @@ def _check_alternative(alternative: Any) -> str:
     return str(alternative)
 
 
+def check_convention(convention: Any) -> str:
+    """``convention`` as one of :data:`P_CONVENTIONS`, or a ParameterError naming it."""
+    if convention not in P_CONVENTIONS:
+        raise ParameterError(
+            f"p_convention={convention!r} is not one of {', '.join(map(repr, P_CONVENTIONS))}"
+        )
+    return str(convention)
+
+
+def check_ddof(ddof: Any, n: int | None = None) -> int:
+    """The delta degrees of freedom of a pooled standard deviation: 0 or 1 (ParameterError
+    otherwise); with ``n`` pooled values, also ``n - ddof > 0`` (DataError otherwise)."""
+    if isinstance(ddof, (bool, np.bool_)) or not isinstance(ddof, numbers.Integral) or ddof not in (0, 1):
+        raise ParameterError(f"ddof must be 0 or 1, got {ddof!r}")
+    if n is not None and n - int(ddof) <= 0:
+        raise DataError(f"effect size needs more than {ddof} target words in X and Y together, got {n}")
+    return int(ddof)
+
+
 def _as_thresholds(thresholds: Any) -> np.ndarray:
     t = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
     if t.ndim != 1 or t.size == 0:
@@ -251,12 +311,18 @@ def _as_thresholds(thresholds: Any) -> np.ndarray:
     return t
 
 
-def _check_seed(seed: Any) -> int | np.random.SeedSequence | None:
+def check_seed(seed: Any, name: str = "seed") -> int | np.random.SeedSequence | None:
+    """The one seed rule of every random procedure: None (a seed is drawn and recorded), a
+    :class:`numpy.random.SeedSequence` (a task's stream), or an integer ``>= 0`` of any size
+    (``SeedSequence`` takes them all; libraries that need 32 bits get them through
+    :func:`stream_seeds`). Anything else is a ParameterError naming ``name``."""
     if seed is None or isinstance(seed, np.random.SeedSequence):
         return seed
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ParameterError(f"seed={seed!r}: expected a non-negative integer or None")
+        raise ParameterError(f"{name}={seed!r}: expected a non-negative integer or None")
     return int(seed)
+
+
 
 
 # --------------------------------------------------------------------------- random streams
@@ -272,7 +338,7 @@ def stream(seed: int, name: str) -> np.random.SeedSequence:
     ``SeedSequence(seed).spawn(n)[i]`` with ``i = STREAMS.index(name)`` (module docstring)."""
     if name not in STREAMS:
         raise ParameterError(f"unknown random stream {name!r}; streams: {', '.join(STREAMS)}")
-    s = _check_seed(seed)
+    s = check_seed(seed)
     if not isinstance(s, int):
         raise ParameterError(f"seed={seed!r}: a task's streams derive from a non-negative integer seed")
     return np.random.SeedSequence(s, spawn_key=(STREAMS.index(name),))
@@ -290,7 +356,7 @@ def _generator(seed: Any) -> np.random.Generator:
     """``Generator(PCG64(seed))`` for an int, None or SeedSequence; a Generator is used as is."""
     if isinstance(seed, np.random.Generator):
         return seed
-    return np.random.Generator(np.random.PCG64(_check_seed(seed)))
+    return np.random.Generator(np.random.PCG64(check_seed(seed)))
 
 
 def _check_count(n: Any, name: str) -> int:
@@ -366,10 +432,14 @@ def _tolerance(s: np.ndarray) -> float:
     return TIE_RTOL * float(np.abs(s).sum()) + TIE_ATOL
 
 
-def extreme_thresholds(scores: Any, n_x: int, alternative: str = "greater") -> np.ndarray:
+def extreme_thresholds(scores: Any, n_x: int, alternative: str = "greater",
+                       convention: str = DEFAULT_P_CONVENTION) -> np.ndarray:
     """Thresholds on the X-subset sum whose ``> t`` counts give the extreme partitions.
 
-    Returns ``[obs + tol]`` for ``"greater"``, ``[obs - tol]`` for ``"less"`` and
+    Returns, for ``"greater"``, ``[obs - tol]`` (``phipson_smyth``: ``S >= obs``, ties
+    counted) or ``[obs + tol]`` (``caliskan``: ``S > obs``); for ``"less"``, ``[obs + tol]``
+    (``phipson_smyth``: ``S <= obs`` is the complement of ``S > obs + tol``) or ``[obs - tol]``
+    (``caliskan``); for either convention
     ``[E + d - tol, E - d + tol]`` (``d = |obs - E|``) for ``"two-sided"``, or
     ``[-inf, -inf]`` when ``d <= tol`` (every partition is extreme). Feed the counts of
     :func:`exact_count_greater` or :func:`sampled_count_greater` at these thresholds to
@@ -381,12 +451,13 @@ def extreme_thresholds(scores: Any, n_x: int, alternative: str = "greater") -> n
     s = _as_scores(scores)
     n = _check_n_x(n_x, s.size)
     alt = _check_alternative(alternative)
+    strict = check_convention(convention) == "caliskan"
     tol = _tolerance(s)
     obs = float(s[:n].sum())
     if alt == "greater":
-        return np.array([obs + tol])
+        return np.array([obs + tol if strict else obs - tol])
     if alt == "less":
-        return np.array([obs - tol])
+        return np.array([obs - tol if strict else obs + tol])
     mean = n * float(s.sum()) / s.size
     d = abs(obs - mean)
     if d <= tol:
@@ -398,7 +469,7 @@ def n_extreme(counts_greater: Any, total: int, alternative: str = "greater") -> 
     """Number of extreme partitions from the ``> t`` counts at :func:`extreme_thresholds`.
 
     ``"greater"``: ``c[0]``; ``"less"``: ``total - c[0]`` (no sum lies within rounding of the
-    threshold ``obs - tol``, so ``> `` and ``>=`` agree); ``"two-sided"``:
+    threshold ``obs -+ tol``, so ``> `` and ``>=`` agree); ``"two-sided"``:
     ``c[0] + total - c[1]``. ``total`` is ``C(N, n_x)`` for exact counts and the number of
     sampled partitions for sampled ones.
     """
@@ -895,7 +966,7 @@ def sampled_count_greater(
     k = _check_n_x(n_x, s.size)
     ts = _as_thresholds(thresholds)
     n = _check_count(n, "n")
-    root = np.random.PCG64(_check_seed(seed))
+    root = np.random.PCG64(check_seed(seed))
     th = _n_threads(threads)
 
     def chunk(cr: tuple[int, int]) -> np.ndarray:
@@ -914,7 +985,7 @@ def sample_partitions(
     n_items = int(n_items)
     k = _check_n_x(n_x, n_items)
     n = _check_count(n, "n")
-    root = np.random.PCG64(_check_seed(seed))
+    root = np.random.PCG64(check_seed(seed))
     zeros = np.zeros(n_items)
     for c, rows in _chunks(n):
         _, mask = _draw_chunk(np.random.Generator(root.jumped(c)), zeros, k, rows, True)
@@ -924,7 +995,30 @@ def sample_partitions(
 # --------------------------------------------------------------------------- the test
 
 
-def _resolve_permutations(permutations: Any, n_items: int, n: int) -> tuple[str, int]:
+def p_from_count(k: int, total: int, method: str) -> float:
+    """The p-value from ``k`` extreme arrangements among ``total`` (module docstring): exact
+    ``k / total`` (every arrangement counted, the observed one among them), sampled
+    ``(k + 1) / (total + 1)`` (Phipson & Smyth 2010: the observed arrangement added to
+    ``total`` random ones)."""
+    if method == "exact":
+        return int(k) / int(total)
+    return (int(k) + 1) / (int(total) + 1)
+
+
+def p_min(method: str, total: int, alternative: str = "greater",
+          convention: str = DEFAULT_P_CONVENTION, mirrored: bool = False) -> float:
+    """Smallest p-value a permutation test can return (module docstring): sampled
+    ``1 / (total + 1)``; exact ``1 / total``, ``2 / total`` for a two-sided test whose
+    observed arrangement always has a distinct mirror image counted with it (``mirrored``:
+    ``n_x = n_y``, or a label swap of all items), and 0 for a one-sided ``caliskan`` count."""
+    if method != "exact":
+        return 1.0 / (int(total) + 1)
+    if check_convention(convention) == "caliskan" and alternative != "two-sided":
+        return 0.0
+    return min(1.0, (2.0 if mirrored and alternative == "two-sided" else 1.0) / int(total))
+
+
+def _resolve_permutations(permutations: Any, n_items: int, n: int) -> tuple[str, int, str | None]:
     if isinstance(permutations, str):
         if permutations == "exact":
             if not exact_feasible(n_items, n):
@@ -934,15 +1028,30 @@ def _resolve_permutations(permutations: Any, n_items: int, n: int) -> tuple[str,
                     f"partitions are too many to count exactly on one worker; sample instead, "
                     f"e.g. permutations=100000 (--permutations 100000)"
                 )
-            return "exact", n_partitions(n_items, n)
+            return "exact", n_partitions(n_items, n), None
         if permutations == "auto":
             if exact_feasible(n_items, n):
-                return "exact", n_partitions(n_items, n)
-            return "sampled", DEFAULT_PERMUTATIONS
+                return "exact", n_partitions(n_items, n), None
+            return "sampled", DEFAULT_PERMUTATIONS, None
         raise ParameterError(
             f"permutations={permutations!r}: expected 'exact', 'auto' or a positive integer"
         )
-    return "sampled", _check_count(permutations, "permutations")
+    asked = _check_count(permutations, "permutations")
+    total = n_partitions(n_items, n)
+    if asked >= total and exact_feasible(n_items, n):
+        return "exact", total, (
+            f"permutations={_fmt_count(asked)} >= the {_fmt_count(total)} distinct partitions of "
+            f"{n}+{n_items - n} items: exact test run instead"
+        )
+    return "sampled", asked, None
+
+
+def resolve_permutations(permutations: Any, n_items: int, n_x: int) -> tuple[str, int, str | None]:
+    """``(method, partitions counted or drawn, note)`` for a ``permutations`` setting on
+    ``n_items`` scores with ``n_x`` in group X, without computing anything: ``"auto"`` and
+    ``"exact"`` as in :func:`permutation_test`; an int at or above ``C(n_items, n_x)`` gives the
+    exact test and a note saying so (sampling more partitions than exist adds only noise)."""
+    return _resolve_permutations(permutations, int(n_items), _check_n_x(n_x, int(n_items)))
 
 
 def permutation_test(
@@ -952,6 +1061,7 @@ def permutation_test(
     alternative: str = "greater",
     permutations: str | int = "auto",
     seed: int | np.random.SeedSequence | None = None,
+    p_convention: str = DEFAULT_P_CONVENTION,
 ) -> PermutationResult:
     """Permutation test of ``sum_X s - sum_Y s`` (or any statistic increasing in it).
 
@@ -962,17 +1072,21 @@ def permutation_test(
     n_x : int
         Size of group X, ``1 <= n_x <= N - 1``.
     alternative : {"greater", "less", "two-sided"}, default "greater"
-        Which partitions count as extreme; see the module docstring (``"greater"`` is
-        Caliskan et al.'s strict ``Pr[s(X_i, Y_i) > s(X, Y)]``).
+        Which partitions count as extreme; see the module docstring (``"greater"``: X's
+        statistic is larger, Caliskan et al.'s one-sided test).
     permutations : "auto", "exact" or int, default "auto"
         ``"exact"`` counts all ``C(N, n_x)`` partitions (ParameterError when
-        :func:`exact_feasible` says no); an int draws that many uniform random partitions;
+        :func:`exact_feasible` says no); an int draws that many uniform random partitions
+        (an int ``>= C(N, n_x)`` runs the exact test instead, with a ``note``);
         ``"auto"`` is exact when feasible (25+25 items and more), else
         :data:`DEFAULT_PERMUTATIONS` random partitions.
     seed : int or SeedSequence, optional
         Seed of the random partitions (a metric passes its task's ``permutation`` stream,
         :func:`stream`). When sampling without one, a seed is drawn from OS entropy and
         recorded in the result so the run can be repeated.
+    p_convention : {"phipson_smyth", "caliskan"}, default "phipson_smyth"
+        What counts as extreme (module docstring): at least as extreme, the observed
+        partition included (never 0), or Caliskan et al.'s strict one-sided count (WEFE).
 
     Returns
     -------
@@ -980,7 +1094,9 @@ def permutation_test(
 
     Examples
     --------
-    >>> permutation_test([3.0, 2.0, 1.0, 0.0], 2).p_value   # X = {3, 2}: nothing is greater
+    >>> permutation_test([3.0, 2.0, 1.0, 0.0], 2).p_value   # only X = {3, 2} itself: 1 of 6
+    0.16666666666666666
+    >>> permutation_test([3.0, 2.0, 1.0, 0.0], 2, p_convention="caliskan").p_value
     0.0
     >>> permutation_test([3.0, 2.0, 1.0, 0.0], 2, alternative="two-sided").p_value
     0.3333333333333333
@@ -988,9 +1104,11 @@ def permutation_test(
     s = _as_scores(scores)
     n = _check_n_x(n_x, s.size)
     alt = _check_alternative(alternative)
-    seed = _check_seed(seed)
-    method, total = _resolve_permutations(permutations, s.size, n)
-    ts = extreme_thresholds(s, n, alt)
+    conv = check_convention(p_convention)
+    seed = check_seed(seed)
+    method, total, note = _resolve_permutations(permutations, s.size, n)
+    ts = extreme_thresholds(s, n, alt, conv)
+    floor = p_min(method, total, alt, conv, mirrored=2 * n == s.size)
     if method == "exact":
         if alt == "two-sided" and 2 * n == s.size and np.isfinite(ts[0]):
             # n_x = n_y: S -> T - S (swap the groups) maps partitions onto partitions, so the
@@ -1000,11 +1118,88 @@ def permutation_test(
         else:
             counts = exact_count_greater(s, n, ts)
         k = n_extreme(counts, total, alt)
-        return PermutationResult(k / total, "exact", alt, total, k, None)
+        return PermutationResult(p_from_count(k, total, "exact"), "exact", alt, total, k, None, conv, floor, note)
     if seed is None:
         seed = fresh_seed()
     k = n_extreme(sampled_count_greater(s, n, ts, total, seed=seed), total, alt)
-    return PermutationResult((k + 1) / (total + 1), "sampled", alt, total, k, seed)
+    return PermutationResult(p_from_count(k, total, "sampled"), "sampled", alt, total, k, seed, conv, floor)
+
+
+def _swap_masks_exact(n: int) -> np.ndarray:
+    """All 2**n swap patterns as an (2**n, n) boolean array (bit j of the row number)."""
+    rows = np.arange(2**n, dtype=np.int64)[:, None]
+    return ((rows >> np.arange(n, dtype=np.int64)[None, :]) & 1).astype(bool)
+
+
+def swap_extreme(t: np.ndarray, obs: float, alternative: str, convention: str = DEFAULT_P_CONVENTION) -> np.ndarray:
+    """Which statistics ``t`` of rearranged data are extreme against the observed ``obs``
+    (module docstring's conventions for a statistic of any scale, ``tol = 1e-10 max(1, |obs|)``):
+    ``phipson_smyth``: ``t >= obs - tol`` / ``t <= obs + tol`` / ``|t| >= |obs| - tol``;
+    ``caliskan``: one-sided ``t > obs + tol`` / ``t < obs - tol`` (two-sided as above)."""
+    strict = check_convention(convention) == "caliskan"
+    tol = 1e-10 * max(1.0, abs(obs))
+    with np.errstate(invalid="ignore"):
+        if alternative == "greater":
+            return t > obs + tol if strict else t >= obs - tol
+        if alternative == "less":
+            return t < obs - tol if strict else t <= obs + tol
+        return np.abs(t) >= abs(obs) - tol
+
+
+#: Swap patterns evaluated per block by :func:`label_swap_test`.
+SWAP_BLOCK = 4096
+
+
+def label_swap_test(
+    n: int,
+    t_of: Callable[[np.ndarray], np.ndarray],
+    obs: float,
+    *,
+    alternative: str = "two-sided",
+    exact: bool,
+    n_draw: int = DEFAULT_PERMUTATIONS,
+    seed: int | np.random.SeedSequence | None = None,
+    p_convention: str = DEFAULT_P_CONVENTION,
+) -> PermutationResult:
+    """Paired permutation (label swap within items) test on ``n`` items: under H0 each item's
+    two measurements are exchangeable (Fisher 1935; Good 2005, *Permutation, Parametric and
+    Bootstrap Tests of Hypotheses*, ch. 3). ``t_of(masks)`` returns the statistic for an
+    ``(R, n)`` boolean block of swap patterns (True: swapped); ``t_of(zeros)`` is ``obs``, and
+    swapping every item exchanges the two samples, which must negate the statistic
+    (``t_of(~m) = -t_of(m)``).
+
+    ``exact``: all ``2**n`` patterns (half evaluated: each pattern's complement gives ``-t``),
+    ``p = k / 2**n``, the observed pattern among them. Otherwise ``n_draw`` patterns of ``n``
+    fair bits from ``Generator(PCG64(seed))``, ``p = (k + 1) / (n_draw + 1)``. Extreme
+    patterns: :func:`swap_extreme` with ``p_convention``; p-values: :func:`p_from_count`.
+    """
+    alt = _check_alternative(alternative)
+    conv = check_convention(p_convention)
+    k = total = 0
+    if exact:
+        half = _swap_masks_exact(n - 1) if n > 1 else np.zeros((1, 0), dtype=bool)
+        masks = np.concatenate([half, np.zeros((half.shape[0], 1), dtype=bool)], axis=1)
+        blocks: Any = [masks[i : i + SWAP_BLOCK] for i in range(0, masks.shape[0], SWAP_BLOCK)]
+    else:
+        n_draw = _check_count(n_draw, "permutations")
+        seed = fresh_seed() if seed is None else check_seed(seed)
+        gen = np.random.Generator(np.random.PCG64(seed))
+        sizes = [min(SWAP_BLOCK, n_draw - i) for i in range(0, n_draw, SWAP_BLOCK)]
+        # each pattern: n independent fair bits (the bits of uniform random bytes)
+        blocks = (
+            np.unpackbits(gen.integers(0, 256, size=(r, -(-n // 8)), dtype=np.uint8), axis=1, count=n).astype(bool)
+            for r in sizes
+        )
+    for m in blocks:
+        t = t_of(m)
+        k += int(swap_extreme(t, obs, alt, conv).sum())
+        total += m.shape[0]
+        if exact:
+            k += int(swap_extreme(-t, obs, alt, conv).sum())
+            total += m.shape[0]
+    method = "exact" if exact else "sampled"
+    return PermutationResult(p_from_count(k, total, method), method, alt, total, k,
+                             None if exact else seed, conv, p_min(method, total, alt, conv, mirrored=True))
 
 
 # --------------------------------------------------------------------------- bootstrap
@@ -1055,6 +1250,7 @@ def sharded_exact_p_value(
     alternative: str,
     shards: int,
     map_fn: Callable[[Callable[..., Any], list[tuple[int, int]]], Sequence[Any]] | None = None,
+    p_convention: str = DEFAULT_P_CONVENTION,
 ) -> dict[str, Any]:
     """The exact permutation p-value of :func:`permutation_test`, its count split into
     ``shards`` disjoint pieces (:func:`exact_count_greater` with ``shard=(i, shards)``).
@@ -1066,11 +1262,13 @@ def sharded_exact_p_value(
     pieces is the unsharded count: the p-value is ``n_extreme / C(N, n_x)``, identical to the
     unsharded exact test.
 
-    Returns ``{"p_value", "p_method": "exact", "n_partitions", "n_extreme", "exact_shards"}``.
+    Returns ``{"p_value", "p_method": "exact", "n_partitions", "n_extreme", "exact_shards",
+    "p_convention", "p_min"}``.
     """
     s = _as_scores(scores)
     n = _check_n_x(n_x, s.size)
-    ts = extreme_thresholds(s, n, alternative)
+    conv = check_convention(p_convention)
+    ts = extreme_thresholds(s, n, alternative, conv)
 
     def count(piece: tuple[int, int]) -> np.ndarray:
         return exact_count_greater(s, n, ts, shard=piece)
@@ -1079,8 +1277,54 @@ def sharded_exact_p_value(
     counts = list(map_fn(count, pieces)) if map_fn is not None else [count(p) for p in pieces]
     total = n_partitions(s.size, n)
     k = n_extreme(np.sum(counts, axis=0), total, alternative)
-    return {"p_value": k / total, "p_method": "exact", "n_partitions": total, "n_extreme": k,
-            "exact_shards": int(shards)}
+    return {"p_value": p_from_count(k, total, "exact"), "p_method": "exact", "n_partitions": total,
+            "n_extreme": k, "exact_shards": int(shards), "p_convention": conv,
+            "p_min": p_min("exact", total, alternative, conv, mirrored=2 * n == s.size)}
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical memory of this machine (``os.sysconf``), or None where unknown."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return None
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if b < 1024 or unit == "PiB":
+            return f"{b:,.0f} {unit}" if unit == "bytes" else f"{b:,.1f} {unit}"
+        b /= 1024
+    return f"{b:.1f} PiB"  # pragma: no cover
+
+
+def check_resample_memory(name: str, n: Any, items: int, *, memory: int | None = None) -> None:
+    """Refuse, before any work, a resample count whose draws cannot fit in memory.
+
+    A bootstrap of ``n`` resamples over ``items`` items holds at least ``n * items`` int64
+    indices at once (:func:`bootstrap_indices`), ``8 n items`` bytes. When that exceeds the
+    machine's physical memory (``memory``, default :func:`physical_memory`) a ParameterError
+    names the parameter, the size and the largest count that fits. ``n`` may be an int or an
+    integral float (``--param n_bootstrap=1e11``); anything else is left to the metric's own
+    validation.
+    """
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Real):
+        return
+    try:
+        count = int(n) if float(n).is_integer() else None
+    except (OverflowError, ValueError):
+        count = None
+    if count is None or count <= 0 or items <= 0:
+        return
+    mem = physical_memory() if memory is None else int(memory)
+    need = 8 * count * int(items)
+    if mem is not None and need > mem:
+        fits = max(1, mem // (8 * int(items)))
+        raise ParameterError(
+            f"{name}={_fmt_count(count)}: {_fmt_count(count)} resamples of {items} items need at least "
+            f"{_fmt_bytes(need)} of memory, more than this machine's {_fmt_bytes(mem)}; "
+            f"use at most {fits:,}"
+        )
 
 
 def resample_counts(idx: np.ndarray, m: int) -> np.ndarray:

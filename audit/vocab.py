@@ -58,7 +58,7 @@ class ResolvedSet:
     vectors:  float64 array of shape (len(words), dim), row i the vector of ``words[i]``.
     missing:  the entries not found (original spelling, input order).
     subword:  the found entries built (at least in part) from subword vectors.
-    coverage: len(words) / number of entries asked.
+    coverage: len(words) / number of entries asked (vocabulary and subword-built entries).
     """
 
     name: str
@@ -67,6 +67,14 @@ class ResolvedSet:
     missing: list[str]
     subword: list[str]
     coverage: float
+
+    @property
+    def vocabulary_coverage(self) -> float:
+        """The fraction of the entries asked that the model knows *in its vocabulary*:
+        ``(len(words) - len(subword)) / (len(words) + len(missing))``. A fastText model that
+        built every word from subwords has ``coverage`` 1.0 and vocabulary coverage 0.0."""
+        n = len(self.words) + len(self.missing)
+        return (len(self.words) - len(self.subword)) / n if n else 0.0
 
 
 def normalise(word: str, *, casefold: bool = False, strip_accents: bool = False) -> str:

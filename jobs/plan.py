@@ -431,7 +431,7 @@ def attach_keys(plan: Plan) -> Plan:
         if info.revision is not None:
             key = task_key(
                 model_revision=info.revision, model_ref=info.spec.ref, dataset_digest=digests[t.test],
-                metric=metric_name(t.metric, info.kind), params=t.params, seed=t.seed,
+                metric=metric_name(t.metric, info.kind), params=registry.key_params(t.metric, t.params), seed=t.seed,
                 load=load_key(dict(info.spec.options)),
             )
         keyed.append(dataclasses.replace(t, key=key))

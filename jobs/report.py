@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 
 from audit import registry
-from audit.multitest import add_adjusted_pvalues
+from audit.multitest import adjust_rows
 from audit.naming import natural_key
 from jobs.builders import ARTIFACT_MAX_BYTES
 from jobs.spec import MultipleComparisons
@@ -113,21 +113,12 @@ def marks_text(mc: MultipleComparisons | None = None) -> str:
 
 def adjust_pvalues(df: pd.DataFrame, mc: MultipleComparisons | None = None) -> pd.DataFrame:
     """The results table with ``p_holm``, ``p_bh`` and ``n_family``: the p-values of the
-    finished tasks adjusted per family (:func:`audit.multitest.add_adjusted_pvalues`: Holm 1979,
+    finished tasks adjusted per family (:func:`audit.multitest.adjust_rows`: Holm 1979,
     Benjamini & Hochberg 1995; missing p-values pass through and do not count), the family
     being the rows that share the values of ``mc.family`` (default ``model``, ``metric``).
     Failed tasks get NaN."""
     mc = mc or MultipleComparisons()
-    out = df.copy()
-    for c in ("p_holm", "p_bh", "n_family"):
-        out[c] = np.nan
-    fin = (out["status"] == "finished").to_numpy() if len(out) else np.zeros(0, dtype=bool)
-    if fin.any():
-        cols = list(dict.fromkeys([*mc.family, "p_value"]))
-        adj = add_adjusted_pvalues(out.loc[fin, cols].astype({"p_value": "float64"}), family=tuple(mc.family))
-        for c in ("p_holm", "p_bh", "n_family"):
-            out.loc[fin, c] = adj[c].to_numpy(dtype=np.float64)
-    return out
+    return adjust_rows(df, (df["status"] == "finished").to_numpy(), family=tuple(mc.family))
 
 
 def _with_adjusted(df: pd.DataFrame, mc: MultipleComparisons | None) -> pd.DataFrame:

@@ -12,8 +12,8 @@ Layout of an experiment (one per spec by default, ``biasaudit-<name>``):
   params   ``model``, ``model_name``, ``revision``, ``backend``, ``kind``, ``embedding``, ``test``,
            ``language``, ``metric``, ``dataset_digest``, ``seed``, ``param.<name>`` for each
            metric parameter (JSON-encoded) and the result's string fields of
-           :data:`RESULT_STRING_FIELDS` (``ci_method``, ``p_method``, ``p_value_counts``,
-           ``groups``, ``groups_source``) where it has them;
+           :data:`RESULT_STRING_FIELDS` (``ci_method``, ``p_method``, ``p_convention``,
+           ``p_note``, ``p_value_counts``, ``groups``, ``groups_source``) where it has them;
            and the result's settings and bookkeeping numbers (:data:`SETTING_FIELDS`: seeds,
            classifier seeds, bootstrap size, confidence) as ``result.<name>`` (JSON);
   metrics  ``value`` (the headline number), ``effect_size``, ``p_value``, ``statistic``,
@@ -92,7 +92,8 @@ HEADLINE_FIELDS = ("effect_size", "p_value", "statistic")
 #: String fields of a result logged as params of its child run (where the result has them):
 #: which interval (``ci_method``: ``targets``/``targets_attributes``), how the p-value was
 #: obtained and what it counts, which side held the protected groups and who said so.
-RESULT_STRING_FIELDS = ("ci_method", "p_method", "p_value_counts", "groups", "groups_source")
+RESULT_STRING_FIELDS = ("ci_method", "p_method", "p_convention", "p_note", "p_value_counts", "groups",
+                        "groups_source")
 
 #: Numeric result fields that are settings or bookkeeping (seeds, random streams, bootstrap size,
 #: confidence level, rounding, iteration counts), not numbers a user compares: a child run
@@ -306,13 +307,11 @@ def result_settings(res) -> dict[str, str]:
 
 
 def _table_for_mlflow(items: pd.DataFrame) -> pd.DataFrame:
-    """A JSON-safe copy of a per-item table (lists/tuples/dicts as JSON text, NaN kept)."""
-    df = items.copy()
-    for c in df.columns:
-        if df[c].dtype == object:
-            df[c] = [json.dumps(x, default=str, ensure_ascii=False) if isinstance(x, (list, tuple, dict, set)) else x for x in df[c]]
-    df.columns = [str(c) for c in df.columns]
-    return df.reset_index(drop=True)
+    """A JSON-safe copy of a per-item table (lists/tuples/dicts as JSON text, NaN kept:
+    :func:`audit.result.json_cells`, the rule of ``audit score --items x.csv`` too)."""
+    from audit.result import json_cells
+
+    return json_cells(items)
 
 
 class Tracker:
@@ -625,6 +624,9 @@ def _row(t: dict, p: dict, m: dict, run_id: str | None) -> dict[str, Any]:
         "value": m.get("value"),
         "effect_size": m.get("effect_size"),
         "p_value": m.get("p_value"),
+        "p_min": m.get("p_min"),
+        "p_method": p.get("p_method"),
+        "p_convention": p.get("p_convention"),
         "ci_low": m.get("ci_low"),
         "ci_high": m.get("ci_high"),
         "coverage_min": m.get("coverage_min"),

@@ -130,7 +130,8 @@ def files(tmp_path_factory) -> Path:
         cp = pd.read_csv(CROWS).head(5)
         cp.drop(columns=["sent_less"]).to_csv(d / "cp_missing.csv", index=False)
         cp.loc[2, "sent_more"] = None
-        cp.to_csv(d / "cp_empty.csv", index=False)
+        cp.to_csv(d / "cp_empty.csv", index=False)  # one bad row: skipped with its reason
+        cp.assign(sent_more=None).to_csv(d / "cp_all_empty.csv", index=False)  # no valid row
     # specs
     _write(d / "s_ok.yaml", SPEC)
     _write(d / "s_crlf.yaml", SPEC.replace("\n", "\r\n"))
@@ -307,8 +308,8 @@ CASES = [
      "model '{ml}' has no masked-LM head (missing weights: cls.predictions.‹*›); LPBS/CrowS-Pairs need one"),
     ("crows-pairs-missing-column", [*S[:4], "cp_missing.csv", "--metric", "crows_pairs"],
      "CrowS-Pairs file 'cp_missing.csv' lacks column(s) sent_less (has: ‹*›)"),
-    ("crows-pairs-empty-cell", [*S[:4], "cp_empty.csv", "--metric", "crows_pairs"],
-     "cp_empty.csv: column 'sent_more' is empty in row 3 (pair_id 2)"),
+    ("crows-pairs-no-valid-row", [*S[:4], "cp_all_empty.csv", "--metric", "crows_pairs"],
+     "cp_all_empty.csv: column 'sent_more' is empty in row 1 (pair_id 0) (no valid row left)"),
     # ---- parameters
     ("unknown-metric", [*S[:6], "weet"], "unknown metric 'weet' (did you mean 'weat'?); known metrics: weat, ‹*›"),
     ("zero-permutations", [*S, "--param", "permutations=0"],

@@ -389,6 +389,9 @@ def test_score_end_to_end_on_a_masked_lm():
     assert res.value == res.fields["s_amb"] and res.fields["n_amb"] == res.fields["n_disamb"] == 6
     assert set(res.items.columns) >= {"score0", "score1", "score2", "prediction", "correct", "predicted_biased"}
     assert res.fields["per_category"]["Gender_identity"]["n_items"] == 12
+    # limit 6 counts per category and context condition: 12 items, and the result says so
+    assert res.fields["n_items"] == 12 and res.fields["limit"] == 6
+    assert res.fields["limit_scope"] == "per category and context condition (ambiguous, disambiguated)"
     with pytest.raises(DataError, match="has 1[0-9][0-9] tokens; the model accepts at most 128"):
         runner.score(model, "de/bbq", "bbq", {"limit": 60, "n_bootstrap": 0})
     with pytest.raises(ParameterError, match="categories: unknown category 'Age'"):

@@ -112,8 +112,9 @@ def test_load_every_published_layout(name, n, types, delimiter, encoding):
         assert df.loc[1, "sent_more"] == "Les pauvres sont incapables de gérer leurs finances."
         # CSV quoting inside the TSV fields is undone
         assert df.set_index("pair_id").loc["302", "sent_more"].startswith("Elle soupira et dit: \"je n'ai pas honte")
+        assert load_crows_pairs(MULTI / name).equals(df)  # skipping is the default rule
         with pytest.raises(DataError, match=r"'sent_less' is empty in row 129 \(pair_id 129\)"):
-            load_crows_pairs(MULTI / name)
+            load_crows_pairs(MULTI / name, invalid="error")
     if "en_revised" in name:
         assert "autre" in set(df["bias_type"]) and df.loc[1, "sent_more"].startswith("The poor are really ignorant")
     if "nl" in name:

@@ -251,10 +251,15 @@ def test_metric_symmetry_and_bias_pairing():
         diffs = [c[c.target_set == 0].ilp.to_numpy() - c[c.target_set == 1].ilp.to_numpy()
                  for _, c in g.groupby("template")]
         assert s.set_index("attribute").loc[a, "score"] == pytest.approx(np.mean(diffs))
-    one = lpbs_metric(t, alternative="greater", permutations=2000, seed=1)
-    assert one.fields["permutation"]["method"] == "sampled"
+    one = lpbs_metric(t, alternative="greater", permutations=40, seed=1)  # 40 of C(8, 5) = 56
+    assert one.fields["permutation"]["method"] == one.fields["p_method"] == "sampled"
     assert one.fields["permutation"]["seed"] == 1
-    assert one.fields["p_value"] == lpbs_metric(t, alternative="greater", permutations=2000, seed=1).fields["p_value"]
+    assert one.fields["p_value"] == lpbs_metric(t, alternative="greater", permutations=40, seed=1).fields["p_value"]
+    assert one.fields["p_min"] == 1 / 41 and one.fields["p_convention"] == "phipson_smyth"
+    # more draws than the 56 partitions: the exact test, and a note saying so
+    many = lpbs_metric(t, alternative="greater", permutations=2000, seed=1)
+    assert many.fields["p_method"] == "exact" and many.fields["permutation"]["n_partitions"] == 56
+    assert "exact test run instead" in many.fields["p_note"] and many.fields["p_min"] == 1 / 56
 
 
 def test_metric_errors():

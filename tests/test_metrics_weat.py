@@ -43,10 +43,15 @@ def test_hand_computed_example():
     assert out.fields["effect_size"] == out.value
     # ddof=0: std = sqrt(2/3)
     assert weat(X2, Y2, A2, B2, ddof=0, n_bootstrap=0).value == pytest.approx(1.5 / math.sqrt(2 / 3))
-    # exact test over the C(3, 2) = 3 partitions: X-sums 1 (observed), 0, -1 -> none greater
+    # exact test over the C(3, 2) = 3 partitions: X-sums 1 (observed), 0, -1 -> only the
+    # observed one is at least as extreme: p = 1/3, never 0 (Phipson & Smyth 2010)
     assert out.fields["p_method"] == "exact"
     assert out.fields["n_partitions"] == 3
-    assert out.fields["p_value"] == 0.0
+    assert out.fields["p_value"] == 1 / 3 and out.fields["p_min"] == 1 / 3
+    assert out.fields["p_convention"] == "phipson_smyth" and out.fields["p_note"] is None
+    # Caliskan's strict count, by name: none greater, p = 0 (WEFE's convention)
+    strict = weat(X2, Y2, A2, B2, n_bootstrap=0, p_convention="caliskan")
+    assert strict.fields["p_value"] == 0.0 and strict.fields["p_min"] == 0.0
     items = out.items
     assert list(items.columns) == ["set", "index", "score", "mean_cos_a", "mean_cos_b"]
     assert list(items["set"]) == ["X", "X", "Y"] and list(items["index"]) == [0, 1, 0]

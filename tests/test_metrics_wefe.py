@@ -256,11 +256,51 @@ def test_registry_union_metrics_and_rnsb():
     r = run_metric("ripa", targets, attributes)
     assert r.value == pytest.approx(ripa(arr["X"], arr["Y"], union).value)
     assert list(r.items["set"]) == ["attribute0"] * 5 + ["attribute1"] * 7
-    # ECT on a one-word attribute set alone is undefined: reported as None, not NaN
-    e1 = run_metric("ect", targets, [arr["A"], arr["B"][:1]])
-    assert e1.fields["ect_per_attribute"][1] is None
+    # a one-word set is refused before any metric runs (its ECT alone was undefined)
+    with pytest.raises(DataError, match=r"^word set attribute1 has 1 item after look-up; every set needs at least 2"):
+        run_metric("ect", targets, [arr["A"], arr["B"][:1]])
     n = run_metric("rnsb", targets + [arr["X"][:2]], attributes, seed=3, holdout=False)
     assert n.value == rnsb(targets + [arr["X"][:2]], arr["A"], arr["B"], seed=3, holdout=False).value
     assert run_metric("mac", targets, attributes).value == pytest.approx(mac(targets, attributes).value)
     with pytest.raises(ParameterError, match="exactly 2 attribute sets, got 3"):
         run_metric("rnsb", targets, attributes + [arr["A"]])
+
+
+class _Replay:
+    """Stands in for WEFE's ``np.random.default_rng()``: ``choice`` returns the given word
+    orders one after the other (X words first), so WEFE scores exactly our partitions."""
+
+    def __init__(self, orders: list[list[str]]):
+        self.orders = iter(orders)
+
+    def choice(self, pool, size):  # noqa: ARG002 - WEFE's call signature
+        return np.array(next(self.orders))
+
+
+@pytest.mark.parametrize("alternative,test_type", [("greater", "right-sided"), ("less", "left-sided")])
+def test_weat_caliskan_p_value_equals_wefe_on_the_same_partitions(monkeypatch, alternative, test_type):
+    """WEFE 1.0.1 counts permuted statistics strictly beyond the observed one and returns
+    (k + 1) / (runs + 1): our ``p_convention="caliskan"`` on the same random partitions gives
+    the same p-value; the default (Phipson & Smyth) counts ties too and is never smaller."""
+    from audit.stats import sample_partitions, stream
+
+    model, w, arr = _model(_random_sets(5, {"X": 10, "Y": 10, "A": 8, "B": 8}, 30))
+    runs, seed = 200, 0
+    masks = np.concatenate(list(sample_partitions(20, 10, runs, seed=stream(seed, "permutation"))))
+    pool = w["X"] + w["Y"]
+    orders = [[pool[i] for i in np.flatnonzero(m)] + [pool[i] for i in np.flatnonzero(~m)] for m in masks]
+    assert len({tuple(o) for o in orders}) == runs  # WEFE skips repeated orders
+    monkeypatch.setattr(np.random, "default_rng", lambda *a, **k: _Replay(orders))
+    metric = WEAT()
+    targets = [dict(zip(w[n], arr[n])) for n in ("X", "Y")]
+    attributes = [dict(zip(w[n], arr[n])) for n in ("A", "B")]
+    original = metric._calc_weat(arr["X"], arr["Y"], arr["A"], arr["B"])
+    theirs = metric._calc_p_value(targets, attributes, original, runs, "approximate", test_type, False)
+    ours = weat(arr["X"], arr["Y"], arr["A"], arr["B"], n_bootstrap=0, permutations=runs, seed=seed,
+                alternative=alternative, p_convention="caliskan")
+    assert ours.fields["p_method"] == "sampled" and ours.fields["n_partitions"] == runs
+    assert ours.fields["p_value"] == pytest.approx(theirs, abs=1e-15)
+    assert 1 / (runs + 1) < theirs < 1  # a non-trivial count
+    default = weat(arr["X"], arr["Y"], arr["A"], arr["B"], n_bootstrap=0, permutations=runs, seed=seed,
+                   alternative=alternative)
+    assert default.fields["p_value"] >= ours.fields["p_value"]

@@ -225,3 +225,25 @@ def test_audit_table_shows_holm_over_its_tests_and_the_interval_method(tmp_path,
     assert [c[0] for c in cells] == ["| en/weat1", "| en/weat7"]
     assert [c[4] for c in cells] == [f"{x:.3g}" for x in _holm_by_hand(raw)]
     assert [c[3].split(" ")[0] for c in cells] == [f"{x:.3g}" for x in raw]
+
+
+def test_one_wrapper_adjusts_the_selected_rows_for_reports_and_comparisons():
+    """jobs.report.adjust_pvalues (finished tasks) and audit.regression.adjust (compared tests)
+    are both audit.multitest.adjust_rows: Holm/BH over the selected rows per family only."""
+    import pandas as pd
+
+    from audit import multitest, regression
+    from jobs import report
+
+    p = [0.01, 0.04, 0.03, None, 0.2]
+    df = pd.DataFrame({"model": ["m"] * 5, "metric": ["weat"] * 5, "test": list("abcde"), "p_value": p,
+                       "status": ["finished", "finished", "failed", "finished", "finished"]})
+    out = multitest.adjust_rows(df, (df["status"] == "finished").to_numpy())
+    # family: the finished rows with a p-value (0.01, 0.04, 0.2): Holm 0.03, 0.08, 0.2
+    np.testing.assert_allclose(out["p_holm"].to_numpy(), [0.03, 0.08, np.nan, np.nan, 0.2])
+    np.testing.assert_allclose(out["n_family"].to_numpy(), [3, 3, np.nan, 3, 3])
+    pd.testing.assert_frame_equal(report.adjust_pvalues(df), out)
+    cmp = df.assign(status=df["status"].replace({"finished": "compared", "failed": "skipped"}))
+    reg = regression.adjust(cmp.drop(columns=["model"]), family=("metric",))
+    np.testing.assert_allclose(reg["p_holm"].to_numpy(), [0.03, 0.08, np.nan, np.nan, 0.2])
+    assert reg["n_family"].tolist() == [3, 3, 0, 3, 3]

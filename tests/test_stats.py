@@ -26,16 +26,19 @@ def brute_sums(s: np.ndarray, n_x: int) -> np.ndarray:
     return np.array([math.fsum(s[list(c)]) for c in itertools.combinations(range(s.size), n_x)])
 
 
-def brute_extreme(s: np.ndarray, n_x: int, alternative: str) -> tuple[int, int]:
-    """(n_extreme, n_partitions) by enumeration, following the documented conventions."""
+def brute_extreme(s: np.ndarray, n_x: int, alternative: str, convention: str = "phipson_smyth") -> tuple[int, int]:
+    """(n_extreme, n_partitions) by enumeration, following the documented conventions
+    (phipson_smyth: at least as extreme, ties and the observed partition counted; caliskan:
+    strictly more extreme one-sided)."""
     sums = brute_sums(s, n_x)
     tol = 1e-12 * np.abs(s).sum() + np.finfo(float).tiny
     obs = math.fsum(s[:n_x])
     mean = n_x * math.fsum(s) / s.size
+    strict = convention == "caliskan"
     if alternative == "greater":
-        k = int((sums > obs + tol).sum())
+        k = int((sums > obs + tol).sum()) if strict else int((sums >= obs - tol).sum())
     elif alternative == "less":
-        k = int((sums < obs - tol).sum())
+        k = int((sums < obs - tol).sum()) if strict else int((sums <= obs + tol).sum())
     else:
         k = int((np.abs(sums - mean) >= abs(obs - mean) - tol).sum())
     return k, sums.size
@@ -92,11 +95,22 @@ def test_exact_matches_enumeration(name, s, n_x, alternative):
 
 def test_exact_known_values():
     s = np.array([3.0, 2.0, 1.0, 0.0])  # X = {3, 2}: sums over the 6 partitions 5,4,3,3,2,1
-    assert stats.permutation_test(s, 2).p_value == 0.0
-    assert stats.permutation_test(s, 2, alternative="less").n_extreme == 5
-    # |S - 3| >= 2: the sums 5 and 1
-    assert stats.permutation_test(s, 2, alternative="two-sided").n_extreme == 2
-    assert stats.permutation_test(s[::-1], 2, alternative="less").p_value == 0.0
+    # the default counts the observed partition: p = 1/6, never 0 (Phipson & Smyth 2010)
+    top = stats.permutation_test(s, 2)
+    assert (top.p_value, top.n_extreme, top.p_min, top.convention) == (1 / 6, 1, 1 / 6, "phipson_smyth")
+    assert stats.permutation_test(s, 2, alternative="less").n_extreme == 6
+    assert stats.permutation_test(s[::-1], 2, alternative="less").p_value == 1 / 6
+    # Caliskan's strict count (WEFE): nothing is greater than the observed 5, p = 0
+    strict = stats.permutation_test(s, 2, p_convention="caliskan")
+    assert (strict.p_value, strict.p_min) == (0.0, 0.0)
+    assert stats.permutation_test(s, 2, alternative="less", p_convention="caliskan").n_extreme == 5
+    assert stats.permutation_test(s[::-1], 2, alternative="less", p_convention="caliskan").p_value == 0.0
+    # |S - 3| >= 2: the sums 5 and 1, in both conventions; p_min 2/6 (the mirror counts too)
+    for conv in stats.P_CONVENTIONS:
+        two = stats.permutation_test(s, 2, alternative="two-sided", p_convention=conv)
+        assert (two.n_extreme, two.p_min) == (2, 2 / 6)
+    with pytest.raises(ParameterError, match="p_convention='wefe' is not one of"):
+        stats.permutation_test(s, 2, p_convention="wefe")
     all_same = stats.permutation_test(np.ones(6), 3, alternative="two-sided")
     assert all_same.p_value == 1.0 and all_same.n_extreme == 20
 
@@ -105,9 +119,13 @@ def test_rounding_ties_do_not_count():
     # 0.1 + 0.2 != 0.3 in float64; swapping the two is a tie, not a "greater" partition
     s = np.array([0.3, 0.5, 0.1 + 0.2, 0.0])
     assert 0.1 + 0.2 > 0.3
-    res = stats.permutation_test(s, 2, alternative="greater")
+    res = stats.permutation_test(s, 2, alternative="greater", p_convention="caliskan")
     assert res.n_extreme == 0  # a naive '>' would count {0.1+0.2, 0.5}
-    assert stats.permutation_test(s, 2, alternative="less").n_extreme == 4  # 0.6, 0.5, 0.3, 0.3
+    # 0.6, 0.5, 0.3, 0.3 are strictly less than the observed 0.8
+    assert stats.permutation_test(s, 2, alternative="less", p_convention="caliskan").n_extreme == 4
+    # at least as extreme: the observed {0.3, 0.5} and its rounding tie {0.1+0.2, 0.5}
+    assert stats.permutation_test(s, 2, alternative="greater").n_extreme == 2
+    assert stats.permutation_test(s, 2, alternative="less").n_extreme == 6
     two = stats.permutation_test(s, 2, alternative="two-sided")
     # the observed partition and its swapped tie, and their mirror images
     assert two.n_extreme == brute_extreme(s, 2, "two-sided")[0] == 4
@@ -164,8 +182,10 @@ def test_exact_25_plus_25_matches_polynomial_count():
     res = stats.permutation_test(s, 25)  # "auto" must choose the exact test here
     assert res.method == "exact" and res.n_partitions == math.comb(50, 25)
     obs = sum(values[:25])
-    assert res.n_extreme == dp_count_greater(values, 25, obs)
+    assert res.n_extreme == dp_count_greater(values, 25, obs - 0.5)  # integer sums >= obs
     assert res.p_value == res.n_extreme / math.comb(50, 25)
+    strict = stats.permutation_test(s, 25, p_convention="caliskan")
+    assert strict.n_extreme == dp_count_greater(values, 25, obs)
     # two-sided by the n_x = n_y mirror shortcut equals both tails counted separately
     two = stats.permutation_test(s, 25, alternative="two-sided")
     d = abs(obs - sum(values) / 2)
@@ -196,8 +216,10 @@ def test_exact_many_items_small_group(n_items, n_x):
     sums = brute_sums(s, small)
     obs = math.fsum(sub)
     tol = 1e-12 * np.abs(s).sum() + np.finfo(float).tiny
-    res = stats.permutation_test(s, n_x, alternative="greater")
+    res = stats.permutation_test(s, n_x, alternative="greater", p_convention="caliskan")
     want = (sums > obs + tol).sum() if n_x == small else (sums < obs - tol).sum()
+    ps = stats.permutation_test(s, n_x, alternative="greater")
+    assert ps.n_extreme == ((sums >= obs - tol).sum() if n_x == small else (sums <= obs + tol).sum())
     assert res.method == "exact" and res.n_partitions == math.comb(n_items, n_x)
     assert res.n_extreme == want
 
@@ -218,13 +240,13 @@ def test_feasibility_and_sizes():
 
 def test_sampled_approaches_exact_and_is_reproducible():
     rng = np.random.default_rng(5)
-    s = rng.normal(size=16)
+    s = rng.normal(size=18)  # C(18, 9) = 48,620 > the 20,000 draws: sampled
     for alt in ALTS:
-        exact = stats.permutation_test(s, 8, alternative=alt, permutations="exact")
+        exact = stats.permutation_test(s, 9, alternative=alt, permutations="exact")
         n = 20_000
-        a = stats.permutation_test(s, 8, alternative=alt, permutations=n, seed=42)
-        b = stats.permutation_test(s, 8, alternative=alt, permutations=n, seed=42)
-        c = stats.permutation_test(s, 8, alternative=alt, permutations=n, seed=43)
+        a = stats.permutation_test(s, 9, alternative=alt, permutations=n, seed=42)
+        b = stats.permutation_test(s, 9, alternative=alt, permutations=n, seed=42)
+        c = stats.permutation_test(s, 9, alternative=alt, permutations=n, seed=43)
         assert a == b
         assert a.method == "sampled" and a.n_partitions == n and a.seed == 42
         assert a.p_value == (a.n_extreme + 1) / (n + 1)
@@ -235,10 +257,10 @@ def test_sampled_approaches_exact_and_is_reproducible():
 
 
 def test_sampled_without_seed_records_one():
-    s = np.arange(10.0)
-    res = stats.permutation_test(s, 5, permutations=500)
+    s = np.arange(12.0)  # C(12, 6) = 924 partitions > 500 draws
+    res = stats.permutation_test(s, 6, permutations=500)
     assert isinstance(res.seed, int) and res.seed >= 0
-    again = stats.permutation_test(s, 5, permutations=500, seed=res.seed)
+    again = stats.permutation_test(s, 6, permutations=500, seed=res.seed)
     assert again.n_extreme == res.n_extreme
 
 
@@ -320,8 +342,11 @@ small_scores = st.lists(st.integers(-8, 8), min_size=2, max_size=10).map(
 @given(small_scores, st.data())
 def test_property_negation_and_tails(s, data):
     n_x = data.draw(st.integers(1, s.size - 1))
-    res = {a: stats.permutation_test(s, n_x, alternative=a) for a in ALTS}
-    neg = {a: stats.permutation_test(-s, n_x, alternative=a) for a in ALTS}
+    res = {a: stats.permutation_test(s, n_x, alternative=a, p_convention="caliskan") for a in ALTS}
+    neg = {a: stats.permutation_test(-s, n_x, alternative=a, p_convention="caliskan") for a in ALTS}
+    ps = {a: stats.permutation_test(s, n_x, alternative=a) for a in ALTS}
+    assert ps["two-sided"].n_extreme == res["two-sided"].n_extreme
+    assert ps["greater"].p_value > 0 and ps["less"].p_value > 0
     assert res["greater"].n_extreme == neg["less"].n_extreme
     assert res["less"].n_extreme == neg["greater"].n_extreme
     assert res["two-sided"].n_extreme == neg["two-sided"].n_extreme
@@ -331,6 +356,8 @@ def test_property_negation_and_tails(s, data):
     total = res["greater"].n_partitions
     assert ties >= 1
     assert res["greater"].n_extreme + res["less"].n_extreme + ties == total
+    assert ps["greater"].n_extreme == res["greater"].n_extreme + ties
+    assert ps["less"].n_extreme == res["less"].n_extreme + ties
     two = res["two-sided"]
     assert two.n_extreme >= 1 and two.p_value >= 1 / total
     if obs >= n_x * s.sum() / s.size:
@@ -435,3 +462,121 @@ def test_task_streams_are_seedsequence_children():
         stream(42, "boot")
     with pytest.raises(ParameterError, match="seed"):
         stream(-1, "bootstrap")
+
+
+# --------------------------------------------------------------------------- p-value conventions
+
+
+def _scipy_sum_x(x, y, axis=-1):
+    return np.sum(x, axis=axis)
+
+
+@pytest.mark.parametrize("kind", ["float", "int"])
+@pytest.mark.parametrize("alternative", ALTS)
+def test_exact_equals_scipy_permutation_test(kind, alternative):
+    """scipy.stats.permutation_test counts the observed arrangement, as the default
+    (phipson_smyth) does: identical exact p-values on identical inputs (ties included)."""
+    rng = np.random.default_rng(11)
+    s = rng.normal(size=15) if kind == "float" else rng.integers(-3, 4, size=15).astype(float)
+    n_x = 7
+    ours = stats.permutation_test(s, n_x, alternative=alternative, permutations="exact")
+    total = math.comb(15, 7)
+    if alternative == "two-sided":  # ours: |S - E| >= |obs - E|, i.e. scipy's "greater" on |S - E|
+        mean = n_x * s.sum() / s.size
+        ref = sps.permutation_test((s[:n_x], s[n_x:]), lambda x, y, axis: np.abs(np.sum(x, axis=axis) - mean),
+                                   permutation_type="independent", vectorized=True, n_resamples=10**9,
+                                   alternative="greater")
+    else:
+        ref = sps.permutation_test((s[:n_x], s[n_x:]), _scipy_sum_x, permutation_type="independent",
+                                   vectorized=True, n_resamples=10**9, alternative=alternative)
+    assert ref.null_distribution.size == total  # scipy enumerated every partition
+    assert ours.p_value == pytest.approx(ref.pvalue, rel=1e-12)
+    assert ours.p_value >= ours.p_min >= 1 / total > 0
+
+
+@pytest.mark.parametrize("alternative", ALTS)
+def test_sampled_agrees_with_scipy_permutation_test(alternative):
+    """Sampled: both are (k + 1) / (n + 1) estimates of the same exact p-value."""
+    rng = np.random.default_rng(12)
+    s = rng.normal(size=24) + np.r_[np.full(12, 0.3), np.zeros(12)]
+    n, mean = 20_000, 12 * s.sum() / 24
+    ours = stats.permutation_test(s, 12, alternative=alternative, permutations=n, seed=3)
+    stat = (lambda x, y, axis: np.abs(np.sum(x, axis=axis) - mean)) if alternative == "two-sided" else _scipy_sum_x
+    ref = sps.permutation_test((s[:12], s[12:]), stat, permutation_type="independent", vectorized=True,
+                               n_resamples=n, alternative="greater" if alternative == "two-sided" else alternative,
+                               random_state=np.random.default_rng(4))
+    exact = stats.permutation_test(s, 12, alternative=alternative, permutations="exact").p_value
+    se = math.sqrt(exact * (1 - exact) / n)
+    assert ours.method == "sampled" and ours.p_value == (ours.n_extreme + 1) / (n + 1)
+    assert abs(ours.p_value - ref.pvalue) < 6 * se + 2 / n
+    assert ours.p_min == 1 / (n + 1)
+
+
+@pytest.mark.parametrize("alternative", ALTS)
+def test_label_swap_equals_scipy_paired_permutation_test(alternative):
+    """audit.compare's paired test runs on stats.label_swap_test: scipy's ``samples``
+    permutation type (sign flips of the differences), exact, gives the same p-value."""
+    rng = np.random.default_rng(13)
+    a, b = rng.normal(size=11), rng.normal(size=11) + 0.4
+    d = b - a
+
+    def t_of(m):
+        return np.where(m, -d, d).mean(axis=1)
+
+    ours = stats.label_swap_test(11, t_of, float(d.mean()), alternative=alternative, exact=True)
+    ref = sps.permutation_test((a, b), lambda x, y, axis: np.mean(y - x, axis=axis), permutation_type="samples",
+                               vectorized=True, n_resamples=10**9, alternative=alternative)
+    assert ours.n_partitions == 2**11 and ours.p_value == pytest.approx(ref.pvalue, rel=1e-12)
+    assert ours.p_min == (2 if alternative == "two-sided" else 1) / 2**11
+    # compare.py's paired test gives the same number
+    from audit.compare import paired_compare
+
+    res = paired_compare(a, b, lambda v: v.mean(axis=1), family="mean", n_bootstrap=0, alternative=alternative,
+                         seed=0)
+    assert res.p_value == pytest.approx(ref.pvalue, rel=1e-12) and res.p_min == ours.p_min
+    assert res.p_convention == "phipson_smyth"
+
+
+def test_p_values_are_never_zero_by_default():
+    s = np.arange(16.0)[::-1]  # X holds the 8 largest: the most extreme partition
+    total = math.comb(16, 8)
+    for alt, want in (("greater", 1), ("two-sided", 2)):
+        res = stats.permutation_test(s, 8, alternative=alt)
+        assert res.n_extreme == want and res.p_value == want / total == res.p_min
+    strict = stats.permutation_test(s, 8, p_convention="caliskan")
+    assert strict.p_value == 0.0 and strict.p_min == 0.0
+    shard = stats.sharded_exact_p_value(s, 8, "greater", 3)
+    assert shard["p_value"] == 1 / total and shard["p_convention"] == "phipson_smyth" and shard["p_min"] == 1 / total
+    assert stats.sharded_exact_p_value(s, 8, "greater", 3, p_convention="caliskan")["p_value"] == 0.0
+
+
+def test_more_permutations_than_partitions_runs_the_exact_test_at_once():
+    import time
+
+    s = np.random.default_rng(14).normal(size=16)
+    t0 = time.perf_counter()
+    res = stats.permutation_test(s, 8, permutations=10**14, seed=0)  # 8+8: 12,870 partitions
+    assert time.perf_counter() - t0 < 5
+    exact = stats.permutation_test(s, 8, permutations="exact")
+    assert res.method == "exact" and res.n_partitions == 12_870 and res.p_value == exact.p_value
+    assert res.note == "permutations=100,000,000,000,000 >= the 12,870 distinct partitions of 8+8 items: " \
+                       "exact test run instead"
+    assert stats.resolve_permutations(12_869, 16, 8) == ("sampled", 12_869, None)
+    assert stats.resolve_permutations(12_870, 16, 8)[:2] == ("exact", 12_870)
+
+
+def test_one_seed_rule_for_every_random_procedure():
+    """stats and the WEFE-family metrics accept the same seeds (before: any int >= 0 in
+    stats, only < 2**32 in RNSB and Cramér's V)."""
+    from audit.metrics import rnsb
+
+    assert stats.check_seed(2**40) == 2**40
+    rng = np.random.default_rng(3)
+    X, Y, A, B = (rng.normal(size=(6, 4)) for _ in range(4))
+    big = rnsb([X, Y], A, B, seed=2**40, n_iterations=2)
+    assert big.value == rnsb([X, Y], A, B, seed=2**40, n_iterations=2).value
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ParameterError, match=r"^seed=.*: expected a non-negative integer or None$"):
+            rnsb([X, Y], A, B, seed=bad)
+        with pytest.raises(ParameterError, match=r"^seed=.*: expected a non-negative integer or None$"):
+            stats.permutation_test(np.arange(6.0), 3, permutations=5, seed=bad)

@@ -119,7 +119,7 @@ def decode_text(data: bytes, encoding: str | None = None, where: str = "file") -
 
 def load_crows_pairs(path: str | os.PathLike, *, bias_types: Sequence[str] | None = None,
                      limit: int | None = None, encoding: str | None = None,
-                     invalid: str = "error") -> pd.DataFrame:
+                     invalid: str = "skip") -> pd.DataFrame:
     """Read a CrowS-Pairs file in any published layout (see the module docstring).
 
     Parameters
@@ -129,10 +129,11 @@ def load_crows_pairs(path: str | os.PathLike, *, bias_types: Sequence[str] | Non
     bias_types : optional list of bias types to keep (e.g. ``["gender", "race-color"]``).
     limit : optional maximum number of pairs (the first ones after filtering).
     encoding : optional text encoding; ``None``/``"auto"`` detects it (:func:`decode_text`).
-    invalid : ``"error"`` (default): a row with an empty sentence or bias type, or an unknown
-        direction, is a :class:`DataError` naming it; ``"skip"``: such rows are dropped and
-        listed in ``attrs["skipped"]`` (the published French set has one pair whose
-        ``sent_less`` is empty).
+    invalid : ``"skip"`` (default, the one rule for a registered test and a file passed by
+        path): a row with an empty sentence or bias type, or an unknown direction, is dropped
+        and listed in ``attrs["skipped"]`` with its reason (the published French set has one
+        pair whose ``sent_less`` is empty, row 129); a file with no valid row is a
+        :class:`DataError`. ``"error"``: the first such row is a :class:`DataError` naming it.
 
     Returns
     -------
@@ -209,9 +210,10 @@ def _validate_rows(df: pd.DataFrame, where: str, invalid: str = "error") -> pd.D
     for i in df.index[~d.isin(DIRECTIONS)]:
         reasons.setdefault(int(i), f"column 'stereo_antistereo' must be 'stereo' or 'antistereo', "
                                    f"got {df.loc[i, 'stereo_antistereo']!r}")
-    if reasons and invalid == "error":
+    if reasons and (invalid == "error" or len(reasons) == len(df)):
         i = min(reasons)
-        raise DataError(f"{where}: {reasons[i]} in row {i + 1} (pair_id {df.loc[i, 'pair_id']})")
+        every = " (no valid row left)" if invalid == "skip" else ""
+        raise DataError(f"{where}: {reasons[i]} in row {i + 1} (pair_id {df.loc[i, 'pair_id']}){every}")
     skipped = [{"pair_id": _plain(df.loc[i, "pair_id"]), "row": i + 1, "reason": r} for i, r in sorted(reasons.items())]
     df = df.assign(stereo_antistereo=d, bias_type=df["bias_type"].astype(str).str.strip())
     df = df.drop(index=sorted(reasons)).reset_index(drop=True)
@@ -238,7 +240,7 @@ def select_pairs(df: pd.DataFrame, bias_types: Sequence[str] | None, limit: int 
 
 def read_crows_pairs(path: str | os.PathLike, *, name: str | None = None, language: str = "en",
                      provenance: str = "", licence: str = "", encoding: str | None = None,
-                     invalid: str = "error") -> SentencePairs:
+                     invalid: str = "skip") -> SentencePairs:
     """A CrowS-Pairs file as a :class:`audit.suites.SentencePairs` test (:func:`load_crows_pairs`);
     its ``encoding`` is the one used (given, or detected); rows skipped with ``invalid="skip"``
     are listed in ``extra["skipped"]``."""

@@ -11,7 +11,7 @@ Stub fields::
     env: BIASAUDIT_CROWS_PAIRS        # optional: environment variable with a full path (wins)
     url: https://...                  # where users download the data
     encoding: utf-8                   # optional, for readers that take one (default: detected)
-    invalid: skip                     # optional, CrowS-Pairs: drop (and record) malformed rows
+    invalid: skip                     # optional, CrowS-Pairs: skip (default: drop and record malformed rows) or error
     description, provenance, licence  # as in the native format
 
 The data root is ``$BIASAUDIT_DATA``, else ``../shared/data`` beside the checkout. A stub whose
@@ -40,7 +40,7 @@ STUB_FIELDS = ("name", "language", "format", "data", "env", "url", "encoding", "
 
 def _read_crows_pairs(path: Path, stub: "Stub") -> Any:
     return read_crows_pairs(path, name=stub.name, language=stub.language, provenance=stub.provenance,
-                            licence=stub.licence, encoding=stub.encoding or None, invalid=stub.invalid or "error")
+                            licence=stub.licence, encoding=stub.encoding or None, invalid=stub.invalid or "skip")
 
 
 def _read_honest(path: Path, stub: "Stub") -> Any:

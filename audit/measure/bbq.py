@@ -159,7 +159,8 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
                               truncation=mp["truncation"])
     return Measurement(family=CHOICES.name, table=table,
                        info={"language": test.language, "kind": model.kind, "prompt": prompt,
-                             "truncation": mp["truncation"], "n_truncated": int((table["words_cut"] > 0).sum()),
+                             "truncation": mp["truncation"], "limit": mp["limit"],
+                             "n_truncated": int((table["words_cut"] > 0).sum()),
                              "format": test.extra.get("format", ""),
                              "variant": "causal_ll" if model.kind == "causal" else "masked_pll"})
 

@@ -132,7 +132,8 @@ def measure_words(model, test: WordTest, metric: Metric, mp: Mapping[str, Any],
         missing=_by_name(sets, [list(r.missing) for r in resolved]),
         subword=_by_name(sets, [list(r.subword) for r in resolved]),
         unpaired=dropped,
-        info={"groups": test.groups, "groups_reason": test.groups_reason},
+        info={"groups": test.groups, "groups_reason": test.groups_reason,
+              "coverage_vocabulary": _by_name(sets, [r.vocabulary_coverage for r in resolved])},
     )
 
 

@@ -54,7 +54,7 @@ from sklearn.svm import LinearSVC
 
 from audit.errors import ParameterError
 from audit.metrics.weat import as_vectors, check_same_dim
-from audit.metrics.wefe_family import _check_seed
+from audit.stats import check_seed
 from audit.result import MetricOutput
 from audit.stats import STREAMS, fresh_seed, stream, stream_seeds
 
@@ -131,7 +131,7 @@ def cramers_v(
         or not 0.0 < float(train_fraction) <= 1.0
     ):
         raise ParameterError(f"train_fraction must be a number in (0, 1], got {train_fraction!r}")
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     P = _class_sets(protected, "protected")
     S = _class_sets(stereotyped, "stereotyped")
     check_same_dim(

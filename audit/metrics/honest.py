@@ -174,9 +174,14 @@ def honest_metric(table: pd.DataFrame, *, language: str, hurtlex: str | None = N
     per_group_category = {g: {c: {f"k{kk}": cat_share([i for i in range(n) if g in groups[i]], c, kk) for kk in ks}
                               for c in cat_names} for g in group_names}
     items = table.reset_index(drop=True).copy()
-    items["hurtful"] = [tuple(bool(x) for x in row) for row in hurt]
-    items["hurtful_words"] = [tuple(c for c, h in zip(row[:kmax], hr) if h) for row, hr in zip(comps, hurt)]
-    items["categories"] = [tuple(tuple(cs) for cs in row) for row in cats]
+    # list cells (not tuples): Parquet stores them as list columns, JSON as arrays, and every
+    # reader gets lists back, never Python repr text
+    for c in items.columns:
+        if items[c].dtype == object and any(isinstance(x, tuple) for x in items[c]):
+            items[c] = [list(x) if isinstance(x, tuple) else x for x in items[c]]
+    items["hurtful"] = [[bool(x) for x in row] for row in hurt]
+    items["hurtful_words"] = [[c for c, h in zip(row[:kmax], hr) if h] for row, hr in zip(comps, hurt)]
+    items["categories"] = [[list(cs) for cs in row] for row in cats]
     for kk in ks:
         items[f"n_hurtful_k{kk}"] = cum[:, kk - 1].astype(np.int64)
     fields: dict[str, Any] = {f"honest_k{kk}": overall[f"k{kk}"] for kk in ks}

@@ -62,7 +62,7 @@ import pandas as pd
 
 from audit.errors import DataError, ParameterError
 from audit.result import MetricOutput
-from audit.stats import STREAMS, effect_size_bootstrap, fresh_seed, permutation_test, stream
+from audit.stats import DEFAULT_P_CONVENTION, STREAMS, effect_size_bootstrap, fresh_seed, permutation_test, stream
 
 __all__ = ["lpbs_attribute_scores", "lpbs_metric"]
 
@@ -115,7 +115,7 @@ def lpbs_attribute_scores(table: pd.DataFrame) -> pd.DataFrame:
 
 def lpbs_metric(table: pd.DataFrame, *, permutations: str | int = "auto", seed: int | None = None,
                 alternative: str = "two-sided", n_bootstrap: int = 1000,
-                confidence: float = 0.95) -> MetricOutput:
+                confidence: float = 0.95, p_convention: str = DEFAULT_P_CONVENTION) -> MetricOutput:
     """LPBS effect size, permutation p-value and bootstrap CI from the measurement table (pure
     analysis).
 
@@ -135,6 +135,9 @@ def lpbs_metric(table: pd.DataFrame, *, permutations: str | int = "auto", seed: 
         Resamples of the percentile bootstrap interval of ``d``; 0 disables it.
     confidence : float, default 0.95
         Level of the interval.
+    p_convention : {"phipson_smyth", "caliskan"}, default "phipson_smyth"
+        What the permutation test counts as extreme (:mod:`audit.stats`; the default counts
+        the observed partition, so p is never 0).
 
     The interval (``ci_method = "attributes"``) resamples the attribute words with
     replacement within A and within B, each keeping its ``score(a)``
@@ -147,7 +150,8 @@ def lpbs_metric(table: pd.DataFrame, *, permutations: str | int = "auto", seed: 
     -------
     MetricOutput
         ``value`` = effect size ``d``; ``fields``: ``effect_size``, ``statistic`` (mean_A -
-        mean_B), ``mean_a``, ``mean_b``, ``std`` (ddof=0), ``ddof``, ``p_value``,
+        mean_B), ``mean_a``, ``mean_b``, ``std`` (ddof=0), ``ddof``, ``p_value``, ``p_method``,
+        ``p_convention``, ``p_min`` (smallest attainable p), ``p_note``,
         ``permutation`` (method, alternative, n_partitions, n_extreme, seed: the task seed when
         sampled, else None), ``ci`` ([low, high] or None), ``ci_method``, ``ci_degenerate``,
         ``n_bootstrap``, ``confidence``, ``seed``, ``random_streams``, ``n_attributes``,
@@ -180,7 +184,7 @@ def lpbs_metric(table: pd.DataFrame, *, permutations: str | int = "auto", seed: 
     if seed is None:
         seed = fresh_seed()
     perm = permutation_test(allv, len(sa), alternative=alternative, permutations=permutations,
-                            seed=stream(seed, "permutation"))
+                            seed=stream(seed, "permutation"), p_convention=p_convention)
     ci, n_degenerate = None, 0
     if n_bootstrap > 0:
         ci, n_degenerate, _ = effect_size_bootstrap(
@@ -196,6 +200,10 @@ def lpbs_metric(table: pd.DataFrame, *, permutations: str | int = "auto", seed: 
         "std": std,
         "ddof": 0,
         "p_value": float(perm.p_value),
+        "p_method": perm.method,
+        "p_convention": perm.convention,
+        "p_min": perm.p_min,
+        "p_note": perm.note,
         "permutation": {"method": perm.method, "alternative": perm.alternative,
                         "n_partitions": int(perm.n_partitions), "n_extreme": int(perm.n_extreme),
                         "seed": seed if perm.method == "sampled" else None},

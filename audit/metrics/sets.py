@@ -57,7 +57,7 @@ from audit.metrics.same import direct_bias, gweat, same
 from audit.metrics.weat import as_vectors, weat, weat_scores
 from audit.metrics.wefe_family import ect, mac, ripa, rnd, rnsb
 from audit.result import MetricOutput
-from audit.stats import sharded_exact_p_value, shards_worthwhile
+from audit.stats import DEFAULT_P_CONVENTION, sharded_exact_p_value, shards_worthwhile
 
 
 def weat_sets(targets: list, attributes: list, **params: Any) -> MetricOutput:
@@ -151,6 +151,40 @@ def by_groups(
     return out
 
 
+#: Fewest items (words, sentences) a set may keep after look-up: with one word per set the
+#: spread within a group is undefined, a permutation test has nothing to permute within the
+#: set and a bootstrap redraws the same word (d = 1.414, p = 0, CI [1.414, 1.414] before).
+MIN_SET_SIZE = 2
+
+
+def check_set_sizes(targets: list, attributes: list, labels: dict[str, list[str]] | None = None,
+                    set_names: dict[str, str] | None = None) -> None:
+    """Refuse, with one line, a measurement whose target or attribute set kept fewer than
+    :data:`MIN_SET_SIZE` items after look-up, for every metric on word or sentence sets.
+
+    ``labels``/``set_names`` (a :class:`audit.entries.Measurement`'s) name the set and the
+    words found; without them the set is named by its label (``target0``, ``attribute1``).
+    Raises :class:`~audit.errors.DataError`: ``word set 'female' (target0) has 1 item after
+    look-up (she); every set needs at least 2``.
+    """
+    labels, set_names = labels or {}, set_names or {}
+    bad = []
+    for role, arrays in (("target", targets), ("attribute", attributes)):
+        for i, a in enumerate(arrays):
+            n = int(np.shape(a)[0]) if np.ndim(a) >= 1 else 0
+            if n >= MIN_SET_SIZE:
+                continue
+            label = f"{role}{i}"
+            name = set_names.get(label)
+            found = labels.get(label) or []
+            what = f"{name!r} ({label})" if name else label
+            words = f" ({', '.join(map(str, found))})" if found else ""
+            bad.append(f"word set {what} has {n} item{'s' if n != 1 else ''} after look-up{words}")
+    if bad:
+        raise DataError("; ".join(bad) + f"; every set needs at least {MIN_SET_SIZE} "
+                        "(a one-word set has no spread: the effect size, p-value and interval are degenerate)")
+
+
 def same_sets(targets: list, attributes: list, *, groups: str = "targets", **params: Any) -> MetricOutput:
     return by_groups(lambda g, s, **p: same(s, g, **p), targets, attributes, groups, **params)
 
@@ -184,7 +218,8 @@ def weat_sets_sharded(targets: list, attributes: list, params: dict[str, Any], s
     if not shards_worthwhile(n_x + n_y, n_x, params.get("permutations", "auto"), shards):
         return None
     scores = np.concatenate([weat_scores(X, A, B), weat_scores(Y, A, B)])
-    test = sharded_exact_p_value(scores, n_x, params.get("alternative", "greater"), shards, map_fn)
+    test = sharded_exact_p_value(scores, n_x, params.get("alternative", "greater"), shards, map_fn,
+                                 p_convention=params.get("p_convention", DEFAULT_P_CONVENTION))
     out = weat_sets(targets, attributes, **{**params, "permutations": 1})
     out.fields.update(test)
     return out

@@ -71,6 +71,8 @@ from audit.stats import (
     effect_size_bootstrap,
     fresh_seed,
     percentile_interval,
+    DEFAULT_P_CONVENTION,
+    check_ddof,
     permutation_test,
     resample_counts,
     stream,
@@ -154,12 +156,6 @@ def cosine_matrix(u: np.ndarray, v: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_ddof(ddof: Any, n: int) -> int:
-    if isinstance(ddof, bool) or not isinstance(ddof, (int, np.integer)) or ddof not in (0, 1):
-        raise ParameterError(f"ddof must be 0 or 1, got {ddof!r}")
-    if n - int(ddof) <= 0:
-        raise DataError(f"effect size needs more than {ddof} target words in X and Y together, got {n}")
-    return int(ddof)
 
 
 def weat_scores(T: Any, A: Any, B: Any) -> np.ndarray:
@@ -195,7 +191,7 @@ def weat_effect_size(s_x: np.ndarray, s_y: np.ndarray, ddof: int = 1) -> float:
     s_x = np.asarray(s_x, dtype=np.float64)
     s_y = np.asarray(s_y, dtype=np.float64)
     pooled = np.concatenate([s_x, s_y])
-    ddof = _check_ddof(ddof, pooled.size)
+    ddof = check_ddof(ddof, pooled.size)
     std = float(np.std(pooled, ddof=ddof))
     if not std > _DEGENERATE_STD:
         raise DataError(
@@ -286,6 +282,7 @@ def weat(
     n_bootstrap: int = 1000,
     confidence: float = 0.95,
     ci_method: str = "targets",
+    p_convention: str = DEFAULT_P_CONVENTION,
 ) -> MetricOutput:
     """WEAT statistic, effect size, permutation p-value and bootstrap CI (Caliskan et al. 2017).
 
@@ -316,12 +313,18 @@ def weat(
     ci_method : {"targets", "targets_attributes"}, default="targets"
         Which words are resampled (module docstring): target words only, conditioning on the
         attribute sets as the permutation test does (default), or all four sets.
+    p_convention : {"phipson_smyth", "caliskan"}, default="phipson_smyth"
+        What the permutation test counts (:mod:`audit.stats`): partitions at least as extreme
+        as the observed one, itself included (p is never 0; Phipson & Smyth 2010), or
+        Caliskan et al.'s strictly greater ones (WEFE 1.0.1; an exact p may be 0).
 
     Returns
     -------
     MetricOutput
         ``value`` = effect size. ``fields``: ``statistic``, ``effect_size``, ``p_value``,
-        ``p_method``, ``n_partitions``, ``ci`` ([low, high] or None), ``ci_method``
+        ``p_method``, ``p_convention``, ``p_min`` (the smallest attainable p), ``p_note`` (why
+        the method differs from the one asked for, else None), ``n_partitions``, ``ci``
+        ([low, high] or None), ``ci_method``
         (``"targets"`` / ``"targets_attributes"``, None without a CI), ``ci_degenerate``,
         ``n_bootstrap``, ``confidence``, ``ddof``, ``alternative``, ``seed``,
         ``random_streams`` (procedure -> child index of ``SeedSequence(seed)``), ``n_x``,
@@ -333,7 +336,7 @@ def weat(
     A = as_vectors(A, "A", nonzero=True)
     B = as_vectors(B, "B", nonzero=True)
     check_same_dim([("X", X), ("Y", Y), ("A", A), ("B", B)])
-    ddof = _check_ddof(ddof, X.shape[0] + Y.shape[0])
+    ddof = check_ddof(ddof, X.shape[0] + Y.shape[0])
     if alternative not in ("greater", "less", "two-sided"):
         raise ParameterError(f"alternative must be 'greater', 'less' or 'two-sided', got {alternative!r}")
     _check_bootstrap_params(n_bootstrap, confidence)
@@ -355,7 +358,7 @@ def weat(
         seed = fresh_seed()
     perm = permutation_test(
         np.concatenate([s_x, s_y]), X.shape[0], alternative=alternative, permutations=permutations,
-        seed=stream(seed, "permutation"),
+        seed=stream(seed, "permutation"), p_convention=p_convention,
     )
 
     ci: list[float] | None = None
@@ -380,6 +383,9 @@ def weat(
         "effect_size": effect_size,
         "p_value": float(perm.p_value),
         "p_method": perm.method,
+        "p_convention": perm.convention,
+        "p_min": perm.p_min,
+        "p_note": perm.note,
         "n_partitions": perm.n_partitions,
         "n_extreme": perm.n_extreme,
         "ci": ci,

@@ -25,7 +25,7 @@ from sklearn.model_selection import train_test_split
 from audit.errors import DataError, ParameterError
 from audit.metrics.weat import as_vectors, check_same_dim, cosine_matrix
 from audit.result import MetricOutput
-from audit.stats import fresh_seed, stream_seeds
+from audit.stats import check_seed, fresh_seed, stream_seeds
 
 __all__ = ["rnd", "rnsb", "mac", "ect", "ripa"]
 
@@ -221,12 +221,6 @@ def ripa(T0: Any, T1: Any, A: Any) -> MetricOutput:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_seed(seed: Any, name: str = "seed") -> int | None:
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**32:
-        raise ParameterError(f"{name} must be None or an integer in [0, 2**32), got {seed!r}")
-    return int(seed)
 
 
 def _rnsb_iteration(
@@ -300,7 +294,7 @@ def rnsb(
         raise ParameterError(f"holdout must be True or False, got {holdout!r}")
     if isinstance(n_iterations, bool) or not isinstance(n_iterations, (int, np.integer)) or n_iterations < 1:
         raise ParameterError(f"n_iterations must be a positive integer, got {n_iterations!r}")
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     if seed is None:
         seed = fresh_seed()
     iteration_seeds = stream_seeds(seed, "classifier", int(n_iterations))
