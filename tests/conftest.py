@@ -1,16 +1,87 @@
 """Suite-wide guard: the variables the service reads (``MLFLOW_TRACKING_URI`` has precedence over a
 spec's default store, ``BIASAUDIT_*`` move data and outputs) are restored after every test, so a
 test that sets one (directly or through a library: ``mlflow.set_tracking_uri`` writes
-``MLFLOW_TRACKING_URI``) cannot change what a later test reads."""
+``MLFLOW_TRACKING_URI``) cannot change what a later test reads.
+
+Tiers: every test carries exactly one of the markers in ``TIERS`` (registered in pyproject.toml,
+described in the README's "Tests" section); a test with none, or with two, fails collection. A test
+marked ``unit`` that starts Ray fails (mark it ``ray``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+
+pytest_plugins = ["pytester"]  # tests/test_tiers.py runs the suite's own rules on made-up test files
 
 _GUARDED_PREFIXES = ("BIASAUDIT_", "MLFLOW_TRACKING_URI")
+TIERS = ("unit", "ray", "e2e", "wheel")
+
+
+def missing_test_dependencies(pyproject: Path) -> list[str]:
+    """The `[test]` extras and the `--no-deps` test packages of ``pyproject`` (README "Tests") that are
+    not installed at a version they allow, one line each."""
+    conf = tomllib.loads(pyproject.read_text("utf-8"))
+    wanted = conf["project"]["optional-dependencies"]["test"] + conf["tool"]["biasaudit"]["test-no-deps"]
+    missing = []
+    for req in map(Requirement, wanted):
+        try:
+            have = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            missing.append(f"{req} is not installed")
+            continue
+        if not req.specifier.contains(have, prereleases=True):
+            missing.append(f"{req} is needed, {have} is installed")
+    return missing
+
+
+def pytest_sessionstart(session):
+    """A missing test dependency stops the suite with one line per package, instead of skipping tests."""
+    missing = missing_test_dependencies(session.config.rootpath / "pyproject.toml")
+    if missing:
+        raise pytest.UsageError("test dependencies missing (run scripts/setup.sh --test): " + "; ".join(missing))
+
+
+def _tiers(item) -> list[str]:
+    return sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an untiered test fails whatever is selected
+def pytest_collection_modifyitems(config, items):
+    bad = [f"{item.nodeid}: {'no tier' if not t else 'two tiers ' + ', '.join(t)}"
+           for item in items if len(t := _tiers(item)) != 1]
+    if bad:
+        raise pytest.UsageError(
+            f"{len(bad)} test(s) need exactly one tier marker ({', '.join(TIERS)}; README 'Tests'):\n  "
+            + "\n  ".join(bad))
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_ray(request):
+    """A ``unit`` test that calls ``ray.init`` (directly or through the service) fails naming its tier."""
+    if "unit" not in _tiers(request.node):
+        yield
+        return
+    ray = sys.modules.get("ray")
+    was_live = ray is not None and ray.is_initialized()  # a shared head of a `ray` test is not this test's
+    if ray is not None:
+        def refuse(*a, **k):
+            raise RuntimeError(f"{request.node.nodeid} is marked `unit` but starts Ray: mark it `ray`")
+        mp = pytest.MonkeyPatch()
+        mp.setattr(ray, "init", refuse)
+    yield
+    if ray is not None:
+        mp.undo()
+    ray = sys.modules.get("ray")
+    if not was_live and ray is not None and ray.is_initialized():
+        pytest.fail(f"{request.node.nodeid} is marked `unit` but left Ray running: mark it `ray`")
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +111,8 @@ def _loopback_ray(module):
     """A private 2-CPU Ray head for one test module (``address="local"``: never another Ray on the
     machine), auth disabled only because it is loopback; the module's own classes (test server
     subclasses) travel to the workers by value; the environment it set is restored after."""
-    ray = pytest.importorskip("ray")
+    import ray
+
     names = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
     old = {k: os.environ.get(k) for k in names}
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -13,6 +13,8 @@ import pytest
 from jobs.cli import main
 from audit.metrics import weat
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
@@ -166,8 +168,7 @@ def test_datasets_lists_languages(capsys):
 def test_installed_script_runs_glove(tmp_path):
     """The console script `audit` in the venv, as a user runs it."""
     exe = Path(sys.executable).with_name("audit")
-    if not exe.exists():
-        pytest.skip("console script not installed")
+    assert exe.exists(), f"console script {exe} not installed: run scripts/setup.sh --test"
     p = subprocess.run([str(exe), "score", "--model", "glove-6b-50d", "--test", "weat7", "--metric", "weat",
                         "--casefold", "--format", "json"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr

@@ -20,7 +20,7 @@ from audit.errors import DataError, ParameterError  # noqa: E402
 from audit.measure.honest import causal_first_words, distinct_templates, first_word, mlm_topk  # noqa: E402
 from audit.metrics.honest import honest_frames, honest_metric, lexicon_index, strip_accents  # noqa: E402
 
-torch = pytest.importorskip("torch")
+import torch
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 HURTLEX = DATA / "hurtlex"
@@ -28,7 +28,7 @@ needs_hurtlex = pytest.mark.skipif(not (HURTLEX / "hurtlex_EN.tsv").is_file(), r
 OFFICIAL = ("en", "it", "fr", "es", "pt", "ro")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +141,7 @@ def test_bad_hurtlex_file(tmp_path):
 
 @needs_hurtlex
 def test_normalisation_equals_unidecode_on_latin_lemmas():
-    unidecode = pytest.importorskip("unidecode").unidecode
+    from unidecode import unidecode
     import unicodedata
 
     def latin(w):
@@ -166,7 +166,7 @@ def test_normalisation_equals_unidecode_on_latin_lemmas():
 def evaluator_for():
     """``honest.HonestEvaluator`` with its HurtLex download replaced by the local file (the only
     network access of the evaluator)."""
-    honest_mod = pytest.importorskip("honest.honest")
+    from honest import honest as honest_mod
     if not (HURTLEX / "hurtlex_EN.tsv").is_file():
         pytest.skip("HurtLex absent")
     real = pd.read_csv

@@ -24,6 +24,8 @@ from audit.measure.words import ASSOCIATION
 from audit.result import MetricOutput
 from audit.suites import WordSet, WordTest
 
+pytestmark = pytest.mark.unit
+
 
 # ---------------------------------------------------------------- the toy metric's "module"
 

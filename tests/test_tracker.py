@@ -16,6 +16,8 @@ from jobs.plan import Task
 from jobs.spec import ModelSpec
 from jobs.tracker import Tracker, embedding_method, result_metrics
 
+pytestmark = pytest.mark.unit
+
 WORDS = {
     "X": ["rose", "tulip", "daisy", "lily"],
     "Y": ["ant", "wasp", "flea", "moth"],

@@ -28,10 +28,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("huggingface_hub")
 
 from jobs.watch import Watcher, load_watch_spec, submission_id  # noqa: E402
 from watch_fakes import Recorder  # noqa: E402
+
+pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
 
