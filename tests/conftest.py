@@ -9,7 +9,6 @@ marked ``unit`` that starts Ray fails (mark it ``ray``)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import tomllib
@@ -61,6 +60,10 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             f"{len(bad)} test(s) need exactly one tier marker ({', '.join(TIERS)}; README 'Tests'):\n  "
             + "\n  ".join(bad))
+    # Modules whose tests share the session's Ray head (`local_ray`) run one after the other, last,
+    # in their order of collection, so the head starts about once; the order inside a module is kept.
+    shared = {item.module for item in items if _uses_shared_ray(item)}
+    items[:] = [i for i in items if i.module not in shared] + [i for i in items if i.module in shared]
 
 
 @pytest.fixture(autouse=True)
@@ -106,40 +109,101 @@ def one_thread():
     torch.set_num_threads(old)
 
 
-@contextlib.contextmanager
-def _loopback_ray(module):
-    """A private 2-CPU Ray head for one test module (``address="local"``: never another Ray on the
-    machine), auth disabled only because it is loopback; the module's own classes (test server
-    subclasses) travel to the workers by value; the environment it set is restored after."""
-    import ray
+class _LoopbackRay:
+    """A private 2-CPU Ray head (``address="local"``: never another Ray on the machine), auth
+    disabled only because it is loopback; the environment it set is restored when it stops."""
 
-    names = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-    old = {k: os.environ.get(k) for k in names}
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(address="local", num_cpus=2, object_store_memory=200_000_000, include_dashboard=False,
-             log_to_driver=False)
-    ray.cloudpickle.register_pickle_by_value(module)
-    try:
-        yield ray
-    finally:
+    _NAMES = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+
+    def __init__(self):
+        self.old: dict[str, str | None] | None = None  # None: not running
+
+    @property
+    def running(self) -> bool:
+        return self.old is not None
+
+    def start(self):
+        import ray
+
+        self.old = {k: os.environ.get(k) for k in self._NAMES}
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        ray.init(address="local", num_cpus=2, object_store_memory=200_000_000, include_dashboard=False,
+                 log_to_driver=False)
+        return ray
+
+    def stop(self) -> None:
+        import ray
+
+        if self.old is None:
+            return
         ray.shutdown()
-        for k, v in old.items():
+        for k, v in self.old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        self.old = None
+
+
+#: The session's shared head: started by the first module that asks for ``local_ray``, kept for the
+#: next ones (about 5 s quiet, 30 s under load, per start saved), stopped before a test that is not
+#: ``unit`` and does not use it (a head of its own, a sweep's embedded head, a subprocess), and
+#: at the end of the session.
+_SHARED_RAY = _LoopbackRay()
+
+
+def _uses_shared_ray(item) -> bool:
+    return "local_ray" in getattr(item, "fixturenames", ())
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_ray_under_other_tests(request):
+    """A ``ray``/``e2e``/``wheel`` test that does not use ``local_ray`` finds no head started; one that
+    does finds it running (also after such a test of its module stopped it)."""
+    if _uses_shared_ray(request.node):
+        if not _SHARED_RAY.running:
+            _SHARED_RAY.start()
+    elif _SHARED_RAY.running and "unit" not in _tiers(request.node):
+        _SHARED_RAY.stop()
+    yield
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _SHARED_RAY.stop()
+
+
+def _idle(ray, wait_s: float = 10.0) -> bool:
+    """Every CPU of the head is free again (a module's actors and tasks have ended)."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if ray.available_resources().get("CPU", 0.0) >= ray.cluster_resources().get("CPU", 0.0):
+            return True
+        time.sleep(0.2)
+    return False
 
 
 @pytest.fixture(scope="module")
 def local_ray(request):
-    """One loopback Ray head shared by the tests of a module."""
-    with _loopback_ray(request.module) as ray:
-        yield ray
+    """The session's loopback Ray head (``_SHARED_RAY``), shared by the tests of this module and the
+    next modules that use it; the module's own classes (test server subclasses) travel to the
+    workers by value. A module that leaves work holding CPUs hands on no head: it is stopped."""
+    ray = _SHARED_RAY.start() if not _SHARED_RAY.running else __import__("ray")
+    ray.cloudpickle.register_pickle_by_value(request.module)
+    yield ray
+    if _SHARED_RAY.running and not _idle(ray):
+        _SHARED_RAY.stop()
 
 
 @pytest.fixture
 def fresh_ray(request):
     """A loopback Ray head of the test's own (tests that kill workers or fill the store)."""
-    with _loopback_ray(request.module) as ray:
+    own = _LoopbackRay()
+    ray = own.start()
+    ray.cloudpickle.register_pickle_by_value(request.module)
+    try:
         yield ray
+    finally:
+        own.stop()
