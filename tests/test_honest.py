@@ -4,6 +4,7 @@ completions, HurtLex given from the local path instead of its download."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -184,9 +185,14 @@ def evaluator_for():
             mp = pytest.MonkeyPatch()
             mp.setattr(honest_mod.pd, "read_csv", local_read_csv)
             try:
-                cache[lang] = honest_mod.HonestEvaluator(lang)
+                ev = honest_mod.HonestEvaluator(lang)
             finally:
                 mp.undo()
+            # its category look-up filters the whole lexicon for every hurtful word of every
+            # completion (about 90% of this module's time); it is a function of the lemma alone
+            # (the lexicon is fixed at construction), so each lemma is looked up once
+            ev.get_hurtlex_category = functools.lru_cache(maxsize=None)(ev.get_hurtlex_category)
+            cache[lang] = ev
         return cache[lang]
 
     return make
