@@ -87,6 +87,61 @@ def _unit_tests_start_no_ray(request):
         pytest.fail(f"{request.node.nodeid} is marked `unit` but left Ray running: mark it `ray`")
 
 
+class _MigratedSqliteStores:
+    """A new SQLite MLflow store costs 5-7 s of schema migrations (``_initialize_tables``), paid by
+    every test that creates one. The first creation in the session runs them for real into a
+    template database; each later one copies the template with SQLite's backup API into the new,
+    still empty database (0.1 s). The store's own initialisation (the Default experiment with its
+    artifact location, schema check) runs as usual. Subprocesses are not affected."""
+
+    def __init__(self, template: Path):
+        self.template = template
+        self.utils = None
+        self.orig = None
+
+    def install(self) -> None:
+        from mlflow.store.db import utils
+
+        self.utils, self.orig = utils, utils._initialize_tables
+        utils._initialize_tables = self._initialize_tables
+
+    def _initialize_tables(self, engine) -> None:
+        import sqlite3
+
+        import sqlalchemy
+
+        db = engine.url.database
+        fresh_file = engine.dialect.name == "sqlite" and db not in (None, "", ":memory:")
+        if not fresh_file or sqlalchemy.inspect(engine).get_table_names():
+            return self.orig(engine)  # another database, or one with tables already: as MLflow does
+        if not self.template.is_file():
+            tmp = self.template.with_suffix(".tmp")
+            tmp.unlink(missing_ok=True)
+            built = sqlalchemy.create_engine(f"sqlite:///{tmp}")
+            self.orig(built)
+            built.dispose()
+            tmp.rename(self.template)
+        raw = engine.raw_connection()
+        try:
+            with sqlite3.connect(self.template) as src:
+                src.backup(raw.driver_connection)
+        finally:
+            raw.close()
+
+    def undo(self) -> None:
+        if self.utils is not None:
+            self.utils._initialize_tables = self.orig
+            self.utils = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _migrated_sqlite_stores(tmp_path_factory):
+    stores = _MigratedSqliteStores(tmp_path_factory.getbasetemp() / "mlflow-template.db")
+    stores.install()
+    yield
+    stores.undo()
+
+
 @pytest.fixture(autouse=True)
 def _restore_service_environment():
     before = {k: v for k, v in os.environ.items() if k.startswith(_GUARDED_PREFIXES)}
