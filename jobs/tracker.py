@@ -70,6 +70,7 @@ from filelock import FileLock
 
 from audit import registry
 from audit.errors import AuditError, ParameterError
+from audit.result import json_cells
 from jobs.uris import redact_uri
 
 log = logging.getLogger("jobs.tracker")
@@ -309,8 +310,6 @@ def result_settings(res) -> dict[str, str]:
 def _table_for_mlflow(items: pd.DataFrame) -> pd.DataFrame:
     """A JSON-safe copy of a per-item table (lists/tuples/dicts as JSON text, NaN kept:
     :func:`audit.result.json_cells`, the rule of ``audit score --items x.csv`` too)."""
-    from audit.result import json_cells
-
     return json_cells(items)
 
 

@@ -1,16 +1,145 @@
 """Suite-wide guard: the variables the service reads (``MLFLOW_TRACKING_URI`` has precedence over a
 spec's default store, ``BIASAUDIT_*`` move data and outputs) are restored after every test, so a
 test that sets one (directly or through a library: ``mlflow.set_tracking_uri`` writes
-``MLFLOW_TRACKING_URI``) cannot change what a later test reads."""
+``MLFLOW_TRACKING_URI``) cannot change what a later test reads.
+
+Tiers: every test carries exactly one of the markers in ``TIERS`` (registered in pyproject.toml,
+described in the README's "Tests" section); a test with none, or with two, fails collection. A test
+marked ``unit`` that starts Ray fails (mark it ``ray``)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+
+pytest_plugins = ["pytester"]  # tests/test_tiers.py runs the suite's own rules on made-up test files
 
 _GUARDED_PREFIXES = ("BIASAUDIT_", "MLFLOW_TRACKING_URI")
+TIERS = ("unit", "ray", "e2e", "wheel")
+
+
+def missing_test_dependencies(pyproject: Path) -> list[str]:
+    """The `[test]` extras and the `--no-deps` test packages of ``pyproject`` (README "Tests") that are
+    not installed at a version they allow, one line each."""
+    conf = tomllib.loads(pyproject.read_text("utf-8"))
+    wanted = conf["project"]["optional-dependencies"]["test"] + conf["tool"]["biasaudit"]["test-no-deps"]
+    missing = []
+    for req in map(Requirement, wanted):
+        try:
+            have = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            missing.append(f"{req} is not installed")
+            continue
+        if not req.specifier.contains(have, prereleases=True):
+            missing.append(f"{req} is needed, {have} is installed")
+    return missing
+
+
+def pytest_sessionstart(session):
+    """A missing test dependency stops the suite with one line per package, instead of skipping tests."""
+    missing = missing_test_dependencies(session.config.rootpath / "pyproject.toml")
+    if missing:
+        raise pytest.UsageError("test dependencies missing (run scripts/setup.sh --test): " + "; ".join(missing))
+
+
+def _tiers(item) -> list[str]:
+    return sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an untiered test fails whatever is selected
+def pytest_collection_modifyitems(config, items):
+    bad = [f"{item.nodeid}: {'no tier' if not t else 'two tiers ' + ', '.join(t)}"
+           for item in items if len(t := _tiers(item)) != 1]
+    if bad:
+        raise pytest.UsageError(
+            f"{len(bad)} test(s) need exactly one tier marker ({', '.join(TIERS)}; README 'Tests'):\n  "
+            + "\n  ".join(bad))
+    # Modules whose tests share the session's Ray head (`local_ray`) run one after the other, last,
+    # in their order of collection, so the head starts about once; the order inside a module is kept.
+    shared = {item.module for item in items if _uses_shared_ray(item)}
+    items[:] = [i for i in items if i.module not in shared] + [i for i in items if i.module in shared]
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_ray(request):
+    """A ``unit`` test that calls ``ray.init`` (directly or through the service) fails naming its tier."""
+    if "unit" not in _tiers(request.node):
+        yield
+        return
+    ray = sys.modules.get("ray")
+    was_live = ray is not None and ray.is_initialized()  # a shared head of a `ray` test is not this test's
+    if ray is not None:
+        def refuse(*a, **k):
+            raise RuntimeError(f"{request.node.nodeid} is marked `unit` but starts Ray: mark it `ray`")
+        mp = pytest.MonkeyPatch()
+        mp.setattr(ray, "init", refuse)
+    yield
+    if ray is not None:
+        mp.undo()
+    ray = sys.modules.get("ray")
+    if not was_live and ray is not None and ray.is_initialized():
+        pytest.fail(f"{request.node.nodeid} is marked `unit` but left Ray running: mark it `ray`")
+
+
+class _MigratedSqliteStores:
+    """A new SQLite MLflow store costs 5-7 s of schema migrations (``_initialize_tables``), paid by
+    every test that creates one. The first creation in the session runs them for real into a
+    template database; each later one copies the template with SQLite's backup API into the new,
+    still empty database (0.1 s). The store's own initialisation (the Default experiment with its
+    artifact location, schema check) runs as usual. Subprocesses are not affected."""
+
+    def __init__(self, template: Path):
+        self.template = template
+        self.utils = None
+        self.orig = None
+
+    def install(self) -> None:
+        from mlflow.store.db import utils
+
+        self.utils, self.orig = utils, utils._initialize_tables
+        utils._initialize_tables = self._initialize_tables
+
+    def _initialize_tables(self, engine) -> None:
+        import sqlite3
+
+        import sqlalchemy
+
+        db = engine.url.database
+        fresh_file = engine.dialect.name == "sqlite" and db not in (None, "", ":memory:")
+        if not fresh_file or sqlalchemy.inspect(engine).get_table_names():
+            return self.orig(engine)  # another database, or one with tables already: as MLflow does
+        if not self.template.is_file():
+            tmp = self.template.with_suffix(".tmp")
+            tmp.unlink(missing_ok=True)
+            built = sqlalchemy.create_engine(f"sqlite:///{tmp}")
+            self.orig(built)
+            built.dispose()
+            tmp.rename(self.template)
+        raw = engine.raw_connection()
+        try:
+            with sqlite3.connect(self.template) as src:
+                src.backup(raw.driver_connection)
+        finally:
+            raw.close()
+
+    def undo(self) -> None:
+        if self.utils is not None:
+            self.utils._initialize_tables = self.orig
+            self.utils = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _migrated_sqlite_stores(tmp_path_factory):
+    stores = _MigratedSqliteStores(tmp_path_factory.getbasetemp() / "mlflow-template.db")
+    stores.install()
+    yield
+    stores.undo()
 
 
 @pytest.fixture(autouse=True)
@@ -35,39 +164,101 @@ def one_thread():
     torch.set_num_threads(old)
 
 
-@contextlib.contextmanager
-def _loopback_ray(module):
-    """A private 2-CPU Ray head for one test module (``address="local"``: never another Ray on the
-    machine), auth disabled only because it is loopback; the module's own classes (test server
-    subclasses) travel to the workers by value; the environment it set is restored after."""
-    ray = pytest.importorskip("ray")
-    names = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-    old = {k: os.environ.get(k) for k in names}
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(address="local", num_cpus=2, object_store_memory=200_000_000, include_dashboard=False,
-             log_to_driver=False)
-    ray.cloudpickle.register_pickle_by_value(module)
-    try:
-        yield ray
-    finally:
+class _LoopbackRay:
+    """A private 2-CPU Ray head (``address="local"``: never another Ray on the machine), auth
+    disabled only because it is loopback; the environment it set is restored when it stops."""
+
+    _NAMES = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+
+    def __init__(self):
+        self.old: dict[str, str | None] | None = None  # None: not running
+
+    @property
+    def running(self) -> bool:
+        return self.old is not None
+
+    def start(self):
+        import ray
+
+        self.old = {k: os.environ.get(k) for k in self._NAMES}
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        ray.init(address="local", num_cpus=2, object_store_memory=200_000_000, include_dashboard=False,
+                 log_to_driver=False)
+        return ray
+
+    def stop(self) -> None:
+        import ray
+
+        if self.old is None:
+            return
         ray.shutdown()
-        for k, v in old.items():
+        for k, v in self.old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        self.old = None
+
+
+#: The session's shared head: started by the first module that asks for ``local_ray``, kept for the
+#: next ones (about 5 s quiet, 30 s under load, per start saved), stopped before a test that is not
+#: ``unit`` and does not use it (a head of its own, a sweep's embedded head, a subprocess), and
+#: at the end of the session.
+_SHARED_RAY = _LoopbackRay()
+
+
+def _uses_shared_ray(item) -> bool:
+    return "local_ray" in getattr(item, "fixturenames", ())
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_ray_under_other_tests(request):
+    """A ``ray``/``e2e``/``wheel`` test that does not use ``local_ray`` finds no head started; one that
+    does finds it running (also after such a test of its module stopped it)."""
+    if _uses_shared_ray(request.node):
+        if not _SHARED_RAY.running:
+            _SHARED_RAY.start()
+    elif _SHARED_RAY.running and "unit" not in _tiers(request.node):
+        _SHARED_RAY.stop()
+    yield
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _SHARED_RAY.stop()
+
+
+def _idle(ray, wait_s: float = 10.0) -> bool:
+    """Every CPU of the head is free again (a module's actors and tasks have ended)."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if ray.available_resources().get("CPU", 0.0) >= ray.cluster_resources().get("CPU", 0.0):
+            return True
+        time.sleep(0.2)
+    return False
 
 
 @pytest.fixture(scope="module")
 def local_ray(request):
-    """One loopback Ray head shared by the tests of a module."""
-    with _loopback_ray(request.module) as ray:
-        yield ray
+    """The session's loopback Ray head (``_SHARED_RAY``), shared by the tests of this module and the
+    next modules that use it; the module's own classes (test server subclasses) travel to the
+    workers by value. A module that leaves work holding CPUs hands on no head: it is stopped."""
+    ray = _SHARED_RAY.start() if not _SHARED_RAY.running else __import__("ray")
+    ray.cloudpickle.register_pickle_by_value(request.module)
+    yield ray
+    if _SHARED_RAY.running and not _idle(ray):
+        _SHARED_RAY.stop()
 
 
 @pytest.fixture
 def fresh_ray(request):
     """A loopback Ray head of the test's own (tests that kill workers or fill the store)."""
-    with _loopback_ray(request.module) as ray:
+    own = _LoopbackRay()
+    ray = own.start()
+    ray.cloudpickle.register_pickle_by_value(request.module)
+    try:
         yield ray
+    finally:
+        own.stop()

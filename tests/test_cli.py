@@ -56,6 +56,7 @@ def small_test(tmp_path: Path):
     return model, test, arrays
 
 
+@pytest.mark.unit
 def test_score_json_matches_array_api(small_test, capsys, tmp_path):
     model, test, (X, Y, A, B) = small_test
     items = tmp_path / "items.csv"
@@ -83,6 +84,7 @@ def test_score_json_matches_array_api(small_test, capsys, tmp_path):
     assert set(table["set_name"]) == {"flowers", "insects"}
 
 
+@pytest.mark.unit
 def test_score_missing_words_error_names_them(small_test, capsys, tmp_path):
     model, test, _ = small_test
     text = test.read_text(encoding="utf-8").replace("ant, wasp", "zyzzyva, quokka")
@@ -103,6 +105,7 @@ def test_score_missing_words_error_names_them(small_test, capsys, tmp_path):
     assert out["p_method"] == "sampled" and out["n_partitions"] == 1000
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "args, culprit",
     [
@@ -124,6 +127,7 @@ def test_score_bad_input_names_culprit(small_test, capsys, args, culprit):
     assert "Traceback" not in err
 
 
+@pytest.mark.unit
 def test_permutations_zero_is_refused(small_test, capsys):
     model, test, _ = small_test
     with pytest.raises(SystemExit) as e:
@@ -132,6 +136,7 @@ def test_permutations_zero_is_refused(small_test, capsys):
     assert "--permutations" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_other_metrics_run_from_cli(small_test, capsys):
     model, test, _ = small_test
     for metric in ("same", "rnd", "mac", "ect", "ripa", "direct_bias", "gweat", "rnsb"):
@@ -141,6 +146,7 @@ def test_other_metrics_run_from_cli(small_test, capsys):
         assert out["metric"] == metric and isinstance(out["value"], float)
 
 
+@pytest.mark.unit
 def test_bias_framework_txt_as_test(capsys):
     path = SHARED / "bias-framework" / "en" / "WEAT" / "WEAT_1.txt"
     if not path.exists():
@@ -154,6 +160,7 @@ def test_bias_framework_txt_as_test(capsys):
     assert out["p_method"] == "exact" and out["p_value"] < 1e-3
 
 
+@pytest.mark.unit
 def test_datasets_lists_languages(capsys):
     rc = main(["datasets", "--format", "json"])
     rows = json.loads(capsys.readouterr().out)
@@ -163,11 +170,11 @@ def test_datasets_lists_languages(capsys):
     assert {"en", "de"} <= {r["language"] for r in rows}
 
 
+@pytest.mark.e2e
 def test_installed_script_runs_glove(tmp_path):
     """The console script `audit` in the venv, as a user runs it."""
     exe = Path(sys.executable).with_name("audit")
-    if not exe.exists():
-        pytest.skip("console script not installed")
+    assert exe.exists(), f"console script {exe} not installed: run scripts/setup.sh --test"
     p = subprocess.run([str(exe), "score", "--model", "glove-6b-50d", "--test", "weat7", "--metric", "weat",
                         "--casefold", "--format", "json"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -177,6 +184,7 @@ def test_installed_script_runs_glove(tmp_path):
     assert out["coverage"] == {"math": 1.0, "arts": 1.0, "male_terms": 1.0, "female_terms": 1.0}
 
 
+@pytest.mark.unit
 def test_paired_metrics_drop_the_whole_pair_of_a_missing_word(small_test, capsys, tmp_path):
     """RIPA pairs row i of X with row i of Y: a missing word drops its partner too."""
     model, test, (X, Y, A, B) = small_test
@@ -194,6 +202,7 @@ def test_paired_metrics_drop_the_whole_pair_of_a_missing_word(small_test, capsys
     assert out["value"] == pytest.approx(ref.value, rel=1e-9)
 
 
+@pytest.mark.unit
 def test_same_and_direct_bias_on_the_real_minilm_encoder():
     """SAME and Direct Bias on contextual word embeddings of the real all-MiniLM-L6-v2 (each word's
     embedding is the mean over its SEAT template sentences, Dusi 2024)."""
@@ -231,6 +240,7 @@ def _bias_txt(path: Path, sets: dict) -> Path:
     return path
 
 
+@pytest.mark.unit
 def test_bias_file_outside_a_language_folder_scores_on_static_vectors(small_test, tmp_path, capsys):
     model, _, (X, Y, A, B) = small_test
     sets = {"x": ["rose", "tulip", "daisy", "lily", "iris"], "y": ["ant", "wasp", "moth", "flea", "gnat"],
@@ -253,6 +263,7 @@ def test_bias_file_outside_a_language_folder_scores_on_static_vectors(small_test
     assert code == 2 and len(err.splitlines()) == 1 and "pass --language" in err
 
 
+@pytest.mark.unit
 def test_table_format_rounds_to_what_the_numbers_support(small_test, capsys):
     model, test, _ = small_test
     assert main(["score", "--model", str(model), "--test", str(test), "--metric", "weat", "--n-bootstrap", "50"]) == 0
@@ -271,6 +282,7 @@ def test_table_format_rounds_to_what_the_numbers_support(small_test, capsys):
     assert len(repr(full["value"])) > 8  # json keeps full precision
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not (SHARED / "bias-framework" / "en" / "LPBS" / "LPBS_1.jsonl").is_file(),
                     reason="needs ../shared/data")
 def test_lpbs_forms_from_the_command_line_and_specs(capsys):

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-pytest.importorskip("ray")
 
 from jobs.cluster import local_head  # noqa: E402
+
+pytestmark = pytest.mark.e2e
 
 PROBE = ("python -c \"import json, os, ray; ray.init(); "
          "print('PROBE', json.dumps([os.environ['RAY_ADDRESS'], ray.cluster_resources().get('CPU')]))\"")

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray")
+import ray
 
 import actors.stats  # noqa: E402
 from actors.model_actor import ModelServer, actor_options  # noqa: E402
@@ -61,6 +61,7 @@ def recording_analyse(log_path: str):
     return analyse_batch
 
 
+@pytest.mark.unit
 def test_actor_options_ask_for_a_gpu_only_for_hf_models_on_gpu_clusters():
     kw = dict(num_cpus=0.5, max_restarts=1, max_task_retries=1)
     assert actor_options(kind="mlm", num_gpus="auto", cluster_gpus=1.0, **kw)["num_gpus"] == 1.0
@@ -82,6 +83,7 @@ def write_vectors(path: Path) -> Path:
     return path
 
 
+@pytest.mark.ray
 def test_model_actors_on_the_gpu_node_statistics_on_cpu_nodes(tmp_path, monkeypatch):
     from ray.cluster_utils import Cluster
 

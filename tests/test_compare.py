@@ -23,6 +23,8 @@ from audit.compare import (
 from audit.errors import DataError, ParameterError
 from audit.metrics import gweat, same, weat, weat_effect_size, weat_scores
 
+pytestmark = pytest.mark.unit
+
 
 def _d(sx, sy, ddof=1):
     allv = np.concatenate([sx, sy])

@@ -20,7 +20,8 @@ from jobs.spec import ModelSpec
 from jobs.tracker import Tracker
 from test_regression import planted_models, write_w2v
 
-pytest.importorskip("mlflow")
+pytestmark = pytest.mark.unit
+
 
 TESTS = ("weat1", "weat7")
 METRICS = ("weat", "same", "ect")

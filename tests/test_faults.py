@@ -29,8 +29,7 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray")
-pytest.importorskip("mlflow")
+import ray
 
 from actors.model_actor import ModelServer  # noqa: E402
 from audit import runner  # noqa: E402
@@ -90,6 +89,7 @@ def assert_exactly_once(tr: Tracker, keys: set[str], others: frozenset = frozens
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_write_ahead_log_survives_a_line_cut_short(tmp_path):
     """A driver killed while appending leaves a partial last line: it is ignored, the next
     append starts on a fresh line, and pending/synced bookkeeping is by record id."""
@@ -113,6 +113,7 @@ def test_write_ahead_log_survives_a_line_cut_short(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_driver_killed_mid_sweep_then_rerun_completes_only_the_missing_tasks(tmp_path):
     tests = [f"weat{i}" for i in range(1, 11)]
     spec_path = write_spec(tmp_path, "driverkill", FT, tests=tests, metrics="[weat, same, rnd, mac]",
@@ -211,6 +212,7 @@ class MlflowServer:
             self.log.close()
 
 
+@pytest.mark.ray
 def test_mlflow_server_down_results_kept_then_synced_once(tmp_path, fresh_ray, capsys):
     (tmp_path / "srv").mkdir()
     server = MlflowServer(tmp_path / "srv")
@@ -329,6 +331,7 @@ class OOMServer(ModelServer):
         return model
 
 
+@pytest.mark.ray
 def test_oom_batch_is_halved_and_an_unloadable_model_fails_alone(tmp_path, fresh_ray):
     bert = tiny_model_dir("bert")
     broken = tmp_path / "no-weights"
@@ -389,6 +392,7 @@ class NodeReportingServer(ModelServer):
         return super().measure_batch(requests, tests)
 
 
+@pytest.mark.ray
 def test_node_lost_its_work_is_rescheduled_and_every_result_arrives_once(tmp_path):
     from ray.cluster_utils import Cluster
 

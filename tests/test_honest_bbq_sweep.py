@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray")
+import ray
 
 from jobs.plan import expand  # noqa: E402
 from jobs.spec import load_spec  # noqa: E402
 from jobs.sweep import run_sweep  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-pytestmark = pytest.mark.skipif(not (DATA / "bbq" / "en").is_dir() or not (DATA / "hurtlex").is_dir(),
-                                reason="BBQ or HurtLex data absent")
+pytestmark = [pytest.mark.ray, pytest.mark.skipif(not (DATA / "bbq" / "en").is_dir() or not (DATA / "hurtlex").is_dir(),
+                                reason="BBQ or HurtLex data absent")]
 
 SPEC = """
 name: honest-bbq

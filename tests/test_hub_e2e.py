@@ -34,11 +34,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("ray")
-pytest.importorskip("mlflow")
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("huggingface_hub")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import LoopbackHub, variant_files  # noqa: E402
@@ -53,7 +48,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 CROWS = SHARED / "crows-pairs" / "crows_pairs_anonymized.csv"
 RAY = str(Path(sys.executable).parent / "ray")
 
-pytestmark = pytest.mark.skipif(not CROWS.is_file(), reason=f"reference data not found at {SHARED}")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not CROWS.is_file(), reason=f"reference data not found at {SHARED}")]
 
 KINDS = ("bert", "roberta", "distilbert", "gpt2")
 BACKEND = {"bert": "hf-mlm", "roberta": "hf-mlm", "distilbert": "hf-mlm", "gpt2": "hf-causal"}

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("huggingface_hub")
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import hub_fixture  # noqa: E402,F401  (the fixture `hub`)
@@ -26,6 +24,8 @@ from audit.tiny_models import tiny_model_dir  # noqa: E402
 from audit.backends.hf import load_hf_model  # noqa: E402
 from audit.errors import ModelError  # noqa: E402
 from jobs.resolve import model_kind, probe_revision  # noqa: E402
+
+pytestmark = pytest.mark.unit
 
 SECRET = "hf_secret_token_never_printed_0123456789"
 

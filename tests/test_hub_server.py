@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-hf = pytest.importorskip("huggingface_hub")
+import huggingface_hub as hf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import LoopbackHub, hub_fixture, variant_files  # noqa: E402,F401  (the fixture `hub`)
@@ -23,6 +23,8 @@ from audit.tiny_models import tiny_model_dir  # noqa: E402
 from huggingface_hub import HfApi  # noqa: E402
 from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,  # noqa: E402
                                     RepositoryNotFoundError, RevisionNotFoundError)
+
+pytestmark = pytest.mark.unit
 
 HERE = Path(__file__).resolve().parent
 

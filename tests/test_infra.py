@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
 SPECS = REPO / "jobs" / "specs"
@@ -97,13 +99,13 @@ def test_every_yaml_file_parses_without_duplicate_keys(path):
 
 @pytest.mark.parametrize("obj", BUILTIN, ids=_id)
 def test_kubernetes_objects_match_the_api_schema(obj):
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (Kubernetes JSON schemas) not installed")
+    import kubernetes_validate as kv
     _, _, d = obj
     kv.validate(d, K8S_VERSION, strict=True)
 
 
 def test_the_api_schema_check_catches_mistakes():
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
+    import kubernetes_validate as kv
     cron = copy.deepcopy(next(d for _, _, d in BUILTIN if d["kind"] == "CronJob"))
     cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["comand"] = ["x"]
     with pytest.raises(kv.ValidationError, match="comand"):
@@ -178,7 +180,7 @@ def pod_templates(d: dict) -> list[tuple[str, dict]]:
 
 
 def pod_template_validator():
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
+    import kubernetes_validate as kv
     import jsonschema
     from kubernetes_validate import utils
     from referencing import Registry, Resource
@@ -354,7 +356,7 @@ def test_ray_cluster_launcher_config_matches_rays_schema():
 
 
 def compose_schema() -> dict:
-    pytest.importorskip("check_jsonschema", reason="check-jsonschema (vendored Compose Specification) not installed")
+    import check_jsonschema  # noqa: F401  (the vendored Compose Specification)
     import importlib.resources
 
     return json.loads(importlib.resources.files("check_jsonschema.builtin_schemas.vendor")

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch = pytest.importorskip("torch")
+import torch
 
 from audit import tiny_models  # noqa: E402
 from audit.backends import hf_scoring as lm_scoring  # noqa: E402
@@ -28,7 +28,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 CROWS = DATA / "crows-pairs" / "crows_pairs_anonymized.csv"
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

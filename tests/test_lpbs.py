@@ -19,6 +19,8 @@ from audit.measure.lpbs import DEFAULT_TEMPLATES, lpbs_design, lpbs_scores, lpbs
 from audit.metrics.lpbs import lpbs_attribute_scores, lpbs_metric  # noqa: E402
 from audit.suites import WordSet, WordTest  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 LPBS_DIR = DATA / "bias-framework" / "en" / "LPBS"
 needs_data = pytest.mark.skipif(not LPBS_DIR.is_dir(), reason=f"BIAS LPBS data absent at {LPBS_DIR}")
@@ -72,7 +74,7 @@ def test_design_from_wordtest_forms_and_defaults():
 
 @needs_data
 def test_design_matches_datasets_lpbs_items():
-    datasets = pytest.importorskip("audit.datasets")
+    from audit import datasets
     for name in ("LPBS_1.jsonl", "LPBS_7.jsonl"):
         t = datasets.read_bias_jsonl(LPBS_DIR / name)
         ours = lpbs_sentences(lpbs_design(t))
@@ -111,7 +113,7 @@ def test_design_errors():
 
 @pytest.fixture(scope="module")
 def tiny_mlms():
-    torch = pytest.importorskip("torch")
+    import torch
     from audit import tiny_models
     from audit.backends.hf import load_hf_model
 

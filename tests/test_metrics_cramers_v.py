@@ -14,6 +14,8 @@ from audit.metrics import contingency_association, cramers_v
 from audit.registry import run_metric
 from audit.result import _jsonable
 
+pytestmark = pytest.mark.unit
+
 
 def _clusters(seed: int, n_classes: int = 2, n_prot: int = 20, n_ster: int = 15, dim: int = 16, noise: float = 0.5):
     """Protected words around class centres; stereotyped words of class j around centre j."""

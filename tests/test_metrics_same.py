@@ -12,6 +12,8 @@ from audit.metrics import bias_subspace, direct_bias, gweat, same, same_directio
 from audit.metrics.same import paired_defining_sets
 from audit.registry import run_metric
 
+pytestmark = pytest.mark.unit
+
 # ------------------------------------------------------------------------------ helpers
 
 

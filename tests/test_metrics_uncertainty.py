@@ -14,6 +14,8 @@ from audit.errors import ParameterError
 from audit.metrics.crows_pairs import crows_pairs_metric
 from audit.metrics.lpbs import lpbs_metric
 
+pytestmark = pytest.mark.unit
+
 
 def _pairs(n_more: int, n_less: int, n_neutral: int, bias_type: str = "gender") -> pd.DataFrame:
     """A causal-LM table: n_more pairs won by sent_more, n_less by sent_less, n_neutral ties."""

@@ -15,6 +15,8 @@ from audit.registry import get as get_metric
 from audit.result import _jsonable
 from audit.stats import bootstrap_indices, permutation_test
 
+pytestmark = pytest.mark.unit
+
 # A = e1, B = e2; x0 = e1 (s = 1), x1 = e1 + e2 (s = 0), y0 = e2 (s = -1)
 A2 = np.array([[1.0, 0.0]])
 B2 = np.array([[0.0, 1.0]])

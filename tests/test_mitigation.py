@@ -40,6 +40,8 @@ from audit.mitigation.evaluation import before_after, format_table, words_of_tes
 from audit.mitigation.hard_debias import equalize_pair, equalize_set
 from wefe_compat import stub_plotly
 
+pytestmark = pytest.mark.unit
+
 TESTS = ("weat6", "weat7", "weat8", "weat1")
 RAN_WORDS = ["doctor", "nurse", "engineer", "secretary", "programmer", "beautiful", "strong"]
 

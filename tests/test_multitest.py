@@ -12,6 +12,8 @@ from scipy.stats import false_discovery_control
 from audit.errors import DataError, ParameterError
 from audit.multitest import add_adjusted_pvalues, adjust_pvalues, benjamini_hochberg, holm
 
+pytestmark = pytest.mark.unit
+
 
 def _holm_by_hand(p):
     """Holm's step-down procedure written out: the adjusted p of the i-th smallest is the

@@ -70,6 +70,7 @@ TEST = WordTest("toy", "en", (WordSet("X", ("a", "b", "c")), WordSet("Y", ("d", 
                 (WordSet("A", ("g", "h")), WordSet("B", ("i", "j"))))
 
 
+@pytest.mark.unit
 def test_a_new_metric_is_one_function_and_one_entry(toy, tmp_path):
     vec = _vectors_file(tmp_path, TEST)
     # runner: measured by its family, analysed by its entry, the task's parameters split by the registry
@@ -103,6 +104,7 @@ def test_a_new_metric_is_one_function_and_one_entry(toy, tmp_path):
     assert embedding_method("static", toy.name, {}) == "lookup"
 
 
+@pytest.mark.e2e
 def test_the_cli_lists_the_registry():
     out = subprocess.run([sys.executable, "-m", "jobs.cli", "metrics", "--format", "json"], capture_output=True,
                          text=True, timeout=120)
@@ -117,6 +119,7 @@ def test_the_cli_lists_the_registry():
     assert all(n in " ".join(help_text.split()) for n in registry.names())
 
 
+@pytest.mark.unit
 def test_every_entry_is_consistent():
     for name, e in registry.METRICS.items():
         assert e.name == name and e.headline and e.reference and e.items, name
@@ -131,6 +134,7 @@ def test_every_entry_is_consistent():
         registry.get("wet")
 
 
+@pytest.mark.unit
 def test_kind_checks_name_the_model_and_what_is_needed():
     with pytest.raises(ModelError, match=r"metric 'seat' cannot run on model 'm' \(static word vectors\); it needs: "
                                          r"an encoder without LM head, a masked LM"):
@@ -138,6 +142,7 @@ def test_kind_checks_name_the_model_and_what_is_needed():
     assert registry.kind_reason("weat", "static") is None
 
 
+@pytest.mark.unit
 def test_split_params_and_seed():
     mp, ap = registry.split_params("weat", {"casefold": True, "ddof": 0})
     assert mp["casefold"] is True and mp["max_missing"] == 0.2 and ap == {"ddof": 0}
@@ -149,6 +154,7 @@ def test_split_params_and_seed():
     assert a.fields["p_value"] == b.fields["p_value"] and a.fields["ci"] == b.fields["ci"]  # the task's seed is passed
 
 
+@pytest.mark.unit
 def test_sentence_pair_tests_take_only_their_metrics():
     pairs = runner.load_test(pd.DataFrame({"sent_more": ["a b"], "sent_less": ["a c"], "stereo_antistereo": ["stereo"],
                                            "bias_type": ["x"], "pair_id": [0]}))
@@ -157,6 +163,7 @@ def test_sentence_pair_tests_take_only_their_metrics():
     assert "runs on word-set tests" in registry.applies("weat", pairs)
 
 
+@pytest.mark.unit
 def test_the_key_covers_the_requested_dtype():
     """A float32 and a bfloat16 run of one checkpoint are different tasks (their numbers differ);
     a model loaded with its defaults keeps the key it had before dtypes entered the key."""

@@ -22,6 +22,8 @@ from audit.errors import DataError, ParameterError
 from audit.suites import WordSet
 from test_multitest import _holm_by_hand  # the hand-written Holm of the adjustment tests
 
+pytestmark = pytest.mark.unit
+
 TESTS = ("weat1", "weat7")
 
 
@@ -248,7 +250,7 @@ CROWS = Path(__file__).resolve().parents[2] / "shared" / "data" / "crows-pairs" 
 def test_masked_lms_crows_pairs_mcnemar_and_lpbs_from_per_item_tables():
     """Two tiny masked LMs: CrowS-Pairs (exact McNemar on the pairs' outcomes) and LPBS (swap of
     the per-attribute scores) from each model's per-item table, as audit score gives them."""
-    torch = pytest.importorskip("torch")
+    import torch
     from scipy.stats import binomtest
 
     from audit import tiny_models

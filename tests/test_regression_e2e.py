@@ -31,8 +31,7 @@ from test_regression import planted_models, write_w2v
 from watch_fakes import InlineSubmitter, Receiver
 
 REPO = Path(__file__).resolve().parents[1]
-ray = pytest.importorskip("ray")
-pytest.importorskip("mlflow")
+import ray
 
 
 @pytest.fixture(autouse=True)
@@ -78,6 +77,7 @@ def parent_of(spec, revision: str):
     return rec, MlflowClient(tracking_uri=spec.resolved_tracking_uri).get_run(rec.run_id)
 
 
+@pytest.mark.ray
 def test_watch_detects_a_planted_bias_increase_and_not_a_revision_without_change(tmp_path, local_ray):
     root = tmp_path / "models"
     v1, v2, v3 = planted_models(seed=11, delta=0.8)
@@ -195,6 +195,7 @@ BAD = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("change,cls,msg", BAD, ids=[m.split(":")[0] + str(i) for i, (_, _, m) in enumerate(BAD)])
 def test_regression_section_errors_name_the_field(tmp_path, change, cls, msg):
     data = {"name": "w", "audit": {"spec": "jobs/specs/smoke.yaml"}, "watch": ["org/model"], "regression": change}
@@ -205,6 +206,7 @@ def test_regression_section_errors_name_the_field(tmp_path, change, cls, msg):
     assert str(e.value).startswith(f"{p}: ") and msg in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.unit
 def test_regression_section_defaults(tmp_path):
     data = {"name": "w", "audit": {"spec": "jobs/specs/smoke.yaml"}, "watch": ["org/model"],
             "regression": {"baseline": 3, "notify": {"url": "https://hooks.example/x"}}}
@@ -220,6 +222,7 @@ def _rec(rev, when, status="FINISHED", repo="/m", start=0):
                        start_time=start)
 
 
+@pytest.mark.unit
 def test_baselines_previous_pinned_and_waiting(tmp_path):
     p = tmp_path / "w.yaml"
     p.write_text(yaml.safe_dump({"name": "w", "audit": {"spec": "jobs/specs/smoke.yaml"}, "watch": ["org/model"],
@@ -238,6 +241,7 @@ def test_baselines_previous_pinned_and_waiting(tmp_path):
     assert baselines_of(spec, idx, idx.sweeps["s-v5"]) == ([], [], True)
 
 
+@pytest.mark.unit
 def test_failing_notifications_are_reported(tmp_path):
     n = W.Notify(command=f"{shlex.quote(sys.executable)} -c 'import sys; sys.exit(7)'", url="http://127.0.0.1:9/x",
                  timeout=5)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "regression_power.py"
 _spec = importlib.util.spec_from_file_location("regression_power", _PATH)
 rp = importlib.util.module_from_spec(_spec)

@@ -10,6 +10,8 @@ import pytest
 from jobs import report
 from jobs.spec import MultipleComparisons
 
+pytestmark = pytest.mark.unit
+
 ROWS = [
     {"model": "glove_6b", "language": "en", "test": "en/weat1", "metric": "weat", "status": "finished",
      "value": 1.5312, "effect_size": 1.5312, "p_value": 0.0004, "ci_low": 1.1, "ci_high": 1.8, "key": "a"},

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from jobs.results_diff import diff_results, main
+
+pytestmark = pytest.mark.unit
 
 
 def _frame(n=5):

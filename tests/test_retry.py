@@ -11,6 +11,8 @@ import pytest
 from audit.errors import ParameterError
 from audit.retry import Backoff, call_with_retry, http_status, retry_after, transient_reason
 
+pytestmark = pytest.mark.unit
+
 
 class _Resp:
     def __init__(self, status: int, headers: dict | None = None):

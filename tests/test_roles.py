@@ -19,6 +19,8 @@ from audit.metrics import direct_bias, mac, rnd, rnsb, same
 from audit.metrics.wefe_family import ect, ripa
 from audit.suites import WordSet, WordTest
 
+pytestmark = pytest.mark.unit
+
 ASYMMETRIC = ("same", "direct_bias", "cramers_v", "rnd", "rnsb", "mac", "ect", "ripa")
 
 

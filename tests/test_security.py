@@ -80,6 +80,7 @@ def remote_code_model(tmp_path) -> tuple[Path, Path]:
     return d, marker
 
 
+@pytest.mark.unit
 def test_remote_code_runs_only_for_the_model_the_spec_flags(remote_code_model, tmp_path, monkeypatch):
     d, marker = remote_code_model
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -125,6 +126,7 @@ class _Booby:
         return (Path.write_text, (self.path, "unpickled"))
 
 
+@pytest.mark.unit
 def test_pickle_models_are_refused_unless_allowed_for_that_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     marker = tmp_path / "PICKLE_RAN"
@@ -225,9 +227,10 @@ def _process_group(pgid: int) -> set[int]:
     return pids
 
 
+@pytest.mark.ray
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 def test_embedded_ray_has_no_dashboard_and_refuses_clients_without_the_token(monkeypatch, tmp_path):
-    ray = pytest.importorskip("ray")
+    import ray
     import grpc
     from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
@@ -258,9 +261,9 @@ def test_embedded_ray_has_no_dashboard_and_refuses_clients_without_the_token(mon
         ray.shutdown()
 
 
+@pytest.mark.ray
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 def test_local_head_listens_on_loopback_only(tmp_path):
-    pytest.importorskip("ray")
     from jobs.cluster import local_head
 
     with local_head(num_cpus=1, log_path=tmp_path / "head.log") as address:
@@ -289,8 +292,9 @@ def _files_containing(root: Path, needle: bytes) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
 
 
+@pytest.mark.ray
 def test_hub_token_is_never_logged_or_stored(tmp_path, monkeypatch, capfd):
-    ray = pytest.importorskip("ray")
+    import ray
     from jobs.sweep import run_sweep
     from jobs.wal import sync_spec
 
@@ -346,6 +350,7 @@ ray: {{num_cpus: 2, actor_num_cpus: 0.5, stats_num_cpus: 0.5}}
     assert logs and _files_containing(session, token) == []
 
 
+@pytest.mark.unit
 def test_a_spec_cannot_interpolate_a_secret(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
     monkeypatch.chdir(tmp_path)

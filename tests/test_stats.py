@@ -15,6 +15,8 @@ from scipy import stats as sps
 from audit import stats
 from audit.errors import DataError, ParameterError
 
+pytestmark = pytest.mark.unit
+
 ALTS = ("greater", "less", "two-sided")
 
 

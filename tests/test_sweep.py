@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray")
+import ray
 
 from actors.model_actor import ModelServer  # noqa: E402
 from audit import runner  # noqa: E402
 from jobs.spec import load_spec  # noqa: E402
 from jobs.sweep import run_sweep  # noqa: E402
 from jobs.tracker import Tracker  # noqa: E402
+
+pytestmark = pytest.mark.ray
 
 TESTS = ["weat1", "weat2", "weat6", "weat7", "weat8", "weat9"]
 

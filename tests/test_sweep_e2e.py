@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray")
-pytest.importorskip("mlflow")
 
 from jobs.cluster import local_head, ray_env  # noqa: E402
 from jobs.plan import attach_keys, expand  # noqa: E402
@@ -26,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 CROWS = SHARED / "crows-pairs" / "crows_pairs_anonymized.csv"
 
-pytestmark = pytest.mark.skipif(not CROWS.is_file(), reason=f"reference data not found at {SHARED}")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not CROWS.is_file(), reason=f"reference data not found at {SHARED}")]
 
 
 def submit(address: str, out: Path, log: Path) -> subprocess.CompletedProcess:

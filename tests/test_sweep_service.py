@@ -56,6 +56,7 @@ ray: {{{ray}}}
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_a_model_listed_twice_is_refused_with_one_line(tmp_path, capsys):
     """Two entries for the same model (same reference, revision and options) would be loaded and
     run twice, and their results reported under the first name (the keys are the same): the spec
@@ -84,6 +85,7 @@ def test_a_model_listed_twice_is_refused_with_one_line(tmp_path, capsys):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_job_output_dir_is_anchored_outside_the_jobs_temporary_copy(tmp_path, monkeypatch):
     copy = tmp_path / "session" / "runtime_resources" / "working_dir_files" / "_ray_pkg_abc"
     copy.mkdir(parents=True)
@@ -108,6 +110,7 @@ def test_job_output_dir_is_anchored_outside_the_jobs_temporary_copy(tmp_path, mo
         sweep.job_output_dir(rel_db, job=job, cwd=copy)
 
 
+@pytest.mark.unit
 def test_job_output_dir_without_a_working_dir_copy_is_anchored_too(tmp_path, monkeypatch):
     """A job that runs the installed wheel (runtime_env ``pip``, no ``working_dir``): its driver's
     working directory is the one the node's ``ray start`` ran in, not the submitter's (measured
@@ -132,6 +135,7 @@ def test_job_output_dir_without_a_working_dir_copy_is_anchored_too(tmp_path, mon
         sweep.job_output_dir(rel_db, job=job, cwd=head_cwd)
 
 
+@pytest.mark.unit
 def test_main_inside_a_ray_job_writes_to_biasaudit_home(tmp_path, monkeypatch, capsys):
     """``python -m jobs.sweep SPEC`` run literally by ``ray job submit --working-dir .``: the
     spec's relative ``output_dir`` lands under ``$BIASAUDIT_HOME``, not in the job's copy of the
@@ -164,6 +168,7 @@ class SlowServer(ModelServer):
         return super().measure_batch(requests, tests)
 
 
+@pytest.mark.ray
 def test_progress_lines_in_job_logs_and_the_summary(tmp_path, local_ray, capsys):
     """With ``--no-progress`` (and whenever stderr is not a terminal) the driver prints a plain
     line every ``progress_interval`` seconds: tasks done, failed, models loaded, elapsed, time
@@ -189,6 +194,7 @@ def test_progress_lines_in_job_logs_and_the_summary(tmp_path, local_ray, capsys)
     assert (spec.output_dir / "run.log").read_text().count("progress: 4/4 tasks (100%)") == 1
 
 
+@pytest.mark.ray
 def test_parent_metrics_describe_the_sweep_across_invocations(tmp_path, local_ray):
     """After the model's files change (a branch moved to a new commit) the re-run audits the new
     revision under the same parent: its metrics say 2 planned tasks, 4 child runs of which 2
@@ -216,6 +222,7 @@ def test_parent_metrics_describe_the_sweep_across_invocations(tmp_path, local_ra
     assert len(tr.task_runs()) == 4
 
 
+@pytest.mark.unit
 def test_progress_reporter_plain_lines_and_estimate():
     from jobs.progress import Progress, format_seconds, use_bar
 

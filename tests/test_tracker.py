@@ -53,11 +53,13 @@ def _task(key="k1", metric="weat"):
                 params={"permutations": "exact", "n_bootstrap": 100}, seed=0, key=key)
 
 
+@pytest.mark.unit
 def test_file_store_refused(tmp_path):
     with pytest.raises(ParameterError, match="file store"):
         Tracker(f"file://{tmp_path}/mlruns", "x")
 
 
+@pytest.mark.unit
 def test_child_run_has_params_metrics_tags_and_table(tmp_path, db_uri, small_result):
     ref, test, params, res = small_result
     tr = Tracker(db_uri, "exp-child")
@@ -98,6 +100,7 @@ def test_child_run_has_params_metrics_tags_and_table(tmp_path, db_uri, small_res
     assert rows[res.provenance["key"]]["ci_method"] == "targets"
 
 
+@pytest.mark.unit
 def test_asymmetric_results_log_their_groups_and_parent_runs_their_tags(db_uri, small_result):
     ref, test, _, _ = small_result
     res = runner.score(ref, test, "same", seed=0)
@@ -117,6 +120,7 @@ def test_asymmetric_results_log_their_groups_and_parent_runs_their_tags(db_uri, 
     assert tr.rows_for([res.provenance["key"]])[res.provenance["key"]]["groups"] == "targets"
 
 
+@pytest.mark.unit
 def test_failed_task_is_recorded_and_not_counted_as_finished(db_uri):
     tr = Tracker(db_uri, "exp-failed")
     tr.start_parent("s", "abc")
@@ -133,6 +137,7 @@ def test_failed_task_is_recorded_and_not_counted_as_finished(db_uri):
     assert tr.rows_for(["kf"])["kf"]["error"].startswith("CoverageError")
 
 
+@pytest.mark.unit
 def test_parent_is_resumed_and_finished_beats_failed(db_uri, small_result):
     _, _, _, res = small_result
     uri = db_uri
@@ -155,6 +160,7 @@ def test_parent_is_resumed_and_finished_beats_failed(db_uri, small_result):
     assert p3 != p1 and not r3
 
 
+@pytest.mark.unit
 def test_result_metrics_skip_non_finite_and_embedding_names(small_result):
     _, _, _, res = small_result
     import dataclasses
@@ -197,6 +203,7 @@ print(json.dumps({"run_id": run_id, "error": recorder.error}))
 """
 
 
+@pytest.mark.e2e
 def test_five_drivers_create_one_new_sqlite_store_at_once(tmp_path, small_result):
     """Five processes open the same *new* SQLite store at the same moment (the watcher's first
     poll submits several sweeps): the store is created and migrated once (a file lock), every
@@ -249,6 +256,7 @@ def test_five_drivers_create_one_new_sqlite_store_at_once(tmp_path, small_result
         assert r.data.metrics["value"] == pytest.approx(res.value)
 
 
+@pytest.mark.unit
 def test_store_errors_at_construction_go_to_the_write_ahead_log_path(tmp_path, monkeypatch):
     """Any error while opening the store, also one raised by ``MlflowClient(...)`` itself, is a
     :class:`TrackingUnavailable` (the sweep then writes its write-ahead log), not a traceback."""
@@ -267,6 +275,7 @@ def test_store_errors_at_construction_go_to_the_write_ahead_log_path(tmp_path, m
         Tracker(f"sqlite:///{tmp_path}/mlflow.db", "x")
 
 
+@pytest.mark.unit
 def test_nested_fields_reach_mlflow_as_dotted_metrics():
     """Per-category / per-group tables (BBQ, HONEST, CrowS-Pairs per bias type) are flattened into
     child-run metrics; intervals become _low/_high; strings and non-finite numbers stay out."""

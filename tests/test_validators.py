@@ -13,6 +13,8 @@ from audit.naming import natural_key
 from jobs import validators as V
 from jobs.uris import default_tracking_uri, redact_uri, resolve_tracking_uri, store_identity, tracking_uri_problem
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -13,6 +13,8 @@ from audit.errors import CoverageError, DataError, ParameterError
 from audit.suites import WordSet
 from audit.vocab import ResolvedSet, candidates, normalise, resolve_sets, words_needed
 
+pytestmark = pytest.mark.unit
+
 
 class DictVectors:
     """A WordVectors over a plain dict (``subword``: words served as fastText OOV vectors)."""

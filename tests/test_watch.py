@@ -111,6 +111,7 @@ BAD_SPECS = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("change,cls,msg", BAD_SPECS, ids=[m.split(":")[0] for _, _, m in BAD_SPECS])
 def test_watch_spec_errors_name_the_file_and_field(tmp_path, change, cls, msg):
     base = {"name": "w", "audit": {"spec": "jobs/specs/smoke.yaml"}, "watch": ["org/model"]}
@@ -126,6 +127,7 @@ def test_watch_spec_errors_name_the_file_and_field(tmp_path, change, cls, msg):
     assert str(e.value).startswith(f"{p}: ") and msg in str(e.value)
 
 
+@pytest.mark.unit
 def test_cli_reports_a_bad_spec_in_one_line(tmp_path, capsys):
     p = tmp_path / "bad.yaml"
     p.write_text("name: w\nwatch: [org/model]\naudit: {spec: jobs/specs/smoke.yaml}\nintervall: 5\n", encoding="utf-8")
@@ -137,6 +139,7 @@ def test_cli_reports_a_bad_spec_in_one_line(tmp_path, capsys):
                   "tracking, watch"
 
 
+@pytest.mark.unit
 def test_shipped_watch_examples_parse(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -171,6 +174,7 @@ def test_shipped_watch_examples_parse(monkeypatch, tmp_path):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_submission_id_and_spec_digest_are_deterministic(tmp_path, monkeypatch):
     sc = '["w", "biasaudit-watch-w", "sqlite:////srv/mlflow.db"]'
     sid = submission_id("hub", "org/m", "a" * 40, "d" * 64, scope=sc)
@@ -201,6 +205,7 @@ def test_submission_id_and_spec_digest_are_deterministic(tmp_path, monkeypatch):
     assert g1.digest == g2.digest and g1.name == g2.name and "${BIASAUDIT_DATA:-../shared/data}/x.yaml" in g1.text
 
 
+@pytest.mark.unit
 def test_watches_on_separate_stores_each_audit_and_one_store_submits_once(tmp_path):
     """The submission id covers the watch and its tracking store: a second watch with its own
     store audits into it (it used to get "already submitted" for ever), two watcher processes of
@@ -233,6 +238,7 @@ def test_watches_on_separate_stores_each_audit_and_one_store_submits_once(tmp_pa
     assert c.scope == d.scope and "p1" not in c.scope and c.scope != a.scope
 
 
+@pytest.mark.unit
 def test_the_watch_store_follows_mlflow_tracking_uri(tmp_path, monkeypatch):
     """--tracking-uri > tracking.uri > $MLFLOW_TRACKING_URI > sqlite:///<output_dir>/mlflow.db,
     and every generated sweep writes where the watcher reads."""
@@ -253,6 +259,7 @@ def test_the_watch_store_follows_mlflow_tracking_uri(tmp_path, monkeypatch):
         load_watch_spec(p, tracking_uri="file:///x")
 
 
+@pytest.mark.unit
 def test_a_template_variable_holding_a_secret_is_refused_before_submitting(tmp_path, monkeypatch):
     """The template is expanded as the job will see it, with the sweep spec's rule: a variable
     that holds a secret is never interpolated (the job would refuse the spec; the secret would
@@ -277,6 +284,7 @@ def test_a_template_variable_holding_a_secret_is_refused_before_submitting(tmp_p
     assert "s3cret" not in (tmp_path / "watch" / "decisions.jsonl").read_text()
 
 
+@pytest.mark.unit
 def test_backoff_delays_are_exponential_capped_and_seeded():
     b = Backoff(initial=1, factor=2, max=5, retries=4, jitter=0)
     assert [b.delay(k) for k in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
@@ -297,6 +305,7 @@ def test_backoff_delays_are_exponential_capped_and_seeded():
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_new_local_revision_is_audited_once(tmp_path):
     root = tmp_path / "models"
     t0 = time.time() - 3600
@@ -331,6 +340,7 @@ def test_new_local_revision_is_audited_once(tmp_path):
     assert all(x["watch"] == "w" and x["entry"] == f"local {root}" for x in log)
 
 
+@pytest.mark.unit
 def test_revisions_order_and_count(tmp_path):
     root = tmp_path / "models"
     t0 = time.time() - 3600
@@ -343,6 +353,7 @@ def test_revisions_order_and_count(tmp_path):
     assert [r.revision for r in src.releases(str(root / "m"), spec.entries[1])] == ["c", "b"]
 
 
+@pytest.mark.unit
 def test_digest_layout_follows_the_content(tmp_path):
     root = tmp_path / "models"
     vec = write_vectors(root / "m", 0, mtime=time.time() - 3600)
@@ -359,6 +370,7 @@ def test_digest_layout_follows_the_content(tmp_path):
     assert d2.revision == content_digest([vec]) != d1.revision and len(rec.jobs) == 2
 
 
+@pytest.mark.unit
 def test_a_folder_still_being_written_waits(tmp_path):
     root = tmp_path / "models"
     write_vectors(root / "m" / "v1", 0)  # modified just now
@@ -388,6 +400,7 @@ class Flaky:
         return self.inner.releases(repo, entry)
 
 
+@pytest.mark.unit
 def test_source_errors_are_retried_with_backoff_and_reported(tmp_path):
     root = tmp_path / "models"
     write_vectors(root / "m" / "v1", 0, mtime=time.time() - 3600)
@@ -427,6 +440,7 @@ def test_source_errors_are_retried_with_backoff_and_reported(tmp_path):
     assert [x["action"] for x in decisions(tmp_path) if x["watch"] == "w2"].count("error") == 2
 
 
+@pytest.mark.unit
 def test_an_invalid_template_is_an_error_naming_the_field(tmp_path):
     root = tmp_path / "models"
     write_vectors(root / "m" / "v1", 0, mtime=time.time() - 3600)
@@ -443,8 +457,8 @@ def test_an_invalid_template_is_an_error_naming_the_field(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_the_store_decides_audited_failed_and_running(tmp_path):
-    pytest.importorskip("mlflow")
     from jobs.tracker import Tracker
 
     root = tmp_path / "models"
@@ -486,11 +500,11 @@ def test_the_store_decides_audited_failed_and_running(tmp_path):
     assert f.reason == "re-run after a FAILED sweep (1 failed task(s))" and list(rec.jobs) == [f.submission_id]
 
 
+@pytest.mark.unit
 def test_a_stuck_sweep_is_reported_as_stuck_not_in_progress(tmp_path):
     """The sweep's contract: tasks that waited too long for resources tag the parent run
     ``audit.state=stuck`` with ``audit.stuck_reason`` and exit with status 4. A running job with
     that tag, an ended one, and a job that exited 4 without the tag are all ``stuck``."""
-    pytest.importorskip("mlflow")
     import io
 
     from jobs.tracker import Tracker
@@ -536,6 +550,7 @@ def test_a_stuck_sweep_is_reported_as_stuck_not_in_progress(tmp_path):
     assert all(x["sweep"] and x["reason"] for x in logged)
 
 
+@pytest.mark.unit
 def test_max_jobs_defers_new_audits_until_the_cluster_has_room(tmp_path):
     root = tmp_path / "models"
     for m in ("a", "b", "c"):
@@ -583,9 +598,8 @@ class Barrier:
         return self.inner.status(sid)
 
 
+@pytest.mark.e2e
 def test_real_ray_head_racing_watchers_submit_one_job_which_audits_the_revision(tmp_path, monkeypatch):
-    pytest.importorskip("ray")
-    pytest.importorskip("mlflow")
     from ray.job_submission import JobSubmissionClient
 
     from jobs.cluster import local_head, ray_env
@@ -647,6 +661,7 @@ def test_real_ray_head_racing_watchers_submit_one_job_which_audits_the_revision(
     assert len({x["pid"] for x in log}) == 2  # this process (two threads) and the command line
 
 
+@pytest.mark.unit
 def test_poll_loop_backs_off_after_failed_polls_and_stops(tmp_path):
     root = tmp_path / "models"
     write_vectors(root / "m" / "v1", 0, mtime=time.time() - 3600)
@@ -670,6 +685,7 @@ def test_poll_loop_backs_off_after_failed_polls_and_stops(tmp_path):
     assert [x["action"] for x in decisions(tmp_path) if x["action"] in ("error", "submitted")] == ["error", "error", "submitted"]
 
 
+@pytest.mark.unit
 def test_run_spec_env_needs_the_variable(monkeypatch, capsys):
     monkeypatch.delenv("BIASAUDIT_SWEEP_SPEC", raising=False)
     assert W.main(["--run-spec-env", "BIASAUDIT_SWEEP_SPEC"]) == 2

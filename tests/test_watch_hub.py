@@ -28,7 +28,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("huggingface_hub")
 
 from jobs.watch import Watcher, load_watch_spec, submission_id  # noqa: E402
 from watch_fakes import Recorder  # noqa: E402
@@ -156,6 +155,7 @@ def generated(decision) -> dict:
     return yaml.safe_load(Path(decision.spec_path).read_text(encoding="utf-8"))
 
 
+@pytest.mark.unit
 def test_hub_new_commit_is_submitted_once(tmp_path, hub):
     spec = load_watch_spec(write_spec(tmp_path, [{"repo": "acme/bert-tiny"}, {"author": "acme", "search": "tiny"}]))
     rec, sleeps = Recorder(), []
@@ -203,6 +203,7 @@ def _digest_of(decision) -> str:
     return text.split("spec digest ", 1)[1].split(".", 1)[0]
 
 
+@pytest.mark.unit
 def test_hub_errors_are_retried_with_backoff_and_reported(tmp_path, hub):
     hub.repos["acme/flaky"] = {"commits": [C1], "config": {"architectures": ["BertForMaskedLM"]}}
     hub.repos["acme/down"] = {"commits": [C2], "config": {"architectures": ["BertForMaskedLM"]}}
@@ -228,6 +229,7 @@ def test_hub_errors_are_retried_with_backoff_and_reported(tmp_path, hub):
     assert report.exit_code == 1
 
 
+@pytest.mark.unit
 def test_hub_history_uses_the_commit_list(tmp_path, hub):
     spec = load_watch_spec(write_spec(tmp_path, [{"repo": "acme/bert-tiny", "revisions": 2, "model": {"backend": "hf-encoder"}}]))
     rec = Recorder()
@@ -238,6 +240,7 @@ def test_hub_history_uses_the_commit_list(tmp_path, hub):
     assert len({d.submission_id for d in report.submitted}) == 2
 
 
+@pytest.mark.unit
 def test_hub_offline_mode_is_a_clear_error(tmp_path, hub, monkeypatch):
     from huggingface_hub import constants
 
@@ -248,6 +251,7 @@ def test_hub_offline_mode_is_a_clear_error(tmp_path, hub, monkeypatch):
     assert hub.requests == []
 
 
+@pytest.mark.e2e
 def test_cli_dry_run_against_the_loopback_hub(tmp_path, hub):
     """``python -m jobs.watch --once --dry-run`` in a fresh process reads HF_ENDPOINT itself."""
     p = write_spec(tmp_path, [{"author": "acme", "search": "bert"}])

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 
 
+@pytest.mark.unit
 def test_every_source_package_is_packaged():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for pkg in ("audit", "actors", "jobs")
@@ -66,6 +67,7 @@ def _audit(installed, *args, timeout=600):
                           env=env, timeout=timeout)
 
 
+@pytest.mark.wheel
 def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
     site, env, work = installed
     out = subprocess.run([sys.executable, "-c", "import audit, jobs, actors; print(audit.__file__, jobs.__file__)"],
@@ -74,6 +76,7 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
     assert all(Path(p).resolve().is_relative_to(site.resolve()) for p in out.stdout.split()), out.stdout
 
 
+@pytest.mark.wheel
 def test_datasets_from_the_wheel(installed):
     out = _audit(installed, "datasets", "--format", "json")
     assert out.returncode == 0, out.stderr
@@ -89,6 +92,7 @@ def test_datasets_from_the_wheel(installed):
     assert len(honest) == 11 and all(r["available"] and r["path"].endswith("honest.tsv") for r in honest.values())
 
 
+@pytest.mark.wheel
 def test_score_from_the_wheel(installed):
     out = _audit(installed, "score", "--model", "glove-6b-50d", "--test", "weat7", "--metric", "weat", "--casefold",
                  "--format", "json", "--n-bootstrap", "0")
@@ -98,6 +102,7 @@ def test_score_from_the_wheel(installed):
     assert res["p_method"] == "exact"
 
 
+@pytest.mark.wheel
 def test_smoke_sweep_by_its_packaged_name(installed):
     if not SHARED.is_dir():
         pytest.skip("the smoke sweep reads LPBS and CrowS-Pairs from ../shared/data")

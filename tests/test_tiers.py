@@ -1,0 +1,102 @@
+"""The suite's own rules (tests/conftest.py, README "Tests"): every test has exactly one tier, a
+``unit`` test starts no Ray, and a missing test dependency stops the suite instead of skipping."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import missing_test_dependencies
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def suite(pytester):
+    """A made-up suite under the project's conftest and pytest configuration."""
+    shutil.copy(REPO / "pyproject.toml", pytester.path / "pyproject.toml")
+    shutil.copy(REPO / "tests" / "conftest.py", pytester.path / "conftest.py")
+    return pytester
+
+
+def test_a_test_without_a_tier_fails_collection_also_when_deselected(suite):
+    suite.makepyfile(test_a="""
+        import pytest
+
+        @pytest.mark.unit
+        def test_tiered():
+            assert 1 + 1 == 2
+
+        def test_untiered():
+            pass
+
+        @pytest.mark.unit
+        @pytest.mark.ray
+        def test_twice():
+            pass
+        """)
+    for args in ((), ("-m", "unit")):
+        r = suite.runpytest(*args)
+        assert r.ret == pytest.ExitCode.USAGE_ERROR
+        r.stderr.fnmatch_lines(["*2 test(s) need exactly one tier marker (unit, ray, e2e, wheel*",
+                                "*test_a.py::test_untiered: no tier", "*test_a.py::test_twice: two tiers ray, unit"])
+        r.assert_outcomes()  # nothing ran
+
+
+def test_an_unregistered_marker_is_refused(suite):
+    suite.makepyfile(test_b="""
+        import pytest
+
+        @pytest.mark.unti
+        def test_typo():
+            pass
+        """)
+    r = suite.runpytest()
+    assert r.ret != pytest.ExitCode.OK
+    r.stdout.fnmatch_lines(["*'unti' not found in `markers` configuration option*"])
+
+
+def test_a_unit_test_that_starts_ray_fails_naming_its_tier(suite):
+    suite.makepyfile(test_c="""
+        import pytest
+        import ray
+
+        pytestmark = pytest.mark.unit
+
+        def test_starts_ray():
+            ray.init(address="local", num_cpus=1)
+
+        def test_pure():
+            assert not ray.is_initialized()
+        """)
+    r = suite.runpytest()
+    r.assert_outcomes(passed=1, failed=1)
+    r.stdout.fnmatch_lines(["*test_c.py::test_starts_ray is marked `unit` but starts Ray: mark it `ray`*"])
+
+
+def test_missing_or_wrong_test_dependencies_are_named(tmp_path):
+    text = (REPO / "pyproject.toml").read_text("utf-8")
+    assert missing_test_dependencies(REPO / "pyproject.toml") == []
+    bad = text.replace('test-no-deps = ["wefe==1.0.1"]', 'test-no-deps = ["wefe==1.0.1", "no-such-package-xq==1.0"]')
+    bad = bad.replace('"pytest>=8",', '"pytest<2",')
+    assert bad.count("no-such-package-xq") == 1 and bad.count('"pytest<2"') == 1
+    (tmp_path / "pyproject.toml").write_text(bad, "utf-8")
+    from importlib.metadata import version
+
+    assert missing_test_dependencies(tmp_path / "pyproject.toml") == [
+        f"pytest<2 is needed, {version('pytest')} is installed", "no-such-package-xq==1.0 is not installed"]
+
+
+def test_a_missing_test_dependency_stops_the_suite_with_one_line(suite):
+    conf = (suite.path / "pyproject.toml").read_text("utf-8")
+    (suite.path / "pyproject.toml").write_text(
+        conf.replace('test-no-deps = ["wefe==1.0.1"]', 'test-no-deps = ["wefe==1.0.1", "no-such-package-xq==1.0"]'))
+    suite.makepyfile(test_d="import pytest\n\n@pytest.mark.unit\ndef test_x():\n    pass\n")
+    r = suite.runpytest()
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines(["*test dependencies missing (run scripts/setup.sh --test): "
+                            "no-such-package-xq==1.0 is not installed*"])
