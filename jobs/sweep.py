@@ -68,7 +68,9 @@ from jobs.tracker import (
     redact_uri,
     sqlite_path,
     tracking_env_note,
+    unavailable,
 )
+from jobs.lease import BUSY_EXIT_CODE, DEFAULT_TTL, Busy, Lease
 from jobs.wal import Recorder, WriteAheadLog, mlflow_http_defaults, sync_records, wal_path
 
 log = logging.getLogger("jobs.sweep")
@@ -370,11 +372,11 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, progress: bool = T
                           progress_interval=progress_interval)
 
 
-def _connect(spec: SweepSpec, wal, spec_text: str | None, *, close_parents: bool = True):
-    """Connect to the tracking store and upload what earlier runs left pending.
-    Returns ``(tracker or None, sync outcome or None, reason when offline)``."""
+def _connect(spec: SweepSpec, wal, spec_text: str | None, *, close_parents: bool = True, tracker=None):
+    """Connect to the tracking store (unless ``tracker`` is given) and upload what earlier runs
+    left pending. Returns ``(tracker or None, sync outcome or None, reason when offline)``."""
     try:
-        tracker = Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
+        tracker = tracker or Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
         so = sync_records(wal, tracker, spec_text=spec_text, close_parents=close_parents)
     except TrackingUnavailable as e:
         return None, None, str(e)
@@ -387,9 +389,12 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
                server_cls: type | None, progress_interval: float = 30.0) -> SweepOutcome:
     t0 = time.perf_counter()
     out_dir = spec.output_dir.resolve()
-    handler = _setup_logging(out_dir)
-    tracker = None
     uri = spec.resolved_tracking_uri
+    claim = _claim_sweep(spec, out_dir)
+    if isinstance(claim, SweepOutcome):
+        return claim
+    local_lock, tracker, lease, offline_at_start = claim
+    handler = _setup_logging(out_dir)
     try:
         _say(f"=== sweep {spec.name} ({spec.source or 'spec'}) at {time.strftime('%Y-%m-%d %H:%M:%S')}")
         plan = plan_sweep(spec)
@@ -398,7 +403,12 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         check_duplicate_models(plan)
         wal = WriteAheadLog(wal_path(out_dir))
         spec_text = Path(spec.source).read_text(encoding="utf-8") if spec.source and Path(spec.source).is_file() else None
-        tracker, so, offline = _connect(spec, wal, spec_text)
+        if lease is not None and lease.taken_over is not None:
+            _say(f"took over the lease of a driver that is gone: {lease.taken_over.describe()}")
+        if tracker is not None:
+            tracker, so, offline = _connect(spec, wal, spec_text, tracker=tracker)
+        else:
+            so, offline = None, offline_at_start
         synced = so.uploaded if so else 0
         reaped = so.reaped if so else 0
         if so and (so.uploaded or so.present or so.duplicates or so.reaped):
@@ -466,6 +476,12 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
                     recorder = Recorder(wal, tracker, uri)
                 except Exception:  # noqa: BLE001 - gone again
                     pass
+        if lease is not None and lease.lost:
+            _say(f"the sweep lease {lease.name} was taken over by another driver while this one was paused; "
+                 "its results are kept (write-ahead log, tracking store); the reports are left to that driver")
+            return SweepOutcome(exit_code=BUSY_EXIT_CODE, planned=len(plan.tasks), skipped_existing=done_before,
+                                ran=len(todo), failed=0, loads=len(load_ids), parent_run_id=parent_id,
+                                seconds=time.perf_counter() - t0, workers=workers)
         # --- reports from the tracking store and the write-ahead log (old and new results)
         keys = [t.key for t in plan.tasks if t.key]
         rows_by_key: dict[str, dict] = {}
@@ -536,6 +552,64 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
     finally:
         logging.getLogger("jobs").removeHandler(handler)
         handler.close()
+        if lease is not None:
+            lease.release()
+        local_lock.release()
+
+
+def lease_ttl() -> float:
+    """Seconds without a heartbeat after which another driver's sweep lease is stale:
+    ``BIASAUDIT_LEASE_TTL``, default :data:`jobs.lease.DEFAULT_TTL`."""
+    return float(os.environ.get("BIASAUDIT_LEASE_TTL") or DEFAULT_TTL)
+
+
+def _busy(spec: SweepSpec, who: str) -> SweepOutcome:
+    """The outcome of an invocation that found the sweep being run by another driver: one line
+    on stderr naming the holder, exit status :data:`jobs.lease.BUSY_EXIT_CODE`, nothing written."""
+    print(f"audit: busy: sweep {spec.name} ({spec.source or 'spec'}) is being run by {who}; this invocation ran "
+          f"nothing and wrote nothing (exit status {BUSY_EXIT_CODE}); run it again after that one ends to resume",
+          file=sys.stderr, flush=True)
+    return SweepOutcome(exit_code=BUSY_EXIT_CODE, planned=0, skipped_existing=0, ran=0, failed=0, loads=0,
+                        parent_run_id=None)
+
+
+def _claim_sweep(spec: SweepSpec, out_dir: Path):
+    """Make this driver the only one of the sweep (:mod:`jobs.lease`): a file lock on
+    ``<output_dir>/sweep.lock`` (drivers sharing an output directory, the tracking store
+    reachable or not), then the sweep's lease in the tracking store (drivers on any machine).
+    Returns ``(file lock, tracker or None, lease or None, reason when offline)``, or the busy
+    :class:`SweepOutcome` when another driver holds either."""
+    from filelock import FileLock, Timeout
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out_dir / "sweep.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        holder = (out_dir / "sweep.lock.holder").read_text(encoding="utf-8").strip() \
+            if (out_dir / "sweep.lock.holder").is_file() else "another driver"
+        return _busy(spec, f"{holder} (lock {out_dir / 'sweep.lock'})")
+    try:
+        from jobs.tracker import driver_id
+
+        (out_dir / "sweep.lock.holder").write_text(f"host {driver_id().rsplit(':', 2)[0]} pid {os.getpid()}\n",
+                                                   encoding="utf-8")
+        try:
+            tracker = Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
+        except TrackingUnavailable as e:
+            return lock, None, None, str(e)
+        try:
+            lease = Lease(tracker.client, tracker.experiment_id, spec.sweep_id(), driver=tracker.driver,
+                          ttl=lease_ttl()).acquire()
+        except Busy as b:
+            lock.release()
+            return _busy(spec, b.holder.describe())
+        except Exception as e:  # noqa: BLE001 - the store failed between two calls: run offline
+            return lock, None, None, str(unavailable(spec.resolved_tracking_uri, e))
+        return lock, tracker, lease, None
+    except BaseException:
+        lock.release()
+        raise
 
 
 def parent_summary(tracker, plan, df, *, ran: int, resumed: int, loads: int, seconds: float, workers: int,
