@@ -71,7 +71,7 @@ from jobs.tracker import (
     unavailable,
 )
 from jobs.lease import BUSY_EXIT_CODE, DEFAULT_TTL, Busy, Lease
-from jobs.wal import Recorder, WriteAheadLog, mlflow_http_defaults, sync_records, wal_path
+from jobs.wal import Recorder, WriteAheadLog, mlflow_http_defaults, sync_hint, sync_records, wal_path
 
 log = logging.getLogger("jobs.sweep")
 
@@ -517,8 +517,9 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
              f"reports in {rep_dir}; {tracking_env_note(uri)}")
         if pending:
             _say(f"{pending} result(s) are not in the tracking store {redact_uri(uri)} ({recorder.error or 'upload incomplete'}); "
-                 f"they are kept in {wal.path} and reports/results.parquet: run `audit sync {spec.source or 'SPEC'}` "
-                 "when it is back (the next run of this spec uploads them too)")
+                 f"they are kept in {wal.path} and reports/results.parquet: "
+                 f"run `{sync_hint(spec.source, out_dir, uri)}` "
+                 "when it is back (the next run of this spec with the same options uploads them too)")
         if stuck:
             _say(f"the sweep is stuck (exit status 4): {stuck}")
         handler.flush()

@@ -57,7 +57,7 @@ class PostgresMlflow:
     def _as_pg(self, cmd: list[str]) -> list[str]:
         return ["runuser", "-u", PG_USER, "--", *cmd] if os.getuid() == 0 else cmd
 
-    def start(self, timeout: float = 180) -> "PostgresMlflow":
+    def start(self, timeout: float = 400) -> "PostgresMlflow":
         initdb, postgres = pg_bin("initdb"), pg_bin("postgres")
         if not (initdb and postgres):
             raise RuntimeError("PostgreSQL server programs (initdb, postgres) not found: install the Debian package "
@@ -96,7 +96,7 @@ class PostgresMlflow:
         t1 = time.monotonic()
         (self.root / "artifacts").mkdir(exist_ok=True)
         cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
-               "--workers", "2", "--backend-store-uri", self.db_uri,
+               "--workers", "1", "--backend-store-uri", self.db_uri,
                "--artifacts-destination", str(self.root / "artifacts")]
         self._srv_log = open(self.root / "mlflow.log", "wb")
         self.server = subprocess.Popen(cmd, stdout=self._srv_log, stderr=subprocess.STDOUT, start_new_session=True)
