@@ -172,7 +172,39 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
         if spec.ray.num_cpus is not None:
             kw["num_cpus"] = spec.ray.num_cpus
         ray.init(**kw)
+    if _SIGNALS_HANDLED:
+        on_signals()
     return True
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached the sweep's driver (:func:`on_signals`); ``signum`` says which."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # one interruption: a second signal does not cut the cleanup
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def on_signals() -> None:
+    """Make SIGINT and SIGTERM raise :class:`Interrupted` in the main thread (the driver then shuts
+    Ray down, marks the parent run KILLED, releases the sweep's lease and exits 130/143 with one
+    line). Called at start and again after ``ray.init``, which installs its own SIGTERM handler
+    (a C++ stack dump and exit status 134). Only from the main thread; elsewhere a no-op."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _raise_interrupted)
 
 
 def _words_for(plan, tasks) -> list[str] | None:
@@ -661,10 +693,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Whether this process's driver turns SIGINT/SIGTERM into :class:`Interrupted` (set by :func:`main`).
+_SIGNALS_HANDLED = False
+
+
+def interrupted_line(spec: SweepSpec, signum: int, since_ms: int) -> str:
+    """The one line a sweep interrupted by a signal prints: how many results this invocation
+    kept (records in the write-ahead log, uploaded or pending) and the command that resumes it."""
+    import shlex
+    import signal
+
+    wal = WriteAheadLog(wal_path(spec.output_dir.resolve()))
+    kept = sum(1 for r in wal.records() if int(r.get("time_ms") or 0) >= since_ms)
+    cmd = (f"audit run {shlex.quote(str(spec.source or 'SPEC'))} --output-dir {shlex.quote(str(spec.output_dir))} "
+           f"--tracking-uri {shlex.quote(redact_uri(spec.resolved_tracking_uri))}")
+    return f"interrupted ({signal.Signals(signum).name}): {kept} result(s) kept; resume with: {cmd}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    global _SIGNALS_HANDLED
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     a = build_parser().parse_args(argv)
+    import signal
+
+    on_signals()
+    _SIGNALS_HANDLED = True
+    since_ms = int(time.time() * 1000)
+    try:
+        try:
+            return _main(a)
+        except KeyboardInterrupt:
+            raise Interrupted(signal.SIGINT) from None
+    except Interrupted as e:
+        try:
+            line = interrupted_line(job_output_dir(load_spec(a.spec, output_dir=a.output_dir,
+                                                             tracking_uri=a.tracking_uri))[0], e.signum, since_ms)
+        except Exception:  # noqa: BLE001 - interrupted before the spec was read
+            line = f"interrupted ({signal.Signals(e.signum).name}): 0 result(s) kept; resume with: audit run {a.spec}"
+        print(line, file=sys.stderr, flush=True)
+        return 128 + int(e.signum)
+    finally:
+        _SIGNALS_HANDLED = False
+
+
+def _main(a) -> int:
     try:
         if a.progress_interval <= 0:
             raise ParameterError(f"--progress-interval: expected a positive number of seconds, got {a.progress_interval:g}")
