@@ -91,8 +91,8 @@ class Holder:
     def describe(self, now: float | None = None) -> str:
         now = time.time() if now is None else now
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.acquired)) if self.acquired else "?"
-        return (f"host {self.host} pid {self.pid} (since {since}, last heartbeat {max(0.0, now - self.heartbeat):.0f} s "
-                f"ago; lease {self.name})")
+        ago = max(0.0, now - self.heartbeat)
+        return f"host {self.host} pid {self.pid} (since {since}, last heartbeat {ago:.0f} s ago; lease {self.name})"
 
 
 def lease_state(h: Holder | None, *, now: float, alive: bool | None) -> str:

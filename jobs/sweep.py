@@ -492,7 +492,8 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
                 log.error("%s", e)
         else:
             _say("nothing to run: every task already has a finished run; no model loaded")
-        _say(f"models loaded: {len(load_ids)}" + (f" by {workers} worker process(es)" if workers else ""))
+        ran_now = recorder.logged + recorder.deferred  # outcomes recorded: a refused or stuck sweep ran none
+        _say(f"models loaded: {len(load_ids)}" + (f" by {workers} worker process(es)" if workers and load_ids else ""))
         # --- the tracking store went away: one more try to upload before reporting
         rep_dir = out_dir / "reports"
         if not recorder.online and wal.pending():
@@ -512,7 +513,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
             _say(f"the sweep lease {lease.name} was taken over by another driver while this one was paused; "
                  "its results are kept (write-ahead log, tracking store); the reports are left to that driver")
             return SweepOutcome(exit_code=BUSY_EXIT_CODE, planned=len(plan.tasks), skipped_existing=done_before,
-                                ran=len(todo), failed=0, loads=len(load_ids), parent_run_id=parent_id,
+                                ran=ran_now, failed=0, loads=len(load_ids), parent_run_id=parent_id,
                                 seconds=time.perf_counter() - t0, workers=workers)
         # --- reports from the tracking store and the write-ahead log (old and new results)
         keys = [t.key for t in plan.tasks if t.key]
@@ -545,7 +546,9 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
             _say(f"{missing} planned task(s) have no run in the tracking store")
         pending = len(wal.pending())
         seconds = time.perf_counter() - t0
-        _say(f"{len(todo)} task(s) run, {done_before} resumed, {failed} failed, in {seconds:.1f} s; "
+        not_run = f" ({len(todo) - ran_now} of {len(todo)} not run)" if ran_now < len(todo) else ""
+        _say(f"{ran_now} task(s) run{not_run}"
+             + f", {done_before} resumed, {failed} failed, in {seconds:.1f} s; "
              f"reports in {rep_dir}; {tracking_env_note(uri)}")
         if pending:
             _say(f"{pending} result(s) are not in the tracking store {redact_uri(uri)} ({recorder.error or 'upload incomplete'}); "
@@ -562,7 +565,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
             try:
                 tracker.end_parent(
                     failed=failed + missing, step=invocation, stuck_reason=stuck,
-                    summary=parent_summary(tracker, plan, df, ran=len(todo), resumed=done_before, loads=len(load_ids),
+                    summary=parent_summary(tracker, plan, df, ran=ran_now, resumed=done_before, loads=len(load_ids),
                                            seconds=seconds, workers=workers, invocation=invocation),
                     report_dir=rep_dir,
                 )
@@ -571,7 +574,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         code = STUCK_EXIT_CODE if stuck else 1 if (failed or missing) else (3 if pending else 0)
         return SweepOutcome(
             exit_code=code, planned=len(plan.tasks), skipped_existing=done_before,
-            ran=len(todo), failed=failed, loads=len(load_ids), parent_run_id=parent_id, results=df,
+            ran=ran_now, failed=failed, loads=len(load_ids), parent_run_id=parent_id, results=df,
             report_dir=rep_dir, seconds=seconds, pending=pending, synced=synced, reaped=reaped, stuck=stuck,
             workers=workers,
         )
@@ -668,7 +671,8 @@ def parent_summary(tracker, plan, df, *, ran: int, resumed: int, loads: int, sec
         "tasks": len(plan.tasks), "tasks_finished": n_ok, "tasks_failed": len(df) - n_ok,
         "tasks_missing": len(plan.tasks) - len(df), **totals, "invocations": invocation,
         "tasks_run": ran, "tasks_resumed": resumed, "models_loaded": loads, "workers_started": workers,
-        "seconds": seconds, "tasks_run_total": prev["tasks_run_total"] + ran,
+        # a killed driver never adds its tasks to the running total: every child run is a task run
+        "seconds": seconds, "tasks_run_total": max(prev["tasks_run_total"] + ran, totals["child_runs"]),
         "models_loaded_total": prev["models_loaded_total"] + loads, "seconds_total": prev["seconds_total"] + seconds,
         **sig,
     }

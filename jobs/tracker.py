@@ -415,8 +415,10 @@ class Tracker:
         out = {"child_runs": float(len(runs))}
         for st in ("FINISHED", "FAILED", "KILLED"):
             out[f"child_runs_{st.lower()}"] = float(sum(r.info.status == st for r in runs))
+        # a run without a key (a repository that could not be resolved) belongs to no revision: never superseded
         out["child_runs_superseded"] = float(sum(
-            not ({r.data.tags.get("audit.key"), r.data.tags.get("audit.plan_key")} & keys) for r in runs))
+            bool(ks) and not (ks & keys)
+            for ks in ({r.data.tags.get("audit.key"), r.data.tags.get("audit.plan_key")} - {None, ""} for r in runs)))
         prev = self.client.get_run(pid).data.metrics
         for k in ("tasks_run_total", "models_loaded_total", "seconds_total"):
             out[f"previous.{k}"] = float(prev.get(k, 0.0))

@@ -177,3 +177,43 @@ def test_a_lease_on_another_host_goes_stale_after_its_ttl(store):
     mine = Lease(store.client, store.experiment_id, "s3", driver="here:1:1").acquire()
     assert mine.taken_over.holder == "elsewhere:42:1"
     mine.release()
+
+
+# --------------------------------------------------------------------------------------
+# Counters across killed and refused invocations (issue 18, found 7)
+# --------------------------------------------------------------------------------------
+
+
+def test_counters_survive_a_killed_driver_and_ignore_unresolvable_tasks(store):
+    """Child runs of a driver killed before it closed the parent count in ``tasks_run_total``;
+    a task without ``audit.key`` (a repository that could not be resolved) is not superseded."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from jobs.sweep import parent_summary
+
+    pid, _ = store.start_parent("s", "sid-1")
+    for i, key in enumerate(["k1", "k2", "k3", "", "old"]):  # the first invocation was killed: no end_parent
+        store.client.create_run(store.experiment_id, run_name=f"t{i}", tags={
+            "audit.role": "task", "mlflow.parentRunId": pid, "audit.key": key, "audit.plan_key": key})
+    plan = SimpleNamespace(tasks=[SimpleNamespace(key=k) for k in ("k1", "k2", "k3", "")])
+    df = pd.DataFrame({"status": ["finished"] * 4})
+    m = parent_summary(store, plan, df, ran=0, resumed=3, loads=0, seconds=1.0, workers=0, invocation=2)
+    assert m["child_runs"] == 5 and m["child_runs_superseded"] == 1  # "old" only, not the key-less run
+    assert m["tasks_run_total"] == 5  # before: 0 (the killed invocation never added its count)
+
+
+def test_a_refused_sweep_says_no_task_ran(tmp_path, capsys):
+    """A sweep refused before anything starts (workers need 2 CPUs on a 1-CPU Ray) ran nothing: its
+    summary says so (before: "2 task(s) run"), and it names no worker process."""
+    from jobs import sweep
+
+    vec = write_vec(tmp_path / "a.vec", 1)
+    spec = load_spec(write_spec(tmp_path, "refused", f'  - {{name: a, ref: "{vec}"}}',
+                                ray="num_cpus: 1, actor_num_cpus: 2, stats_num_cpus: 0.5, batch_size: 1"))
+    out = sweep.run_sweep(spec, progress=False)
+    text = capsys.readouterr().out
+    assert out.exit_code == 4 and out.ran == 0, text[-2000:]
+    assert "0 task(s) run (2 of 2 not run), 0 resumed" in text and "2 task(s) run" not in text
+    assert "models loaded: 0\n" in text and "worker process" not in text
