@@ -38,7 +38,9 @@ lists each failure's reason), 2 for an invalid spec or option (one line naming t
 wait in ``<output_dir>/wal.jsonl`` for ``audit sync``; see :mod:`jobs.wal`), 4 when the sweep is
 *stuck*: the cluster cannot run what the spec asks for, or work waited longer than
 ``ray.pending_timeout_s`` for resources (the parent run is tagged ``audit.state=stuck`` and
-``audit.stuck_reason``).
+``audit.stuck_reason``), 5 when another driver runs the same sweep (one line naming it; nothing
+written: :mod:`jobs.lease`), 130/143 on SIGINT/SIGTERM (one line: the results kept and the command
+that resumes).
 """
 
 from __future__ import annotations
