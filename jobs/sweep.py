@@ -439,6 +439,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         spec_text = Path(spec.source).read_text(encoding="utf-8") if spec.source and Path(spec.source).is_file() else None
         if lease is not None and lease.taken_over is not None:
             _say(f"took over the lease of a driver that is gone: {lease.taken_over.describe()}")
+            tracker.dead_drivers.add(lease.taken_over.holder)  # its RUNNING runs are half-written: KILLED
         if tracker is not None:
             tracker, so, offline = _connect(spec, wal, spec_text, tracker=tracker)
         else:

@@ -314,6 +314,9 @@ class Tracker:
         except Exception as e:  # noqa: BLE001 - server down, refused, timeout, locked or half-created store ...
             raise unavailable(uri, e) from None
         self.parent_id: str | None = None
+        #: ``audit.driver`` ids known dead on any host (the holder of a stale sweep lease this
+        #: driver took over, :mod:`jobs.lease`): :meth:`reap_stale_runs` marks their runs KILLED
+        self.dead_drivers: set[str] = set()
 
     # ------------------------------------------------------------------ queries
     def _search(self, filter_string: str) -> list:
@@ -485,11 +488,11 @@ class Tracker:
         """Mark KILLED every RUNNING child run whose driver process is gone (on this host):
         runs half-written by a driver that died. Their tasks have no FINISHED run, so the next
         sweep redoes them. Runs of a live driver (a concurrent sweep) and of drivers on other
-        hosts are left alone. Returns the ids of the runs marked."""
+        hosts are left alone, except those of :attr:`dead_drivers`. Returns the ids of the runs marked."""
         reaped = []
         for r in self._search(f"tags.`audit.role` = '{ROLE_TASK}' and attributes.status = 'RUNNING'"):
             drv = r.data.tags.get("audit.driver")
-            alive = driver_alive(drv)
+            alive = False if drv in self.dead_drivers else driver_alive(drv)
             if alive is None and drv:
                 log.warning("run %s is RUNNING under driver %s on another host; left as is", r.info.run_id, drv)
                 continue

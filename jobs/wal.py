@@ -397,6 +397,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         spec = load_spec(a.spec, output_dir=a.output_dir, tracking_uri=a.tracking_uri)
+        lock = _sweep_lock(spec.output_dir.resolve())
+        if lock is None:
+            print(f"audit: busy: a sweep driver of {spec.output_dir} is running (lock "
+                  f"{spec.output_dir / 'sweep.lock'}); it uploads its results itself: nothing synced (exit status 5)",
+                  file=sys.stderr)
+            return 5
+        try:
+            return _sync_main(a, spec)
+        finally:
+            if lock is not True:
+                lock.release()
+    except TrackingUnavailable as e:
+        print(f"audit: error: {e}; nothing uploaded, the records stay pending", file=sys.stderr)
+        return 3
+    except AuditError as e:
+        print(f"audit: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _sweep_lock(out_dir: Path):
+    """The sweep's file lock on ``<output_dir>/sweep.lock`` (:func:`jobs.sweep._claim_sweep`), acquired
+    (``True`` when there is no output directory), or ``None`` when a driver holds it: a sync must not
+    upload the records a live driver is writing (they would get two runs)."""
+    from filelock import FileLock, Timeout
+
+    if not out_dir.is_dir():
+        return True  # no output directory: no driver, nothing to lock
+    lock = FileLock(str(out_dir / "sweep.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return None
+    return lock
+
+
+def _sync_main(a, spec) -> int:
+    try:
         target = sync_target(WriteAheadLog(wal_path(spec.output_dir.resolve())), spec.resolved_tracking_uri,
                              explicit=bool(a.tracking_uri))
         if target != spec.resolved_tracking_uri:

@@ -82,3 +82,25 @@ def test_a_plain_sync_uploads_to_the_store_the_records_were_meant_for(tmp_path):
         sync_target(wal2, local, explicit=False)
     assert "secret" not in (tmp_path / "wal2.jsonl").read_text()
     assert json.loads((tmp_path / "wal.jsonl").read_text())["uri"] == "http://mlflow.example:5000"
+
+
+def test_sync_while_a_driver_runs_uploads_nothing(tmp_path):
+    """A live driver holds ``<output_dir>/sweep.lock``: ``audit sync`` would upload the record the
+    driver is writing a second time; it exits 5 with one line instead, and works once the lock is free."""
+    from filelock import FileLock
+
+    from jobs import wal as walmod
+
+    vec = write_vec(tmp_path / "a.vec", 1)
+    spec = write_spec(tmp_path, "lk", f'  - {{name: a, ref: "{vec}"}}', out=tmp_path / "out")
+    (tmp_path / "out").mkdir()
+    lock = FileLock(str(tmp_path / "out" / "sweep.lock"))
+    lock.acquire()
+    try:
+        r = subprocess.run([sys.executable, "-m", "jobs.cli", "sync", str(spec)], cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 5 and r.stderr.startswith("audit: busy: a sweep driver of ") and \
+            len(r.stderr.strip().splitlines()) == 1, r.stderr
+    finally:
+        lock.release()
+    assert walmod.main([str(spec)]) == 0
