@@ -42,6 +42,8 @@ import threading
 import time
 from typing import Any
 
+from jobs.tracker import driver_alive
+
 PREFIX = "biasaudit-lease"
 #: Exit status of an invocation that found another driver running the same sweep.
 BUSY_EXIT_CODE = 5
@@ -162,8 +164,6 @@ class Lease:
                 "acquired": f"{now:.3f}", "heartbeat": f"{now:.3f}", "ttl": f"{self.ttl:g}"}
 
     def acquire(self, attempts: int = 5) -> "Lease":
-        from jobs.tracker import driver_alive
-
         for _ in range(attempts):
             now = time.time()
             cur = self.newest()

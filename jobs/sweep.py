@@ -66,6 +66,7 @@ from jobs.tracker import (
     STUCK_EXIT_CODE,
     Tracker,
     TrackingUnavailable,
+    driver_id,
     record_row,
     redact_uri,
     sqlite_path,
@@ -629,8 +630,6 @@ def _claim_sweep(spec: SweepSpec, out_dir: Path):
             if (out_dir / "sweep.lock.holder").is_file() else "another driver"
         return _busy(spec, f"{holder} (lock {out_dir / 'sweep.lock'})")
     try:
-        from jobs.tracker import driver_id
-
         (out_dir / "sweep.lock.holder").write_text(f"host {driver_id().rsplit(':', 2)[0]} pid {os.getpid()}\n",
                                                    encoding="utf-8")
         try:

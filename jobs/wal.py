@@ -37,9 +37,10 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from audit.errors import AuditError
+from audit.errors import AuditError, ParameterError
 from jobs.spec import load_spec
 from jobs.tracker import Tracker, TrackingUnavailable, driver_alive, record_row, redact_uri, unavailable
+from jobs.uris import store_identity
 
 log = logging.getLogger("jobs.wal")
 
@@ -368,9 +369,6 @@ def sync_target(wal: WriteAheadLog, uri: str, *, explicit: bool) -> str:
     log); else the one store they were meant for, when its URI holds no credentials. Raises
     :class:`audit.errors.ParameterError` naming the store when the records were meant for another
     store than ``uri`` and it cannot be used as recorded."""
-    from audit.errors import ParameterError
-    from jobs.uris import store_identity
-
     targets = wal.pending_targets()
     if explicit or not targets or store_identity(uri) in {store_identity(t) for t in targets}:
         return uri
