@@ -38,7 +38,9 @@ lists each failure's reason), 2 for an invalid spec or option (one line naming t
 wait in ``<output_dir>/wal.jsonl`` for ``audit sync``; see :mod:`jobs.wal`), 4 when the sweep is
 *stuck*: the cluster cannot run what the spec asks for, or work waited longer than
 ``ray.pending_timeout_s`` for resources (the parent run is tagged ``audit.state=stuck`` and
-``audit.stuck_reason``).
+``audit.stuck_reason``), 5 when another driver runs the same sweep (one line naming it; nothing
+written: :mod:`jobs.lease`), 130/143 on SIGINT/SIGTERM (one line: the results kept and the command
+that resumes).
 """
 
 from __future__ import annotations
@@ -66,12 +68,15 @@ from jobs.tracker import (
     STUCK_EXIT_CODE,
     Tracker,
     TrackingUnavailable,
+    driver_id,
     record_row,
     redact_uri,
     sqlite_path,
     tracking_env_note,
+    unavailable,
 )
-from jobs.wal import Recorder, WriteAheadLog, mlflow_http_defaults, sync_records, wal_path
+from jobs.lease import BUSY_EXIT_CODE, DEFAULT_TTL, Busy, Lease
+from jobs.wal import Recorder, WriteAheadLog, mlflow_http_defaults, sync_hint, sync_records, wal_path
 
 log = logging.getLogger("jobs.sweep")
 
@@ -172,7 +177,39 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
         if spec.ray.num_cpus is not None:
             kw["num_cpus"] = spec.ray.num_cpus
         ray.init(**kw)
+    if _SIGNALS_HANDLED:
+        on_signals()
     return True
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached the sweep's driver (:func:`on_signals`); ``signum`` says which."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # one interruption: a second signal does not cut the cleanup
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def on_signals() -> None:
+    """Make SIGINT and SIGTERM raise :class:`Interrupted` in the main thread (the driver then shuts
+    Ray down, marks the parent run KILLED, releases the sweep's lease and exits 130/143 with one
+    line). Called at start and again after ``ray.init``, which installs its own SIGTERM handler
+    (a C++ stack dump and exit status 134). Only from the main thread; elsewhere a no-op."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _raise_interrupted)
 
 
 def _words_for(plan, tasks) -> list[str] | None:
@@ -382,11 +419,11 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, progress: bool = T
                           progress_interval=progress_interval)
 
 
-def _connect(spec: SweepSpec, wal, spec_text: str | None, *, close_parents: bool = True):
-    """Connect to the tracking store and upload what earlier runs left pending.
-    Returns ``(tracker or None, sync outcome or None, reason when offline)``."""
+def _connect(spec: SweepSpec, wal, spec_text: str | None, *, close_parents: bool = True, tracker=None):
+    """Connect to the tracking store (unless ``tracker`` is given) and upload what earlier runs
+    left pending. Returns ``(tracker or None, sync outcome or None, reason when offline)``."""
     try:
-        tracker = Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
+        tracker = tracker or Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
         so = sync_records(wal, tracker, spec_text=spec_text, close_parents=close_parents)
     except TrackingUnavailable as e:
         return None, None, str(e)
@@ -399,9 +436,12 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
                server_cls: type | None, progress_interval: float = 30.0) -> SweepOutcome:
     t0 = time.perf_counter()
     out_dir = spec.output_dir.resolve()
-    handler = _setup_logging(out_dir)
-    tracker = None
     uri = spec.resolved_tracking_uri
+    claim = _claim_sweep(spec, out_dir)
+    if isinstance(claim, SweepOutcome):
+        return claim
+    local_lock, tracker, lease, offline_at_start = claim
+    handler = _setup_logging(out_dir)
     try:
         _say(f"=== sweep {spec.name} ({spec.source or 'spec'}) at {time.strftime('%Y-%m-%d %H:%M:%S')}")
         plan = plan_sweep(spec)
@@ -410,7 +450,13 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         check_duplicate_models(plan)
         wal = WriteAheadLog(wal_path(out_dir))
         spec_text = Path(spec.source).read_text(encoding="utf-8") if spec.source and Path(spec.source).is_file() else None
-        tracker, so, offline = _connect(spec, wal, spec_text)
+        if lease is not None and lease.taken_over is not None:
+            _say(f"took over the lease of a driver that is gone: {lease.taken_over.describe()}")
+            tracker.dead_drivers.add(lease.taken_over.holder)  # its RUNNING runs are half-written: KILLED
+        if tracker is not None:
+            tracker, so, offline = _connect(spec, wal, spec_text, tracker=tracker)
+        else:
+            so, offline = None, offline_at_start
         synced = so.uploaded if so else 0
         reaped = so.reaped if so else 0
         if so and (so.uploaded or so.present or so.duplicates or so.reaped):
@@ -462,7 +508,8 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
                 log.error("%s", e)
         else:
             _say("nothing to run: every task already has a finished run; no model loaded")
-        _say(f"models loaded: {len(load_ids)}" + (f" by {workers} worker process(es)" if workers else ""))
+        ran_now = recorder.logged + recorder.deferred  # outcomes recorded: a refused or stuck sweep ran none
+        _say(f"models loaded: {len(load_ids)}" + (f" by {workers} worker process(es)" if workers and load_ids else ""))
         # --- the tracking store went away: one more try to upload before reporting
         rep_dir = out_dir / "reports"
         if not recorder.online and wal.pending():
@@ -478,6 +525,12 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
                     recorder = Recorder(wal, tracker, uri)
                 except Exception:  # noqa: BLE001 - gone again
                     pass
+        if lease is not None and lease.lost:
+            _say(f"the sweep lease {lease.name} was taken over by another driver while this one was paused; "
+                 "its results are kept (write-ahead log, tracking store); the reports are left to that driver")
+            return SweepOutcome(exit_code=BUSY_EXIT_CODE, planned=len(plan.tasks), skipped_existing=done_before,
+                                ran=ran_now, failed=0, loads=len(load_ids), parent_run_id=parent_id,
+                                seconds=time.perf_counter() - t0, workers=workers)
         # --- reports from the tracking store and the write-ahead log (old and new results)
         keys = [t.key for t in plan.tasks if t.key]
         rows_by_key: dict[str, dict] = {}
@@ -514,12 +567,15 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
             _say(f"{missing} planned task(s) have no run in the tracking store")
         pending = len(wal.pending())
         seconds = time.perf_counter() - t0
-        _say(f"{len(todo)} task(s) run, {done_before} resumed, {failed} failed, in {seconds:.1f} s; "
+        not_run = f" ({len(todo) - ran_now} of {len(todo)} not run)" if ran_now < len(todo) else ""
+        _say(f"{ran_now} task(s) run{not_run}"
+             + f", {done_before} resumed, {failed} failed, in {seconds:.1f} s; "
              f"reports in {rep_dir}; {tracking_env_note(uri)}")
         if pending:
             _say(f"{pending} result(s) are not in the tracking store {redact_uri(uri)} ({recorder.error or 'upload incomplete'}); "
-                 f"they are kept in {wal.path} and reports/results.parquet: run `audit sync {spec.source or 'SPEC'}` "
-                 "when it is back (the next run of this spec uploads them too)")
+                 f"they are kept in {wal.path} and reports/results.parquet: "
+                 f"run `{sync_hint(spec.source, out_dir, uri)}` "
+                 "when it is back (the next run of this spec with the same options uploads them too)")
         if stuck:
             _say(f"the sweep is stuck (exit status 4): {stuck}")
         handler.flush()
@@ -530,7 +586,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
             try:
                 tracker.end_parent(
                     failed=failed + missing, step=invocation, stuck_reason=stuck,
-                    summary=parent_summary(tracker, plan, df, ran=len(todo), resumed=done_before, loads=len(load_ids),
+                    summary=parent_summary(tracker, plan, df, ran=ran_now, resumed=done_before, loads=len(load_ids),
                                            seconds=seconds, workers=workers, invocation=invocation),
                     report_dir=rep_dir,
                 )
@@ -539,7 +595,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         code = STUCK_EXIT_CODE if stuck else 1 if (failed or missing) else (3 if pending else 0)
         return SweepOutcome(
             exit_code=code, planned=len(plan.tasks), skipped_existing=done_before,
-            ran=len(todo), failed=failed, loads=len(load_ids), parent_run_id=parent_id, results=df,
+            ran=ran_now, failed=failed, loads=len(load_ids), parent_run_id=parent_id, results=df,
             report_dir=rep_dir, seconds=seconds, pending=pending, synced=synced, reaped=reaped, stuck=stuck,
             workers=workers,
         )
@@ -553,6 +609,62 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
     finally:
         logging.getLogger("jobs").removeHandler(handler)
         handler.close()
+        if lease is not None:
+            lease.release()
+        local_lock.release()
+
+
+def lease_ttl() -> float:
+    """Seconds without a heartbeat after which another driver's sweep lease is stale:
+    ``BIASAUDIT_LEASE_TTL``, default :data:`jobs.lease.DEFAULT_TTL`."""
+    return float(os.environ.get("BIASAUDIT_LEASE_TTL") or DEFAULT_TTL)
+
+
+def _busy(spec: SweepSpec, who: str) -> SweepOutcome:
+    """The outcome of an invocation that found the sweep being run by another driver: one line
+    on stderr naming the holder, exit status :data:`jobs.lease.BUSY_EXIT_CODE`, nothing written."""
+    print(f"audit: busy: sweep {spec.name} ({spec.source or 'spec'}) is being run by {who}; this invocation ran "
+          f"nothing and wrote nothing (exit status {BUSY_EXIT_CODE}); run it again after that one ends to resume",
+          file=sys.stderr, flush=True)
+    return SweepOutcome(exit_code=BUSY_EXIT_CODE, planned=0, skipped_existing=0, ran=0, failed=0, loads=0,
+                        parent_run_id=None)
+
+
+def _claim_sweep(spec: SweepSpec, out_dir: Path):
+    """Make this driver the only one of the sweep (:mod:`jobs.lease`): a file lock on
+    ``<output_dir>/sweep.lock`` (drivers sharing an output directory, the tracking store
+    reachable or not), then the sweep's lease in the tracking store (drivers on any machine).
+    Returns ``(file lock, tracker or None, lease or None, reason when offline)``, or the busy
+    :class:`SweepOutcome` when another driver holds either."""
+    from filelock import FileLock, Timeout
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out_dir / "sweep.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        holder = (out_dir / "sweep.lock.holder").read_text(encoding="utf-8").strip() \
+            if (out_dir / "sweep.lock.holder").is_file() else "another driver"
+        return _busy(spec, f"{holder} (lock {out_dir / 'sweep.lock'})")
+    try:
+        (out_dir / "sweep.lock.holder").write_text(f"host {driver_id().rsplit(':', 2)[0]} pid {os.getpid()}\n",
+                                                   encoding="utf-8")
+        try:
+            tracker = Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
+        except TrackingUnavailable as e:
+            return lock, None, None, str(e)
+        try:
+            lease = Lease(tracker.client, tracker.experiment_id, spec.sweep_id(), driver=tracker.driver,
+                          ttl=lease_ttl()).acquire()
+        except Busy as b:
+            lock.release()
+            return _busy(spec, b.holder.describe())
+        except Exception as e:  # noqa: BLE001 - the store failed between two calls: run offline
+            return lock, None, None, str(unavailable(spec.resolved_tracking_uri, e))
+        return lock, tracker, lease, None
+    except BaseException:
+        lock.release()
+        raise
 
 
 def parent_summary(tracker, plan, df, *, ran: int, resumed: int, loads: int, seconds: float, workers: int,
@@ -578,7 +690,8 @@ def parent_summary(tracker, plan, df, *, ran: int, resumed: int, loads: int, sec
         "tasks": len(plan.tasks), "tasks_finished": n_ok, "tasks_failed": len(df) - n_ok,
         "tasks_missing": len(plan.tasks) - len(df), **totals, "invocations": invocation,
         "tasks_run": ran, "tasks_resumed": resumed, "models_loaded": loads, "workers_started": workers,
-        "seconds": seconds, "tasks_run_total": prev["tasks_run_total"] + ran,
+        # a killed driver never adds its tasks to the running total: every child run is a task run
+        "seconds": seconds, "tasks_run_total": max(prev["tasks_run_total"] + ran, totals["child_runs"]),
         "models_loaded_total": prev["models_loaded_total"] + loads, "seconds_total": prev["seconds_total"] + seconds,
         **sig,
     }
@@ -603,10 +716,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Whether this process's driver turns SIGINT/SIGTERM into :class:`Interrupted` (set by :func:`main`).
+_SIGNALS_HANDLED = False
+
+
+def interrupted_line(spec: SweepSpec, signum: int, since_ms: int) -> str:
+    """The one line a sweep interrupted by a signal prints: how many results this invocation
+    kept (records in the write-ahead log, uploaded or pending) and the command that resumes it."""
+    import shlex
+    import signal
+
+    wal = WriteAheadLog(wal_path(spec.output_dir.resolve()))
+    kept = sum(1 for r in wal.records() if int(r.get("time_ms") or 0) >= since_ms)
+    cmd = (f"audit run {shlex.quote(str(spec.source or 'SPEC'))} --output-dir {shlex.quote(str(spec.output_dir))} "
+           f"--tracking-uri {shlex.quote(redact_uri(spec.resolved_tracking_uri))}")
+    return f"interrupted ({signal.Signals(signum).name}): {kept} result(s) kept; resume with: {cmd}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    global _SIGNALS_HANDLED
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     a = build_parser().parse_args(argv)
+    import signal
+
+    on_signals()
+    _SIGNALS_HANDLED = True
+    since_ms = int(time.time() * 1000)
+    try:
+        try:
+            return _main(a)
+        except KeyboardInterrupt:
+            raise Interrupted(signal.SIGINT) from None
+    except Interrupted as e:
+        try:
+            line = interrupted_line(job_output_dir(load_spec(a.spec, output_dir=a.output_dir,
+                                                             tracking_uri=a.tracking_uri))[0], e.signum, since_ms)
+        except Exception:  # noqa: BLE001 - interrupted before the spec was read
+            line = f"interrupted ({signal.Signals(e.signum).name}): 0 result(s) kept; resume with: audit run {a.spec}"
+        print(line, file=sys.stderr, flush=True)
+        return 128 + int(e.signum)
+    finally:
+        _SIGNALS_HANDLED = False
+
+
+def _main(a) -> int:
     try:
         if a.progress_interval <= 0:
             raise ParameterError(f"--progress-interval: expected a positive number of seconds, got {a.progress_interval:g}")

@@ -360,6 +360,9 @@ class Tracker:
         except Exception as e:  # noqa: BLE001 - server down, refused, timeout, locked or half-created store ...
             raise unavailable(uri, e) from None
         self.parent_id: str | None = None
+        #: ``audit.driver`` ids known dead on any host (the holder of a stale sweep lease this
+        #: driver took over, :mod:`jobs.lease`): :meth:`reap_stale_runs` marks their runs KILLED
+        self.dead_drivers: set[str] = set()
 
     # ------------------------------------------------------------------ queries
     def _search(self, filter_string: str) -> list:
@@ -496,8 +499,10 @@ class Tracker:
         out = {"child_runs": float(len(runs))}
         for st in ("FINISHED", "FAILED", "KILLED"):
             out[f"child_runs_{st.lower()}"] = float(sum(r.info.status == st for r in runs))
+        # a run without a key (a repository that could not be resolved) belongs to no revision: never superseded
         out["child_runs_superseded"] = float(sum(
-            not ({r.data.tags.get("audit.key"), r.data.tags.get("audit.plan_key")} & keys) for r in runs))
+            bool(ks) and not (ks & keys)
+            for ks in ({r.data.tags.get("audit.key"), r.data.tags.get("audit.plan_key")} - {None, ""} for r in runs)))
         prev = self.client.get_run(pid).data.metrics
         for k in ("tasks_run_total", "models_loaded_total", "seconds_total"):
             out[f"previous.{k}"] = float(prev.get(k, 0.0))
@@ -564,11 +569,11 @@ class Tracker:
         """Mark KILLED every RUNNING child run whose driver process is gone (on this host):
         runs half-written by a driver that died. Their tasks have no FINISHED run, so the next
         sweep redoes them. Runs of a live driver (a concurrent sweep) and of drivers on other
-        hosts are left alone. Returns the ids of the runs marked."""
+        hosts are left alone, except those of :attr:`dead_drivers`. Returns the ids of the runs marked."""
         reaped = []
         for r in self._search(f"tags.`audit.role` = '{ROLE_TASK}' and attributes.status = 'RUNNING'"):
             drv = r.data.tags.get("audit.driver")
-            alive = driver_alive(drv)
+            alive = False if drv in self.dead_drivers else driver_alive(drv)
             if alive is None and drv:
                 log.warning("run %s is RUNNING under driver %s on another host; left as is", r.info.run_id, drv)
                 continue

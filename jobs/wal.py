@@ -42,6 +42,7 @@ from audit.errors import AuditError, ParameterError, one_line
 from audit.outputs import output_dir_problem
 from jobs.spec import load_spec
 from jobs.tracker import Tracker, TrackingUnavailable, driver_alive, record_row, redact_uri, unavailable
+from jobs.uris import store_identity
 
 log = logging.getLogger("jobs.wal")
 
@@ -103,9 +104,14 @@ class WriteAheadLog:
             fh.flush()
             os.fsync(fh.fileno())
 
-    def append(self, record: dict[str, Any]) -> None:
-        """Durably append a task record (before it is written anywhere else)."""
-        self._append({"op": "task", "record": record})
+    def append(self, record: dict[str, Any], *, uri: str | None = None) -> None:
+        """Durably append a task record (before it is written anywhere else); ``uri``: the
+        tracking store it is meant for, kept (credentials redacted) so that ``audit sync``
+        uploads it there (:meth:`pending_targets`)."""
+        entry: dict[str, Any] = {"op": "task", "record": record}
+        if uri:
+            entry["uri"] = redact_uri(uri)
+        self._append(entry)
 
     def mark_synced(self, record_id: str, *, run_id: str | None, uri: str, how: str = "logged") -> None:
         """Record that ``record_id`` has a complete run in the tracking store at ``uri``
@@ -143,6 +149,12 @@ class WriteAheadLog:
         """Task records without a synced mark, oldest first."""
         done = self.synced_ids()
         return [r for r in self.records() if r.get("id") not in done]
+
+    def pending_targets(self) -> set[str]:
+        """The tracking stores (redacted URIs) the pending records were meant for."""
+        done = self.synced_ids()
+        return {e["uri"] for e in self.entries() if e["op"] == "task" and e.get("uri")
+                and isinstance(e.get("record"), dict) and e["record"].get("id") not in done}
 
     def finished_keys(self, *, pending_only: bool = False) -> set[str]:
         """``audit.key`` and plan keys of the finished records (all, or only pending ones)."""
@@ -201,7 +213,7 @@ class Recorder:
 
     def record(self, rec: dict[str, Any]) -> str | None:
         """Append ``rec`` to the WAL, then log it (if online). Returns the run id or ``None``."""
-        self.wal.append(rec)
+        self.wal.append(rec, uri=self.uri)
         if not self.online:
             self.deferred += 1
             return None
@@ -341,6 +353,36 @@ def sync_spec(spec, *, quiet: bool = False) -> SyncOutcome:
     return out
 
 
+def sync_hint(source: str | None, output_dir: Path, uri: str) -> str:
+    """The ``audit sync`` command that uploads a sweep's pending results to the store they were
+    meant for, to run verbatim: the spec, its output directory and tracking URI as this run used
+    them (an ``--output-dir`` or ``--tracking-uri`` given to ``audit run`` is not in the spec).
+    Credentials in the URI are printed redacted (``***``): put them back, or set
+    ``MLFLOW_TRACKING_URI``."""
+    import shlex
+
+    return (f"audit sync {shlex.quote(str(source or 'SPEC'))} --output-dir {shlex.quote(str(output_dir))} "
+            f"--tracking-uri {shlex.quote(redact_uri(uri))}")
+
+
+def sync_target(wal: WriteAheadLog, uri: str, *, explicit: bool) -> str:
+    """The tracking URI ``audit sync`` uploads to: ``uri`` when given on the command line
+    (``explicit``) or when it is the store the pending records were meant for (recorded in the
+    log); else the one store they were meant for, when its URI holds no credentials. Raises
+    :class:`audit.errors.ParameterError` naming the store when the records were meant for another
+    store than ``uri`` and it cannot be used as recorded."""
+    targets = wal.pending_targets()
+    if explicit or not targets or store_identity(uri) in {store_identity(t) for t in targets}:
+        return uri
+    if len(targets) == 1:
+        (t,) = targets
+        if "***@" not in t:
+            return t
+    names = ", ".join(sorted(targets))
+    raise ParameterError(f"{wal.path}: {len(wal.pending())} pending result(s) were meant for {names}, not "
+                         f"{redact_uri(uri)}: give --tracking-uri (with its credentials)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="audit sync", description="Upload the results a sweep could not log to MLflow.")
     p.add_argument("spec", help="the sweep spec (its output_dir holds wal.jsonl)")
@@ -357,6 +399,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = load_spec(a.spec, output_dir=a.output_dir, tracking_uri=a.tracking_uri)
         if (problem := output_dir_problem(spec.output_dir)) is not None:  # bad input, not an unreachable store
             raise ParameterError(f"{spec.source}: output_dir: {problem}")
+        lock = _sweep_lock(spec.output_dir.resolve())
+        if lock is None:
+            print(f"audit: busy: a sweep driver of {spec.output_dir} is running (lock "
+                  f"{spec.output_dir / 'sweep.lock'}); it uploads its results itself: nothing synced (exit status 5)",
+                  file=sys.stderr)
+            return 5
+        try:
+            return _sync_main(a, spec)
+        finally:
+            if lock is not True:
+                lock.release()
+    except TrackingUnavailable as e:
+        print(f"audit: error: {one_line(e)}; nothing uploaded, the records stay pending", file=sys.stderr)
+        return 3
+    except AuditError as e:
+        print(f"audit: error: {one_line(e)}", file=sys.stderr)
+        return 2
+
+
+def _sweep_lock(out_dir: Path):
+    """The sweep's file lock on ``<output_dir>/sweep.lock`` (:func:`jobs.sweep._claim_sweep`), acquired
+    (``True`` when there is no output directory), or ``None`` when a driver holds it: a sync must not
+    upload the records a live driver is writing (they would get two runs)."""
+    from filelock import FileLock, Timeout
+
+    if not out_dir.is_dir():
+        return True  # no output directory: no driver, nothing to lock
+    lock = FileLock(str(out_dir / "sweep.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return None
+    return lock
+
+
+def _sync_main(a, spec) -> int:
+    try:
+        target = sync_target(WriteAheadLog(wal_path(spec.output_dir.resolve())), spec.resolved_tracking_uri,
+                             explicit=bool(a.tracking_uri))
+        if target != spec.resolved_tracking_uri:
+            print(f"sync: the pending results were meant for {redact_uri(target)}: uploading there", flush=True)
+            spec = load_spec(a.spec, output_dir=a.output_dir, tracking_uri=target)
         out = sync_spec(spec)
     except TrackingUnavailable as e:
         print(f"audit: error: {one_line(e)}; nothing uploaded, the records stay pending", file=sys.stderr)
@@ -368,4 +452,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["WriteAheadLog", "Recorder", "SyncOutcome", "sync_records", "sync_spec", "wal_path",
-           "mlflow_http_defaults", "main"]
+           "mlflow_http_defaults", "main", "sync_hint", "sync_target"]

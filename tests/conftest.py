@@ -262,3 +262,19 @@ def fresh_ray(request):
         yield ray
     finally:
         own.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_mlflow():
+    """An MLflow tracking server backed by a real PostgreSQL database, on loopback, for the whole
+    session (:class:`pg_server.PostgresMlflow`: ``initdb`` in a temporary directory, ``postgres``
+    and ``mlflow server`` on free ports, both stopped by PID at the end). Yields ``{"uri": ...,
+    "db_uri": ..., "seconds": {...}}``; each test uses its own experiment names."""
+    from pg_server import PostgresMlflow
+
+    srv = PostgresMlflow()
+    try:
+        srv.start()
+        yield {"uri": srv.uri, "db_uri": srv.db_uri, "seconds": dict(srv.seconds)}
+    finally:
+        srv.stop()

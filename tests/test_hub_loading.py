@@ -232,8 +232,8 @@ def test_a_hub_down_for_good_falls_back_to_the_cached_branch(hub, bert_dir, monk
         load_hf_model("acme/never-fetched", kind="mlm")
     assert "\n" not in str(e.value)
     assert str(e.value) == ("model 'acme/never-fetched' (revision main) is not in the local Hugging Face cache and "
-                            "the hub could not be reached (HTTP 503); download it first (one online run records "
-                            "the branch) or give a local directory")
+                            "the hub could not be reached (HTTP 503); nothing is lost: run the sweep again when "
+                            "the hub answers (it resumes and redoes only these tasks), or give a local directory")
 
 
 # ----------------------------------------------------------------------------- permanent errors

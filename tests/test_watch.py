@@ -457,14 +457,17 @@ def test_an_invalid_template_is_an_error_naming_the_field(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.unit
-def test_the_store_decides_audited_failed_and_running(tmp_path):
+@pytest.mark.e2e
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_the_store_decides_audited_failed_and_running(tmp_path, store, request):
+    """On the embedded SQLite store and on an MLflow server backed by PostgreSQL (``pg_mlflow``)."""
     from jobs.tracker import Tracker
 
     root = tmp_path / "models"
     for m in ("done", "failed", "twice", "busy"):
         write_vectors(root / m / "v1", 0, mtime=time.time() - 3600)
-    spec = load_watch_spec(write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}]))
+    uri = request.getfixturevalue("pg_mlflow")["uri"] if store == "postgresql" else None
+    spec = load_watch_spec(write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}]), tracking_uri=uri)
     dry = Watcher(spec, submitter=Recorder(), dry_run=True, out=None).poll()
     names = {Path(d.repo).name: d.sweep for d in dry.decisions if d.action == "dry_run"}
     assert sorted(names) == ["busy", "done", "failed", "twice"]

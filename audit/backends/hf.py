@@ -604,7 +604,10 @@ def _from_cache(ref: str, name: str, requested: str, cache_dir: str | None,
                  else f" ({requested} was {commit[:12]} when last fetched, but that snapshot is missing)")
         raise ModelError(
             f"model {ref!r} (revision {requested}) is not in the local Hugging Face cache{known} and {how}; "
-            "download it first (one online run records the branch) or give a local directory"
+            + ("unset HF_HUB_OFFLINE for one online run (it records the branch), or give a local directory"
+               if online_error is None else
+               "nothing is lost: run the sweep again when the hub answers (it resumes and redoes only these "
+               "tasks), or give a local directory")
         )
     files = tuple(rel for rel, _ in _iter_files(snap))
     if _COMMIT.match(requested):

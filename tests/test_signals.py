@@ -1,0 +1,82 @@
+"""SIGINT and SIGTERM end a sweep's driver with one line (issue 18, item 4 of "Found"): exit
+status 130/143, ``interrupted (SIGTERM): N result(s) kept; resume with: audit run ...``, no
+traceback, no Ray C++ stack dump (before: a KeyboardInterrupt traceback, and exit 134 with a
+dump for SIGTERM). The results finished before the signal are kept (write-ahead log and
+tracking store) and the printed command resumes the sweep without redoing them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_sweep_service import write_spec, write_vec
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS4 = ["weat1", "weat2", "weat6", "weat7"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def _wal_records(out: Path) -> list[dict]:
+    path = out / "wal.jsonl"
+    if not path.is_file():
+        return []
+    recs = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("op") == "task":
+            recs.append(e["record"])
+    return recs
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_ends_the_sweep_with_one_line_and_keeps_its_results(tmp_path, sig):
+    a = write_vec(tmp_path / "a.vec", 1, tests=TESTS4)
+    b = write_vec(tmp_path / "b.vec", 2, tests=TESTS4)
+    out = tmp_path / "out"
+    spec = write_spec(tmp_path, "sig", f'  - {{name: a, ref: "{a}"}}\n  - {{name: b, ref: "{b}"}}', tests=TESTS4,
+                      out=out, ray="num_cpus: 1, actor_num_cpus: 0.5, stats_num_cpus: 0.5, batch_size: 1")
+    spec.write_text(spec.read_text().replace("permutations: 200\n", "permutations: 300000\n"), encoding="utf-8")
+    p = subprocess.Popen([sys.executable, "-m", "jobs.cli", "run", str(spec), "--no-progress"], cwd=ROOT, env=_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not _wal_records(out) and p.poll() is None and time.monotonic() - t0 < 400:
+        time.sleep(0.2)
+    assert p.poll() is None, "the sweep ended before the first result: make it slower"
+    p.send_signal(sig)
+    so, se = p.communicate(timeout=180)
+    assert p.returncode == 128 + sig, (p.returncode, so[-2000:], se[-3000:])
+    assert "Traceback" not in se and "*** SIG" not in se and "Stack trace" not in se, se[-3000:]
+    # stderr holds MLflow's and Ray's start-up lines too; the driver's own ending is one line, the last
+    lines = [x for x in se.strip().splitlines() if x.strip()]
+    assert sum("interrupted" in x.lower() or "KeyboardInterrupt" in x for x in lines) == 1, se[-3000:]
+    m = re.fullmatch(rf"interrupted \({sig.name}\): (\d+) result\(s\) kept; resume with: (audit run .+)", lines[-1])
+    assert m, se[-3000:]
+    kept = int(m.group(1))
+    recs = _wal_records(out)
+    assert kept == len(recs) and 1 <= kept < 8, (kept, len(recs))
+    # the printed command resumes: only the tasks without a result run
+    cmd = shlex.split(m.group(2))
+    r = subprocess.run([sys.executable, "-m", "jobs.cli", *cmd[1:], "--no-progress"], cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=600)
+    done = sum(1 for x in recs if x.get("status") == "finished")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"{8 - done} task(s) run, {done} resumed" in r.stdout, r.stdout[-2000:]
