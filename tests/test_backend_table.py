@@ -23,6 +23,7 @@ from jobs.watch.sources import backend_hint
     (["BertModel"], "encoder"),
     ([], "encoder"),
 ])
+@pytest.mark.unit
 def test_planner_loader_and_watcher_agree_on_the_kind(tmp_path, archs, kind):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": archs}))
     assert table.kind_from_architectures(archs) == kind
@@ -35,6 +36,7 @@ def test_planner_loader_and_watcher_agree_on_the_kind(tmp_path, archs, kind):
         assert hint is None
 
 
+@pytest.mark.unit
 def test_every_backend_name_is_one_row_with_one_kind():
     assert spec.BACKENDS == table.names()
     assert {table.kind_of_backend(n) for n in table.names()} == {"static", "encoder", "mlm", "causal", "sentence"}
@@ -44,6 +46,7 @@ def test_every_backend_name_is_one_row_with_one_kind():
         assert model_kind("anything", backend=n) == table.kind_of_backend(n)
 
 
+@pytest.mark.unit
 def test_load_model_refuses_an_unknown_backend_in_one_line():
     with pytest.raises(ModelError, match=r"^model 'x': unknown backend 'hf-foo'; known: static, fasttext"):
         load_model("x", backend="hf-foo")

@@ -49,6 +49,7 @@ def files(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("metric", ["weat", "rnd", "ect", "mac", "gweat", "same"])
 def test_score_refuses_a_one_word_set(files, metric):
     code, out, err = _run(["score", "--model", "ok.vec", "--test", "one.yaml", "--metric", metric,
@@ -60,6 +61,7 @@ def test_score_refuses_a_one_word_set(files, metric):
         "least 2 (a one-word set has no spread: the effect size, p-value and interval are degenerate)"]
 
 
+@pytest.mark.unit
 def test_two_words_per_set_still_run(files):
     (files / "two.yaml").write_text(TEST.replace("[rose, tulip, daisy, lily]", "[rose, tulip]"))
     code, out, err = _run(["score", "--model", "ok.vec", "--test", "two.yaml", "--metric", "weat",
@@ -67,6 +69,7 @@ def test_two_words_per_set_still_run(files):
     assert code == 0, err
 
 
+@pytest.mark.unit
 def test_every_set_metric_refuses_arrays_with_one_row():
     rng = np.random.default_rng(1)
     one, many = rng.normal(size=(1, 5)), rng.normal(size=(4, 5))
@@ -75,6 +78,7 @@ def test_every_set_metric_refuses_arrays_with_one_row():
             registry.run_metric(name, [many, many.copy()], [many + 1, one])
 
 
+@pytest.mark.unit
 def test_check_names_every_degenerate_set_and_the_words_found():
     with pytest.raises(DataError) as e:
         check_set_sizes([np.ones((1, 3)), np.ones((3, 3))], [np.zeros((0, 3)), np.ones((2, 3))],
@@ -83,6 +87,7 @@ def test_check_names_every_degenerate_set_and_the_words_found():
                                    "word set 'career' (attribute0) has 0 items after look-up; every set needs")
 
 
+@pytest.mark.ray
 def test_a_sweep_fails_only_the_degenerate_task_with_the_reason(tmp_path, local_ray):
     """In a sweep the task whose set keeps one word fails with the one-line reason; the
     other tasks finish."""

@@ -94,6 +94,7 @@ def _check_exactly_once(spec_path: Path, results, n_tasks: int) -> None:
     assert (spec.output_dir / "reports" / "results.parquet").is_file()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 def test_five_concurrent_invocations_finish_each_key_once(tmp_path, store, request):
     uri = None
@@ -120,6 +121,7 @@ def store(tmp_path):
     return Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "lease-test")
 
 
+@pytest.mark.e2e
 def test_exactly_one_of_many_racing_acquirers_wins(store):
     won, busy, errors = [], [], []
     barrier = threading.Barrier(8)
@@ -148,6 +150,7 @@ def test_exactly_one_of_many_racing_acquirers_wins(store):
     again.release()
 
 
+@pytest.mark.e2e
 def test_a_killed_drivers_lease_is_taken_over(store, tmp_path):
     from jobs.tracker import driver_id
 
@@ -168,6 +171,7 @@ def test_a_killed_drivers_lease_is_taken_over(store, tmp_path):
     mine.release()
 
 
+@pytest.mark.e2e
 def test_a_lease_on_another_host_goes_stale_after_its_ttl(store):
     other = Lease(store.client, store.experiment_id, "s3", driver="elsewhere:42:1", ttl=1.0).acquire()
     other._stop.set()
@@ -184,6 +188,7 @@ def test_a_lease_on_another_host_goes_stale_after_its_ttl(store):
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_counters_survive_a_killed_driver_and_ignore_unresolvable_tasks(store):
     """Child runs of a driver killed before it closed the parent count in ``tasks_run_total``;
     a task without ``audit.key`` (a repository that could not be resolved) is not superseded."""
@@ -204,6 +209,7 @@ def test_counters_survive_a_killed_driver_and_ignore_unresolvable_tasks(store):
     assert m["tasks_run_total"] == 5  # before: 0 (the killed invocation never added its count)
 
 
+@pytest.mark.e2e
 def test_a_refused_sweep_says_no_task_ran(tmp_path, capsys):
     """A sweep refused before anything starts (workers need 2 CPUs on a 1-CPU Ray) ran nothing: its
     summary says so (before: "2 task(s) run"), and it names no worker process."""

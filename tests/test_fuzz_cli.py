@@ -217,6 +217,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.unit
 def test_the_table_is_large_and_covers_every_command():
     ids = [c[0] for c in CASES]
     assert len(ids) == len(set(ids)) and len(ids) >= 100
@@ -224,6 +225,7 @@ def test_the_table_is_large_and_covers_every_command():
     assert commands >= {"score", "compare", "table", "run", "sync", "watch", "datasets", "metrics"}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("case_id,argv,status", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_one_line_documented_status_no_traceback(work, monkeypatch, case_id, argv, status):
     monkeypatch.chdir(work)
@@ -250,6 +252,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("command", ["score", "compare"])
 def test_a_signal_ends_score_and_compare_with_one_line(work, tmp_path, command, sig, status):
@@ -282,6 +285,7 @@ def test_a_signal_ends_score_and_compare_with_one_line(work, tmp_path, command, 
     assert err.strip().startswith(f"audit: {'interrupted (SIGINT)' if status == 130 else 'terminated (SIGTERM)'}")
 
 
+@pytest.mark.e2e
 def test_entry_point_end_to_end(work):
     """The installed command as a user runs it: a good score (0) and a bad one (2, one line)."""
     audit = REPO / ".venv" / "bin" / "audit"
@@ -294,6 +298,7 @@ def test_entry_point_end_to_end(work):
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.unit
 def test_table_exit_1_when_a_test_fails(work, monkeypatch):
     """``audit table``: a test the model cannot score is a row saying why, and status 1."""
     monkeypatch.chdir(work)
@@ -307,6 +312,7 @@ def test_table_exit_1_when_a_test_fails(work, monkeypatch):
     assert rows[2].startswith("| en/small | en | ") and " | failed | " in rows[3] and "unknown" in rows[3]
 
 
+@pytest.mark.unit
 def test_every_option_of_every_command_has_help_text():
     import argparse
 
@@ -329,6 +335,7 @@ def test_every_option_of_every_command_has_help_text():
     assert missing == []
 
 
+@pytest.mark.unit
 def test_compare_of_runs_and_watch_turn_mlflow_download_bars_off(work, monkeypatch):
     """MLflow's "Downloading artifacts" bars would clutter the comparison table and the decision log."""
     monkeypatch.chdir(work)

@@ -4,6 +4,8 @@ named explicitly gives the same key as the default."""
 
 from __future__ import annotations
 
+import pytest
+
 from audit import registry
 from audit.provenance import task_key
 
@@ -13,6 +15,7 @@ def _key(metric, params):
                     params=registry.key_params(metric, params), seed=0, version="v")
 
 
+@pytest.mark.unit
 def test_convention_enters_the_key_of_permutation_metrics_only():
     for metric in ("weat", "seat", "lpbs"):
         default = _key(metric, {"permutations": 200})

@@ -18,6 +18,7 @@ DATA = Path(os.environ.get("BIASAUDIT_DATA", Path(__file__).resolve().parents[2]
 FR = DATA / "crows-pairs-multilingual" / "crows_pairs_fr.tsv"
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not FR.is_file(), reason=f"French CrowS-Pairs not found at {FR}")
 def test_french_crows_pairs_by_path_equals_the_registered_test():
     """The official French TSV passed by path used to fail on row 129 ("column 'sent_less' is
@@ -30,6 +31,7 @@ def test_french_crows_pairs_by_path_equals_the_registered_test():
     pd.testing.assert_frame_equal(by_name.table, by_path.table)
 
 
+@pytest.mark.unit
 def test_crows_pairs_rows_skipped_with_reasons_and_a_file_without_valid_rows_refused(tmp_path):
     rows = pd.DataFrame({"sent_more": ["A is bad.", "", "C is bad."], "sent_less": ["B is bad.", "D.", "E."],
                          "stereo_antistereo": ["stereo", "stereo", "sideways"], "bias_type": ["race-color"] * 3})
@@ -45,6 +47,7 @@ def test_crows_pairs_rows_skipped_with_reasons_and_a_file_without_valid_rows_ref
         load_crows_pairs(tmp_path / "none.csv")
 
 
+@pytest.mark.unit
 def test_honest_items_hold_lists_and_files_keep_them_readable(tmp_path):
     """HONEST per-item cells were tuples, written as Python repr text ("('g',)"): they are lists
     now, a Parquet file gives lists back and a CSV file JSON text."""
@@ -75,6 +78,7 @@ def test_honest_items_hold_lists_and_files_keep_them_readable(tmp_path):
     assert json.loads(csv.loc[1, "hurtful"]) == [False, True]
 
 
+@pytest.mark.unit
 def test_coverage_tells_vocabulary_words_from_subword_built_ones(tmp_path, monkeypatch):
     """A fastText model that knows none of the test's words in its vocabulary builds them all
     from subwords: coverage 1.00 as before, and now coverage_vocabulary 0.00 and n_subword."""

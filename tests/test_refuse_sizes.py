@@ -51,6 +51,7 @@ def files(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.unit
 def test_permutations_1e14_on_8_plus_8_is_the_exact_test_at_once(files):
     t0 = time.perf_counter()
     code, out, err = _run(["score", "--model", "ok.vec", "--test", "t.yaml", "--metric", "weat",
@@ -64,6 +65,7 @@ def test_permutations_1e14_on_8_plus_8_is_the_exact_test_at_once(files):
     assert f["p_min"] == 1 / 12_870 and f["p_value"] >= f["p_min"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("value", ["1e11", "100000000000"])
 def test_bootstrap_that_cannot_fit_is_refused_before_the_model_loads(files, monkeypatch, value):
     def no_load(*a, **k):
@@ -80,6 +82,7 @@ def test_bootstrap_that_cannot_fit_is_refused_before_the_model_loads(files, monk
         f"{stats.physical_memory() // (8 * 16):,}"]
 
 
+@pytest.mark.unit
 def test_check_resample_memory_bounds():
     stats.check_resample_memory("n_bootstrap", 1000, 50, memory=8 * 1000 * 50)  # fits exactly
     with pytest.raises(ParameterError, match=r"^n_bootstrap=1,001: 1,001 resamples of 50 items need at least "

@@ -43,6 +43,7 @@ def _crows_row(model: str, metric: str, variant: str, disability_won: int) -> di
     return _row(tags, {"metric": metric, "ci_method": "wilson"}, result_metrics(res), None)
 
 
+@pytest.mark.unit
 def test_masked_and_causal_crows_pairs_are_separate_breakdowns_with_n_and_wilson_intervals(tmp_path):
     """A sweep with a masked LM (pseudo-log-likelihood, ``crows_pairs``) and a causal LM
     (log-likelihood, ``crows_pairs_causal``): each measurement gets its own tables, plots and
@@ -79,6 +80,7 @@ def test_masked_and_causal_crows_pairs_are_separate_breakdowns_with_n_and_wilson
     assert "50.000 [9.45, 90.55] n=2" in causal and "tiny-bert" not in causal
 
 
+@pytest.mark.unit
 def test_a_causal_child_run_is_named_by_its_measurement():
     """Run name, ``params.metric`` and the ``audit.metric`` tag say ``crows_pairs_causal`` for
     a causal LM (the run name said ``crows_pairs``)."""
@@ -89,6 +91,7 @@ def test_a_causal_child_run_is_named_by_its_measurement():
     assert rec["params"]["metric"] == rec["tags"]["audit.metric"] == "crows_pairs_causal"
 
 
+@pytest.mark.unit
 def test_child_runs_carry_adjusted_p_values_with_their_family_and_settings_as_params(tmp_path):
     """Metrics are the numbers a user compares: the seeds, classifier seeds, bootstrap size and
     confidence level of a result are params ``result.<name>``, not metrics; once the report is
@@ -168,6 +171,7 @@ def _synthetic_sweep(n_models: int = N_MODELS) -> pd.DataFrame:
     return report.results_frame(rows)
 
 
+@pytest.mark.unit
 def test_reports_of_192_models_have_bounded_plots_and_no_warnings(tmp_path):
     """Every plot of a 192-model sweep fits in MAX_PX x MAX_PX pixels (the CrowS-Pairs per-bias
     -type PNG was 114,268 px wide), draws no legend over the data (models are the rows), and
@@ -193,6 +197,7 @@ def test_reports_of_192_models_have_bounded_plots_and_no_warnings(tmp_path):
             assert len(np.unique(np.asarray(im.convert("L")))) > 10, p.name
 
 
+@pytest.mark.unit
 def test_plot_parts_split_models_and_facets():
     from pathlib import Path
 
@@ -203,6 +208,7 @@ def test_plot_parts_split_models_and_facets():
     assert report.plot_parts(Path("p/x.png"), models[:3], facets[:2]) == [(Path("p/x.png"), models[:3], facets[:2])]
 
 
+@pytest.mark.unit
 def test_status_summary_collapses_what_is_uniform_in_the_one_model_order():
     df = _synthetic_sweep(24)
     s = report.summary_table(df)
@@ -223,6 +229,7 @@ def test_status_summary_collapses_what_is_uniform_in_the_one_model_order():
     assert len(big.splitlines()) < 60  # not one row per model
 
 
+@pytest.mark.unit
 def test_plan_counts_collapse_equal_rows_over_20_models():
     from jobs.plan import collapse_rows
 
@@ -236,6 +243,7 @@ def test_plan_counts_collapse_equal_rows_over_20_models():
     assert collapse_rows(tab.iloc[:5]).equals(tab.iloc[:5])
 
 
+@pytest.mark.unit
 def test_a_grown_sweep_replaces_its_earlier_plot_files(tmp_path):
     """Reports are rebuilt on every invocation: a sweep that grew from 3 to 60 models gets
     ``effects_weat_en_1of2.png`` and ``_2of2.png`` and no stale ``effects_weat_en.png``."""

@@ -43,12 +43,14 @@ def sweep_specs() -> list[Path]:
     return [p for p in sorted(SPECS.glob("*.yaml")) if not p.name.startswith("watch")]
 
 
+@pytest.mark.e2e
 def test_every_shipped_spec_is_covered_here_or_named():
     names = {p.name for p in SPECS.glob("*.yaml")}
     assert {"smoke.yaml", "default.yaml", "hub-example.yaml", "watch-local-example.yaml"} <= names
     assert all((REPO / t).is_file() for t in REAL_RUN_ELSEWHERE.values())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("path", [p for p in sweep_specs() if p.name not in REAL_RUN_ELSEWHERE], ids=lambda p: p.name)
 def test_sweep_spec_dry_run_as_documented(path, tmp_path, capsys):
     assert f"audit run jobs/specs/{path.name}" in path.read_text()  # the command its comment gives
@@ -86,6 +88,7 @@ def _layout(root: Path) -> None:
             os.utime(f, (old, old))
 
 
+@pytest.mark.e2e
 def test_watch_local_example_in_its_documented_layout(tmp_path, monkeypatch, capsys, local_ray):
     from watch_fakes import InlineSubmitter
 
@@ -125,6 +128,7 @@ def test_watch_local_example_in_its_documented_layout(tmp_path, monkeypatch, cap
     assert "already audited: sweep run" in out and "0 failed" in out
 
 
+@pytest.mark.e2e
 def test_a_model_folder_is_one_rule_for_planner_loader_and_score(tmp_path, capsys):
     """A folder holding one vectors file is that file for every command (score, compare, sweeps
     and their planner); a folder with nothing loadable is refused by the dry run, naming it."""

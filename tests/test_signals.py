@@ -47,6 +47,7 @@ def _wal_records(out: Path) -> list[dict]:
     return recs
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_ends_the_sweep_with_one_line_and_keeps_its_results(tmp_path, sig):
     a = write_vec(tmp_path / "a.vec", 1, tests=TESTS4)

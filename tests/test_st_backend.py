@@ -46,6 +46,7 @@ def minilm_path():
     return runner.resolve_packaged("minilm")
 
 
+@pytest.mark.unit
 def test_tiny_model_embeds_as_sentence_transformers_does(tiny_st):
     m = runner.load_model("st:" + tiny_st)
     assert (m.kind, m.backend, m.handle.dim) == ("sentence", "sentence-transformers", 8)
@@ -59,6 +60,7 @@ def test_tiny_model_embeds_as_sentence_transformers_does(tiny_st):
     assert m.revision.startswith("sha256:")
 
 
+@pytest.mark.unit
 def test_minilm_uses_its_own_pooling_and_normalisation(minilm_path):
     m = runner.load_model("st:minilm")
     assert m.kind == "sentence" and m.handle.path == minilm_path
@@ -75,6 +77,7 @@ def test_minilm_uses_its_own_pooling_and_normalisation(minilm_path):
     assert np.abs(cls - got).max() > 0.1  # the HF default (cls, unnormalised) is another representation
 
 
+@pytest.mark.unit
 def test_seat_and_word_metrics_run_on_the_engine(tiny_st):
     model = runner.load_model("st:" + tiny_st)
     seat = runner.score(model, "weat7", "seat", {"permutations": 200}, seed=1)
@@ -88,6 +91,7 @@ def test_seat_and_word_metrics_run_on_the_engine(tiny_st):
     assert seat.provenance["backend"] == "sentence-transformers" and seat.provenance["revision"] == model.revision
 
 
+@pytest.mark.unit
 def test_refusals_are_one_line(tiny_st, tmp_path):
     m = runner.load_model("st:" + tiny_st).handle
     with pytest.raises(ParameterError, match=r"^method: model .* configured modules only"):
@@ -107,6 +111,7 @@ def test_refusals_are_one_line(tiny_st, tmp_path):
         hf.embed(["a b"], method="model")
 
 
+@pytest.mark.unit
 def test_planner_knows_the_engine_without_loading(tiny_st, minilm_path):
     assert model_kind("st:minilm") == "sentence"
     assert model_kind(minilm_path) == "encoder"  # a folder with modules.json stays a HF checkpoint unless named

@@ -38,6 +38,7 @@ def _audit(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.e2e
 def test_the_printed_sync_hint_uploads_into_the_server_the_run_named(tmp_path):
     vec = write_vec(tmp_path / "a.vec", 1)
     spec = write_spec(tmp_path, "hint", f'  - {{name: a, ref: "{vec}"}}', out=tmp_path / "spec-out",
@@ -68,6 +69,7 @@ def test_the_printed_sync_hint_uploads_into_the_server_the_run_named(tmp_path):
         server.stop()
 
 
+@pytest.mark.e2e
 def test_a_plain_sync_uploads_to_the_store_the_records_were_meant_for(tmp_path):
     wal = WriteAheadLog(tmp_path / "wal.jsonl")
     wal.append({"id": "r1", "status": "finished", "key": "k1"}, uri="http://mlflow.example:5000")
@@ -84,6 +86,7 @@ def test_a_plain_sync_uploads_to_the_store_the_records_were_meant_for(tmp_path):
     assert json.loads((tmp_path / "wal.jsonl").read_text())["uri"] == "http://mlflow.example:5000"
 
 
+@pytest.mark.e2e
 def test_sync_while_a_driver_runs_uploads_nothing(tmp_path):
     """A live driver holds ``<output_dir>/sweep.lock``: ``audit sync`` would upload the record the
     driver is writing a second time; it exits 5 with one line instead, and works once the lock is free."""

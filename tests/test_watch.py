@@ -698,6 +698,7 @@ def test_run_spec_env_needs_the_variable(monkeypatch, capsys):
     assert "metrics[0].name: unknown metric 'wat'" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_a_failed_audit_job_makes_watch_once_exit_1_and_notify_both_channels(tmp_path, monkeypatch, capsys):
     """The recipe's failure: the job dies before its sweep writes a run (``No module named
     'pandas'``). ``audit watch --once`` exits 1 and notifies (command and POST) when it sees the
@@ -765,6 +766,7 @@ def test_a_failed_audit_job_makes_watch_once_exit_1_and_notify_both_channels(tmp
         assert rx.bodies[-1]["json"]["repo"] == str(root / "other")
 
 
+@pytest.mark.unit
 def test_a_failed_notification_is_an_error_and_retried(tmp_path):
     root = tmp_path / "models"
     write_vectors(root / "tiny" / "v1", 0, mtime=time.time() - 3600)
@@ -780,6 +782,7 @@ def test_a_failed_notification_is_an_error_and_retried(tmp_path):
         assert [e.reason for e in r.errors] == [f"notification command {sys.executable} exited 5"]
 
 
+@pytest.mark.unit
 def test_a_local_folder_the_run_could_not_load_is_not_submitted(tmp_path):
     """A revision folder with neither config.json nor a vectors file: refused by the planner's rule
     before submission (an error, exit 1), not submitted as a job that fails every task."""
