@@ -59,7 +59,7 @@ KIND_NAMES = {"static": "static word vectors", "encoder": "an encoder without LM
 #:   (:data:`audit.metrics.sets.MIN_SET_SIZE`).
 #:
 #: Where a property does not hold or has no meaning for a metric, its declaration is ``n/a: ``
-#: and the reason.
+#: and the reason; ``seed`` and ``non_finite`` hold for every metric (never ``n/a``).
 PROPERTIES: dict[str, tuple[str, ...]] = {
     "item_order": ("invariant",),
     "group_swap": ("flips", "invariant"),

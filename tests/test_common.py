@@ -36,6 +36,9 @@ from audit.result import MetricOutput
 
 NAMES = registry.names()
 
+#: Properties every metric must have: reproducible, and never a NaN result from bad numbers.
+ALWAYS = ("seed", "non_finite")
+
 #: Small analysis parameters (few resamples) so the file runs in seconds.
 FAST = {"n_bootstrap": 40, "n_cases": 3}
 
@@ -262,6 +265,7 @@ def declared(name: str) -> dict[str, str]:
     unknown = sorted(set(props) - set(PROPERTIES))
     assert not unknown, f"metric {name!r} declares unknown properties {unknown}"
     for p, v in props.items():
+        assert not (p in ALWAYS and v.startswith("n/a")), f"metric {name!r}: {p} cannot be declared n/a"
         ok = v.startswith(PROPERTIES[p]) or (v.startswith("n/a: ") and len(v) > 15)
         assert ok, f"metric {name!r}: property {p} = {v!r}; expected one of {PROPERTIES[p]} or 'n/a: <reason>'"
     assert e.family.name in BUILDERS, f"family {e.family.name!r} of metric {name!r} has no synthetic builder here"
@@ -386,3 +390,80 @@ def test_every_registered_metric_declares_every_property():
 @pytest.mark.parametrize("name", NAMES)
 def test_property(name, prop, tmp_path):
     CHECKS[prop](name, tmp_path)
+
+
+# --------------------------------------------------------------------------------------
+# The checks catch what they should: toy metrics, registered for one test, that break a property
+# --------------------------------------------------------------------------------------
+
+
+def _vectors(m: Measurement) -> np.ndarray:
+    return np.concatenate([*m.targets, *m.attributes])
+
+
+def _seeded_value(m: Measurement, seed: int | None = None) -> MetricOutput:
+    return MetricOutput(value=float(np.random.default_rng(seed).random()), fields={"ci": [0.0, 1.0], "seed": seed})
+
+
+#: property -> an analysis that violates it (every other property holds or does not matter).
+BROKEN: dict[str, Callable[..., MetricOutput]] = {
+    "item_order": lambda m, **p: MetricOutput(value=float(m.targets[0][0, 0])),  # the first word only
+    "group_swap": lambda m, **p: MetricOutput(value=float(np.abs(_vectors(m)).mean())),  # symmetric, > 0
+    "scale": lambda m, **p: MetricOutput(value=float(np.linalg.norm(_vectors(m), axis=1).mean())),  # a length
+    "seed": lambda m, **p: MetricOutput(value=float(np.random.default_rng().random())),  # unseeded
+    "non_finite": lambda m, **p: MetricOutput(value=float(np.nanmean(_vectors(m)))),  # NaN skipped silently
+    "min_set_size": lambda m, **p: MetricOutput(value=float(m.targets[0].mean() - m.targets[1].mean())),
+}
+
+
+def _toy(monkeypatch, analyse: Callable[..., MetricOutput], properties: dict[str, str],
+         params: dict[str, Any] | None = None) -> str:
+    toy = Metric(name="toy_broken", family=ASSOCIATION, analyse=analyse, params=params or {},
+                 headline="a deliberately broken toy", reference="tests/test_common.py", n_targets=(2, 2),
+                 n_attributes=(2, 2), properties=properties)
+    monkeypatch.setitem(registry.METRICS, toy.name, toy)
+    return toy.name
+
+
+@pytest.mark.parametrize("prop", sorted(BROKEN))
+def test_a_violated_property_fails(prop, monkeypatch, tmp_path):
+    holds = {"item_order": "invariant", "group_swap": "flips", "scale": "invariant", "seed": "deterministic",
+             "non_finite": "refused", "min_set_size": "refused"}
+    name = _toy(monkeypatch, BROKEN[prop], holds)
+    with pytest.raises((AssertionError, pytest.fail.Exception)):
+        CHECKS[prop](name, tmp_path)
+    # declared as not applying (with its reason), the same metric passes that check
+    if prop not in ALWAYS:
+        name = _toy(monkeypatch, BROKEN[prop], {**holds, prop: "n/a: this toy breaks it on purpose"})
+        CHECKS[prop](name, tmp_path)
+
+
+def test_a_random_headline_must_be_declared(monkeypatch, tmp_path):
+    rest = {p: "n/a: not this test" for p in PROPERTIES} | {"non_finite": "refused"}
+    name = _toy(monkeypatch, _seeded_value, {**rest, "seed": "seeded: ci, seed"}, params={"seed": None})
+    with pytest.raises(AssertionError, match="does not declare random"):
+        check_seed(name, tmp_path)
+    name = _toy(monkeypatch, _seeded_value, {**rest, "seed": "seeded: value, seed"}, params={"seed": None})
+    check_seed(name, tmp_path)
+
+
+@pytest.mark.parametrize("properties, why", [
+    ({}, "declares no"),
+    ({p: "invariant" for p in ("item_order", "group_swap", "scale")}, "declares no seed, non_finite"),
+    ({**{p: "n/a: not this test" for p in PROPERTIES}}, "seed cannot be declared n/a"),
+    ({**{p: "n/a: not this test" for p in PROPERTIES}, "scale": "mostly"}, "property scale = 'mostly'"),
+    ({**{p: "n/a: not this test" for p in PROPERTIES}, "speed": "fast"}, "unknown properties"),
+    ({**{p: "n/a: not this test" for p in PROPERTIES}, "scale": "n/a: "}, "property scale"),
+])
+def test_an_uncovered_metric_fails(properties, why, monkeypatch):
+    _toy(monkeypatch, BROKEN["scale"], properties)
+    with pytest.raises(AssertionError, match=why):
+        test_every_registered_metric_declares_every_property()
+
+
+def test_a_family_without_builder_fails(monkeypatch):
+    name = _toy(monkeypatch, BROKEN["scale"], {**{p: "n/a: not this test" for p in PROPERTIES},
+                                                "seed": "deterministic", "non_finite": "refused"})
+    monkeypatch.delitem(BUILDERS, ASSOCIATION.name)
+    with pytest.raises(AssertionError, match="no synthetic builder"):
+        declared(name)
