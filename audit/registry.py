@@ -220,7 +220,8 @@ _ENTRIES: tuple[Metric, ...] = (
         headline="RND: mean over attribute words of ||a - mean(X)|| - ||a - mean(Y)|| (WEFE)",
         reference="Garg et al. (2018), PNAS 115:E3635; WEFE 1.0.1 (Badilla et al. 2020)",
         n_targets=(2, 2), n_attributes=(1, None), roles=True, items="one row per measured word: its distance difference",
-        properties={**_SIGNED, "scale": _LINEAR.format("a Euclidean distance (Garg et al.)") + "; distance='cosine' is invariant"},
+        properties={**_SIGNED, "scale": _LINEAR.format("a Euclidean distance (Garg et al.)")
+                    + "; distance='cosine' is invariant"},
     ),
     Metric(
         name="rnsb", family=ASSOCIATION, analyse=_on_sets(rnsb_sets),
@@ -236,13 +237,15 @@ _ENTRIES: tuple[Metric, ...] = (
         name="mac", family=ASSOCIATION, analyse=_on_sets(mac_sets), params={"groups": None},
         headline="MAC: mean over (target word, attribute set) of mean cosine distance",
         reference="Manzini et al. (2019), NAACL; WEFE 1.0.1",
-        n_targets=(1, None), n_attributes=(1, None), roles=True, items="one row per (group word, measured set)", properties=_MAGNITUDE,
+        n_targets=(1, None), n_attributes=(1, None), roles=True, items="one row per (group word, measured set)",
+        properties=_MAGNITUDE,
     ),
     Metric(
         name="ect", family=ASSOCIATION, analyse=_on_sets(ect_sets), params={"groups": None},
         headline="ECT: Spearman rho between attribute words' cosines to mean(X) and to mean(Y); 1 = no bias",
         reference="Dev & Phillips (2019), AISTATS; WEFE 1.0.1",
-        n_targets=(2, 2), n_attributes=(1, None), roles=True, items="one row per measured word: its two cosines", properties=_MAGNITUDE,
+        n_targets=(2, 2), n_attributes=(1, None), roles=True, items="one row per measured word: its two cosines",
+        properties=_MAGNITUDE,
     ),
     Metric(
         name="ripa", family=ASSOCIATION, analyse=_on_sets(ripa_sets), params={"groups": None},

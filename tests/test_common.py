@@ -467,3 +467,26 @@ def test_a_family_without_builder_fails(monkeypatch):
     monkeypatch.delitem(BUILDERS, ASSOCIATION.name)
     with pytest.raises(AssertionError, match="no synthetic builder"):
         declared(name)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if registry.get(n).properties.get("scale", "").startswith("n/a")
+                                  and registry.get(n).family.name in (ASSOCIATION.name, PAIR_SCORES.name)])
+def test_declared_scale_exceptions_are_real(name, monkeypatch, tmp_path):
+    """Where an entry says scale invariance does not hold, claiming it fails (the reason is not an excuse)."""
+    e = registry.get(name)
+    if e.family is PAIR_SCORES:  # near-ties: equal at 3 decimals, apart once scaled
+        base = measurement(name)
+        t = base.table.assign(sent_more_score=-1.0001, sent_less_score=-1.0004)
+        base = dataclasses.replace(base, table=t)
+        v, w = run(name, base, tmp_path).value, run(name, scale(e, base, 10.0), tmp_path).value
+        assert (v, w) == (0.0, 100.0)
+        return
+    monkeypatch.setitem(registry.METRICS, name, dataclasses.replace(e, properties={**e.properties, "scale": "invariant"}))
+    with pytest.raises(AssertionError, match="scaling by"):
+        check_scale(name, tmp_path)
+
+
+def test_rnd_cosine_is_scale_invariant(tmp_path):
+    e, m = registry.get("rnd"), measurement("rnd")
+    v = [registry.analyse(scale(e, m, c), "rnd", {"distance": "cosine"}).value for c in (1.0, 0.01, 250.0)]
+    assert v[0] != 0 and np.allclose(v, v[0], rtol=1e-12, atol=0)
