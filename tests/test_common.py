@@ -481,7 +481,8 @@ def test_declared_scale_exceptions_are_real(name, monkeypatch, tmp_path):
         v, w = run(name, base, tmp_path).value, run(name, scale(e, base, 10.0), tmp_path).value
         assert (v, w) == (0.0, 100.0)
         return
-    monkeypatch.setitem(registry.METRICS, name, dataclasses.replace(e, properties={**e.properties, "scale": "invariant"}))
+    claimed = dataclasses.replace(e, properties={**e.properties, "scale": "invariant"})
+    monkeypatch.setitem(registry.METRICS, name, claimed)
     with pytest.raises(AssertionError, match="scaling by"):
         check_scale(name, tmp_path)
 
