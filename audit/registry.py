@@ -146,7 +146,13 @@ _WEAT_REF = "Caliskan, Bryson & Narayanan (2017), Science 356:183-186"
 _HOLDS = {"item_order": "invariant", "scale": "invariant", "seed": "deterministic", "non_finite": "refused",
           "min_set_size": "refused"}
 _SIGNED = {**_HOLDS, "group_swap": "flips"}
-_MAGNITUDE = {**_HOLDS, "group_swap": "invariant"}
+
+
+def _unsigned(why: str) -> dict[str, str]:
+    """The properties of a metric whose headline has no sign to flip: swapping the groups leaves it unchanged."""
+    return {**_HOLDS, "group_swap": f"invariant: {why}"}
+
+
 _WEAT_PROPS = {**_SIGNED, "seed": "seeded: ci, ci_degenerate, p_value, n_extreme, seed"}
 _NO_SETS = "n/a: no word sets (the items are {}, refused when the table is empty)"
 _LINEAR = ("n/a: {} is linear in the vectors (no normalisation in the reference), so scaling them scales it")
@@ -198,7 +204,8 @@ _ENTRIES: tuple[Metric, ...] = (
         reference="Schröder, Schulz & Hammer (2024), The SAME score, IJCNN (arXiv:2203.14603); "
                   "HammerLabML/EmbeddingBiasScores",
         n_targets=(2, None), n_attributes=(1, None), roles=True,
-        items="one row per scored word: its signed bias b(w) per direction", properties=_MAGNITUDE,
+        items="one row per scored word: its signed bias b(w) per direction",
+        properties=_unsigned("a magnitude (the per-word b(w) flip)"),
     ),
     Metric(
         name="gweat", family=ASSOCIATION, analyse=_on_sets(gweat_sets), params={},
@@ -213,7 +220,8 @@ _ENTRIES: tuple[Metric, ...] = (
                  "target (defining) sets",
         reference="Bolukbasi et al. (2016), Man is to computer programmer as woman is to homemaker?, NeurIPS",
         n_targets=(2, None), n_attributes=(1, None), paired="groups", roles=True,
-        items="one row per neutral word: cos(w, g)", properties=_MAGNITUDE,
+        items="one row per neutral word: cos(w, g)",
+        properties=_unsigned("|cos(w, g)|^c; the direction g is defined up to sign"),
     ),
     Metric(
         name="rnd", family=ASSOCIATION, analyse=_on_sets(rnd_sets), params={"distance": "euclidean", "groups": None},
@@ -230,7 +238,7 @@ _ENTRIES: tuple[Metric, ...] = (
         reference="Sweeney & Najafian (2019), ACL; WEFE 1.0.1",
         n_targets=(1, None), n_attributes=(2, 2), roles=True,
         items="one row per group word: its normalised negative probability",
-        properties={**_MAGNITUDE, "scale": _CLASSIFIER,
+        properties={**_unsigned("KL over every group word together"), "scale": _CLASSIFIER,
                     "seed": "seeded: value, rnsb, kl_per_iteration, accuracy, seed, iteration_seeds"},
     ),
     Metric(
@@ -238,14 +246,14 @@ _ENTRIES: tuple[Metric, ...] = (
         headline="MAC: mean over (target word, attribute set) of mean cosine distance",
         reference="Manzini et al. (2019), NAACL; WEFE 1.0.1",
         n_targets=(1, None), n_attributes=(1, None), roles=True, items="one row per (group word, measured set)",
-        properties=_MAGNITUDE,
+        properties=_unsigned("a mean over every group set"),
     ),
     Metric(
         name="ect", family=ASSOCIATION, analyse=_on_sets(ect_sets), params={"groups": None},
         headline="ECT: Spearman rho between attribute words' cosines to mean(X) and to mean(Y); 1 = no bias",
         reference="Dev & Phillips (2019), AISTATS; WEFE 1.0.1",
         n_targets=(2, 2), n_attributes=(1, None), roles=True, items="one row per measured word: its two cosines",
-        properties=_MAGNITUDE,
+        properties=_unsigned("Spearman rho is symmetric in its two variables"),
     ),
     Metric(
         name="ripa", family=ASSOCIATION, analyse=_on_sets(ripa_sets), params={"groups": None},
@@ -262,7 +270,8 @@ _ENTRIES: tuple[Metric, ...] = (
         reference="Dusi et al. (2024), IEEE Access, doi:10.1109/ACCESS.2024.3482010",
         n_targets=(2, None), n_attributes=(2, None), roles=True,
         items="one row per attribute word: its predicted protected class",
-        properties={**_MAGNITUDE, "scale": _CLASSIFIER, "seed": "seeded: value, cramers_v, cramers_v_std, v_per_case, "
+        properties={**_unsigned("V does not depend on how the classes are labelled"), "scale": _CLASSIFIER,
+                    "seed": "seeded: value, cramers_v, cramers_v_std, v_per_case, "
                     "chi2_mean, p_values, contingency, degenerate_cases, seed, classifier_seeds"},
     ),
     Metric(
