@@ -52,7 +52,8 @@ KIND_NAMES = {"static": "static word vectors", "encoder": "an encoder without LM
 #:   ``invariant``.
 #: - ``seed``: ``deterministic`` (no seed: two runs are bitwise identical) or ``seeded: f1, f2``
 #:   (the same seed gives a bitwise identical result; another seed changes only the listed
-#:   fields, ``value`` when the headline itself is random).
+#:   fields, ``value`` when the headline itself is random; ``a.*.b``: field ``b`` of every entry of
+#:   the nested table ``a``).
 #: - ``non_finite``: a NaN or infinite number in the measurement is ``refused`` with one
 #:   :class:`~audit.errors.AuditError` line, never a NaN result.
 #: - ``min_set_size``: a word set with one item is ``refused``

@@ -311,7 +311,7 @@ _ENTRIES: tuple[Metric, ...] = (
                   "lm-evaluation-harness (multiple-choice scoring)",
         items="one row per item: each option's score, the prediction, correct / unknown / biased",
         breakdowns=(("per_category", ("s_amb", "s_dis", "acc_amb", "acc_disamb")),),
-        properties={**_SIGNED, "seed": "seeded: ci, cis, per_category, seed_used",
+        properties={**_SIGNED, "seed": "seeded: ci, cis, per_category.*.ci, seed_used",
                     "min_set_size": _NO_SETS.format("multiple-choice questions")},
     ),
 )

@@ -245,10 +245,21 @@ def differences(a: Any, b: Any, tol: float, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
+def without(d: Any, path: list[str]) -> Any:
+    """``d`` without the entry at the dotted ``path`` (``*`` matches every key of a level)."""
+    if not isinstance(d, dict) or not path:
+        return d
+    head, rest = path[0], path[1:]
+    return {k: (without(v, rest) if rest else None) if head in ("*", k) else v
+            for k, v in d.items() if rest or head not in ("*", k)}
+
+
 def summary(out: MetricOutput, drop: set[str] = frozenset()) -> dict[str, Any]:
-    """The headline and fields of a result, without the fields in ``drop``."""
+    """The headline and fields of a result, without the (dotted) fields in ``drop``."""
     d = {"value": plain(out.value), **{k: plain(v) for k, v in out.fields.items()}}
-    return {k: v for k, v in d.items() if k not in drop}
+    for f in drop:
+        d = without(d, f.split("."))
+    return d
 
 
 # --------------------------------------------------------------------------------------
