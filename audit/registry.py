@@ -249,7 +249,7 @@ _ENTRIES: tuple[Metric, ...] = (
         properties=_unsigned("a mean over every group set"),
     ),
     Metric(
-        name="ect", family=ASSOCIATION, analyse=_on_sets(ect_sets), params={"groups": None},
+        name="ect", family=ASSOCIATION, analyse=_on_sets(ect_sets), params={"groups": None}, no_bias=1.0,
         headline="ECT: Spearman rho between attribute words' cosines to mean(X) and to mean(Y); 1 = no bias",
         reference="Dev & Phillips (2019), AISTATS; WEFE 1.0.1",
         n_targets=(2, 2), n_attributes=(1, None), roles=True, items="one row per measured word: its two cosines",

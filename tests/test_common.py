@@ -506,3 +506,14 @@ def test_rnd_cosine_is_scale_invariant(tmp_path):
     e, m = registry.get("rnd"), measurement("rnd")
     v = [registry.analyse(scale(e, m, c), "rnd", {"distance": "cosine"}).value for c in (1.0, 0.01, 250.0)]
     assert v[0] != 0 and np.allclose(v, v[0], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("name", ["weat", "seat", "gweat", "rnd", "ect"])
+def test_identical_groups_score_the_no_bias_value(name, tmp_path):
+    """Two identical groups measure no bias: the headline is the entry's ``no_bias`` (what the
+    reports draw as the reference line), e.g. 1 for ECT (Dev & Phillips 2019: rho = 1, no bias).
+    (SAME, Direct Bias and RIPA refuse identical groups: no direction between them; RNSB, MAC and
+    Cramér's V measure something else than a difference between the groups.)"""
+    m = measurement(name)
+    m = dataclasses.replace(m, targets=[m.targets[0], m.targets[0].copy(), *m.targets[2:]])
+    assert run(name, m, tmp_path).value == pytest.approx(registry.get(name).no_bias, abs=1e-12)
