@@ -353,6 +353,9 @@ def check_seed(name: str, tmp) -> None:
         a, b = run(name, m, tmp, seed=11, **extra), run(name, m, tmp, seed=11, **extra)
         diff = differences(summary(a), summary(b), 0)
         assert not diff, f"{name}: the same seed gave different results {diff[:3]}"
+        assert (a.items is None) == (b.items is None), f"{name}: the same seed gave a per-item table once"
+        if a.items is not None:
+            pd.testing.assert_frame_equal(a.items, b.items, check_exact=True, obj=f"{name}: per-item table")
         c = run(name, m, tmp, seed=12, **extra)
         diff = differences(summary(a, rand), summary(c, rand), 0)
         assert not diff, f"{name}: another seed changed fields it does not declare random: {diff[:3]}"
