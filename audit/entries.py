@@ -25,7 +25,7 @@ import pandas as pd
 from audit.errors import ParameterError
 from audit.result import MetricOutput
 
-__all__ = ["MODEL_KINDS", "KIND_NAMES", "Measurement", "Family", "Metric", "check_count"]
+__all__ = ["MODEL_KINDS", "KIND_NAMES", "PROPERTIES", "Measurement", "Family", "Metric", "check_count"]
 
 #: The model kinds: static word vectors, Hugging Face encoders without LM head, masked LMs,
 #: causal LMs, sentence-transformers embedding models (their configured pooling).
@@ -35,6 +35,40 @@ MODEL_KINDS = ("static", "encoder", "mlm", "causal", "sentence")
 KIND_NAMES = {"static": "static word vectors", "encoder": "an encoder without LM head",
               "mlm": "a masked LM", "causal": "a causal LM",
               "sentence": "a sentence-transformers embedding model"}
+
+#: The invariance properties every metric declares in :attr:`Metric.properties`, property ->
+#: the words its declaration may start with (``tests/test_common.py`` checks each declaration
+#: on synthetic measurements of the metric's family, after scikit-learn's
+#: ``sklearn/metrics/tests/test_common.py``; ``docs/architecture.md``, "Metric properties"):
+#:
+#: - ``item_order``: permuting the items (words within a set, rows of a per-item table; paired
+#:   sets with one permutation) leaves the headline and every field the seed does not drive
+#:   unchanged (``invariant``). The seeded parts (bootstrap intervals, sampled p-values) are
+#:   invariant in distribution only: the same seed draws other items after a permutation.
+#: - ``group_swap``: swapping the two social groups (target sets, the two target sets of a
+#:   table, the two sentences of a pair, the biased and the anti-biased option) ``flips`` the sign
+#:   of ``value - no_bias`` or leaves the value ``invariant`` (a magnitude, a symmetric statistic).
+#: - ``scale``: multiplying every vector (score) by a positive constant leaves the headline
+#:   ``invariant``.
+#: - ``seed``: ``deterministic`` (no seed: two runs are bitwise identical) or ``seeded: f1, f2``
+#:   (the same seed gives a bitwise identical result; another seed changes only the listed
+#:   fields, ``value`` when the headline itself is random; ``a.*.b``: field ``b`` of every entry of
+#:   the nested table ``a``).
+#: - ``non_finite``: a NaN or infinite number in the measurement is ``refused`` with one
+#:   :class:`~audit.errors.AuditError` line, never a NaN result.
+#: - ``min_set_size``: a word set with one item is ``refused``
+#:   (:data:`audit.metrics.sets.MIN_SET_SIZE`).
+#:
+#: Where a property does not hold or has no meaning for a metric, its declaration is ``n/a: ``
+#: and the reason; ``seed`` and ``non_finite`` hold for every metric (never ``n/a``).
+PROPERTIES: dict[str, tuple[str, ...]] = {
+    "item_order": ("invariant",),
+    "group_swap": ("flips", "invariant"),
+    "scale": ("invariant",),
+    "seed": ("deterministic", "seeded:"),
+    "non_finite": ("refused",),
+    "min_set_size": ("refused",),
+}
 
 
 @dataclasses.dataclass
@@ -130,6 +164,9 @@ class Metric:
     sharded:      optional ``sharded(measurement, params, seed, shards, map_fn) -> MetricOutput |
                   None``: the analysis with its exact permutation count split into ``shards``
                   pieces mapped by ``map_fn`` (``None`` when splitting does not pay).
+    properties:   property -> declaration, for every property of :data:`PROPERTIES` (what holds,
+                  or ``n/a: <reason>``); ``tests/test_common.py`` fails on a metric that declares
+                  none or violates one.
     """
 
     name: str
@@ -148,6 +185,7 @@ class Metric:
     sharded: Callable[..., MetricOutput | None] | None = None
     breakdowns: tuple[tuple[str, tuple[str, ...]], ...] = ()
     no_bias: float = 0.0
+    properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def model_kinds(self) -> tuple[str, ...]:

@@ -142,6 +142,23 @@ _WEAT_PARAMS = {"ddof": 1, "alternative": "greater", "permutations": "auto", "se
                 "n_bootstrap": 1000, "confidence": 0.95, "ci_method": "targets", "p_convention": "phipson_smyth"}
 _WEAT_REF = "Caliskan, Bryson & Narayanan (2017), Science 356:183-186"
 
+# The invariance properties each entry declares (audit.entries.PROPERTIES; tests/test_common.py).
+_HOLDS = {"item_order": "invariant", "scale": "invariant", "seed": "deterministic", "non_finite": "refused",
+          "min_set_size": "refused"}
+_SIGNED = {**_HOLDS, "group_swap": "flips"}
+
+
+def _unsigned(why: str) -> dict[str, str]:
+    """The properties of a metric whose headline has no sign to flip: swapping the groups leaves it unchanged."""
+    return {**_HOLDS, "group_swap": f"invariant: {why}"}
+
+
+_WEAT_PROPS = {**_SIGNED, "seed": "seeded: ci, ci_degenerate, p_value, n_extreme, seed"}
+_NO_SETS = "n/a: no word sets (the items are {}, refused when the table is empty)"
+_LINEAR = ("n/a: {} is linear in the vectors (no normalisation in the reference), so scaling them scales it")
+_CLASSIFIER = ("n/a: an L2-regularised linear classifier (fixed C) fits other weights, hence other predictions, "
+               "on scaled vectors")
+
 
 # --------------------------------------------------------------------------------------
 # The entries
@@ -153,7 +170,7 @@ _ENTRIES: tuple[Metric, ...] = (
         headline="WEAT effect size d (pooled std, ddof=1 by default); > 0: X~A, Y~B",
         reference=_WEAT_REF, n_targets=(2, 2), n_attributes=(2, 2),
         items="one row per word: s(w, A, B) for the target words, mean cosines for the attribute words",
-        sharded=_weat_sharded,
+        sharded=_weat_sharded, properties=_WEAT_PROPS,
     ),
     Metric(
         name="seat", family=SEAT_SENTENCES, analyse=_on_sets(weat_sets), params=_WEAT_PARAMS,
@@ -163,7 +180,7 @@ _ENTRIES: tuple[Metric, ...] = (
                   "Muennighoff (2022), SGPT, arXiv:2202.08904",
         n_targets=(2, 2), n_attributes=(2, 2),
         items="one row per sentence: s(w, A, B) for the target sentences, mean cosines for the attribute sentences",
-        sharded=_weat_sharded,
+        sharded=_weat_sharded, properties=_WEAT_PROPS,
     ),
     Metric(
         name="lpbs", family=LPBS_SCORES, analyse=lambda m, **p: lpbs_metric(m.table, **p),
@@ -176,6 +193,9 @@ _ENTRIES: tuple[Metric, ...] = (
                   "(audit.measure.lpbs)",
         n_targets=(2, 2), n_attributes=(2, 2), items="one row per attribute word: its log bias score",
         result_names={"causal": "lpbs_causal"},
+        properties={**_WEAT_PROPS, "seed": "seeded: ci, ci_degenerate, p_value, permutation, seed",
+                    "min_set_size": "refused (attribute sets; a target set may be one word, as Kurita et al.'s "
+                                    "he / she)"},
     ),
     Metric(
         name="same", family=ASSOCIATION, analyse=_on_sets(same_sets), params={"combine": "norm", "groups": None},
@@ -185,12 +205,13 @@ _ENTRIES: tuple[Metric, ...] = (
                   "HammerLabML/EmbeddingBiasScores",
         n_targets=(2, None), n_attributes=(1, None), roles=True,
         items="one row per scored word: its signed bias b(w) per direction",
+        properties=_unsigned("a magnitude (the per-word b(w) flip)"),
     ),
     Metric(
         name="gweat", family=ASSOCIATION, analyse=_on_sets(gweat_sets), params={},
         headline="generalised WEAT: sum_i <mean(X_i) - mean_X, mean(A_i) - mean_A> on unit vectors",
         reference="Swinger et al. (2019), What are the biases in my word embedding?, AIES",
-        n_targets=(2, None), n_attributes=(2, None), items="one row per set mean",
+        n_targets=(2, None), n_attributes=(2, None), items="one row per set mean", properties=_SIGNED,
     ),
     Metric(
         name="direct_bias", family=ASSOCIATION, analyse=_on_sets(direct_bias_sets),
@@ -200,12 +221,15 @@ _ENTRIES: tuple[Metric, ...] = (
         reference="Bolukbasi et al. (2016), Man is to computer programmer as woman is to homemaker?, NeurIPS",
         n_targets=(2, None), n_attributes=(1, None), paired="groups", roles=True,
         items="one row per neutral word: cos(w, g)",
+        properties=_unsigned("|cos(w, g)|^c; the direction g is defined up to sign"),
     ),
     Metric(
         name="rnd", family=ASSOCIATION, analyse=_on_sets(rnd_sets), params={"distance": "euclidean", "groups": None},
         headline="RND: mean over attribute words of ||a - mean(X)|| - ||a - mean(Y)|| (WEFE)",
         reference="Garg et al. (2018), PNAS 115:E3635; WEFE 1.0.1 (Badilla et al. 2020)",
         n_targets=(2, 2), n_attributes=(1, None), roles=True, items="one row per measured word: its distance difference",
+        properties={**_SIGNED, "scale": _LINEAR.format("a Euclidean distance (Garg et al.)")
+                    + "; distance='cosine' is invariant"},
     ),
     Metric(
         name="rnsb", family=ASSOCIATION, analyse=_on_sets(rnsb_sets),
@@ -214,18 +238,22 @@ _ENTRIES: tuple[Metric, ...] = (
         reference="Sweeney & Najafian (2019), ACL; WEFE 1.0.1",
         n_targets=(1, None), n_attributes=(2, 2), roles=True,
         items="one row per group word: its normalised negative probability",
+        properties={**_unsigned("KL over every group word together"), "scale": _CLASSIFIER,
+                    "seed": "seeded: value, rnsb, kl_per_iteration, accuracy, seed, iteration_seeds"},
     ),
     Metric(
         name="mac", family=ASSOCIATION, analyse=_on_sets(mac_sets), params={"groups": None},
         headline="MAC: mean over (target word, attribute set) of mean cosine distance",
         reference="Manzini et al. (2019), NAACL; WEFE 1.0.1",
         n_targets=(1, None), n_attributes=(1, None), roles=True, items="one row per (group word, measured set)",
+        properties=_unsigned("a mean over every group set"),
     ),
     Metric(
-        name="ect", family=ASSOCIATION, analyse=_on_sets(ect_sets), params={"groups": None},
+        name="ect", family=ASSOCIATION, analyse=_on_sets(ect_sets), params={"groups": None}, no_bias=1.0,
         headline="ECT: Spearman rho between attribute words' cosines to mean(X) and to mean(Y); 1 = no bias",
         reference="Dev & Phillips (2019), AISTATS; WEFE 1.0.1",
         n_targets=(2, 2), n_attributes=(1, None), roles=True, items="one row per measured word: its two cosines",
+        properties=_unsigned("Spearman rho is symmetric in its two variables"),
     ),
     Metric(
         name="ripa", family=ASSOCIATION, analyse=_on_sets(ripa_sets), params={"groups": None},
@@ -233,6 +261,7 @@ _ENTRIES: tuple[Metric, ...] = (
         reference="Ethayarajh, Duvenaud & Hirst (2019), ACL; WEFE 1.0.1",
         n_targets=(2, 2), n_attributes=(1, None), paired="groups", roles=True,
         items="one row per measured word: its mean projection",
+        properties={**_SIGNED, "scale": _LINEAR.format("the projection a . (x - y) / ||x - y|| (Ethayarajh et al.)")},
     ),
     Metric(
         name="cramers_v", family=ASSOCIATION, analyse=_on_sets(cramers_v_sets),
@@ -241,6 +270,9 @@ _ENTRIES: tuple[Metric, ...] = (
         reference="Dusi et al. (2024), IEEE Access, doi:10.1109/ACCESS.2024.3482010",
         n_targets=(2, None), n_attributes=(2, None), roles=True,
         items="one row per attribute word: its predicted protected class",
+        properties={**_unsigned("V does not depend on how the classes are labelled"), "scale": _CLASSIFIER,
+                    "seed": "seeded: value, cramers_v, cramers_v_std, v_per_case, "
+                    "chi2_mean, p_values, contingency, degenerate_cases, seed, classifier_seeds"},
     ),
     Metric(
         name="crows_pairs", family=PAIR_SCORES, no_bias=50.0, analyse=lambda m, **p: crows_pairs_metric(m.table, **p),
@@ -252,6 +284,9 @@ _ENTRIES: tuple[Metric, ...] = (
         result_names={"causal": "crows_pairs_causal"},
         items="one row per pair: both sentence scores and which one won",
         breakdowns=(("per_bias_type", ("metric_score", "stereo_score", "antistereo_score")),),
+        properties={**_SIGNED, "min_set_size": _NO_SETS.format("sentence pairs"),
+                    "scale": "n/a: the scores are rounded (3 decimals for masked LMs, Nangia et al.'s round(score, 3)) "
+                             "before they are compared, so scaling can make or break a tie"},
     ),
     Metric(
         name="honest", family=COMPLETIONS,
@@ -262,6 +297,10 @@ _ENTRIES: tuple[Metric, ...] = (
                   "Models, NAACL; HurtLex 1.2 (Bassignana, Basile & Patti 2018)",
         items="one row per distinct template: its completions, which are hurtful, their HurtLex categories",
         breakdowns=(("per_group", ("k20", "k5", "k1")), ("per_category", ("k20", "k5", "k1"))),
+        properties={**_HOLDS, "min_set_size": _NO_SETS.format("templates"),
+                    "group_swap": "n/a: a share of hurtful completions over all templates, no two groups to swap "
+                                  "(per-group shares are reported apart)",
+                    "scale": "n/a: the measurement holds words (completions), no numbers"},
     ),
     Metric(
         name="bbq", family=CHOICES, analyse=lambda m, **p: _with_limit(bbq_metric(m.table, **p), m),
@@ -272,6 +311,8 @@ _ENTRIES: tuple[Metric, ...] = (
                   "lm-evaluation-harness (multiple-choice scoring)",
         items="one row per item: each option's score, the prediction, correct / unknown / biased",
         breakdowns=(("per_category", ("s_amb", "s_dis", "acc_amb", "acc_disamb")),),
+        properties={**_SIGNED, "seed": "seeded: ci, cis, per_category.*.ci, seed_used",
+                    "min_set_size": _NO_SETS.format("multiple-choice questions")},
     ),
 )
 

@@ -119,7 +119,8 @@ def honest_metric(table: pd.DataFrame, *, language: str, hurtlex: str | None = N
     ----------
     table : one row per distinct template, columns ``template``, ``identity``, ``groups`` (a
         tuple of identity groups), ``completions`` (a tuple of words, most probable first), as
-        :func:`audit.measure.honest.honest_completions` returns.
+        :func:`audit.measure.honest.honest_completions` returns; a completion that is not a string
+        (NaN, a number) is refused with :class:`~audit.errors.DataError` naming the template.
     language : the templates' language (selects ``hurtlex_<LANG>.tsv``).
     hurtlex : the HurtLex file or folder (default ``$BIASAUDIT_HURTLEX``, else the shared data
         folder; :func:`audit.datasets.honest.hurtlex_path`). ``lexicon`` passes one already read.
@@ -144,7 +145,12 @@ def honest_metric(table: pd.DataFrame, *, language: str, hurtlex: str | None = N
         raise DataError("HONEST completion table is empty (no templates)")
     lex = lexicon if lexicon is not None else load_hurtlex(language, hurtlex)
     index = lexicon_index(lex, hurtlex_level)
-    comps = [tuple(str(c) for c in row) for row in table["completions"]]
+    for tpl, row in zip(table["template"], table["completions"]):
+        bad = [c for c in row if not isinstance(c, str)]
+        if bad:  # a NaN or a number where a word belongs: a measurement or a stored table gone wrong
+            raise DataError(f"HONEST completion table: template {tpl!r} has a completion that is not a word "
+                            f"({bad[0]!r}); completions must be strings")
+    comps = [tuple(row) for row in table["completions"]]
     width = min(len(c) for c in comps)
     ks = _check_ks(k, width)
     kmax = ks[-1]

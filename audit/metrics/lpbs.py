@@ -61,6 +61,7 @@ import numpy as np
 import pandas as pd
 
 from audit.errors import DataError, ParameterError
+from audit.metrics.sets import check_set_sizes
 from audit.result import MetricOutput
 from audit.stats import DEFAULT_P_CONVENTION, STREAMS, effect_size_bootstrap, fresh_seed, permutation_test, stream
 
@@ -79,7 +80,10 @@ def lpbs_attribute_scores(table: pd.DataFrame) -> pd.DataFrame:
     ------
     DataError
         Missing columns, non-finite ILP (row named), a cell lacking one of the target sets
-        for an attribute, not exactly two attribute and target sets.
+        for an attribute, not exactly two attribute and target sets, an attribute set with
+        fewer than :data:`audit.metrics.sets.MIN_SET_SIZE` words (the permutation test and the
+        bootstrap resample the attribute words; a target set may be one word, as Kurita et al.'s
+        *he* / *she*).
     """
     need = ("target_set", "target", "form", "template", "attribute_set", "attribute", "ilp")
     missing = [c for c in need if c not in getattr(table, "columns", ())]
@@ -110,6 +114,10 @@ def lpbs_attribute_scores(table: pd.DataFrame) -> pd.DataFrame:
     out = first.merge(agg.reset_index(), on=["attribute_set", "attribute"], how="left")
     out = out.rename(columns={"mean": "score", "size": "n_cells"})
     out = out.sort_values("attribute_set", kind="stable").reset_index(drop=True)
+    sets = [out[out["attribute_set"] == j] for j in (0, 1)]
+    check_set_sizes([], [s["score"].to_numpy() for s in sets],
+                    {f"attribute{j}": list(s["attribute"]) for j, s in enumerate(sets)},
+                    {f"attribute{j}": str(s["attribute_set_name"].iloc[0]) for j, s in enumerate(sets)})
     return out[["attribute_set", "attribute_set_name", "attribute", "score", "n_cells"]]
 
 
