@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.unit
+
 from audit import registry
 from audit.entries import PROPERTIES, Measurement, Metric
 from audit.errors import AuditError
