@@ -34,9 +34,16 @@ impossible spec is refused with one line naming the resources (:class:`Schedulin
 
 **Watchdog.** Work that has waited longer than ``ray.pending_timeout_s`` for resources fails,
 its tasks recorded as failed with the pending demand named (``stuck: waited more than 600 s
-for resources: ...``): a model worker that could not start (or restart) on any node, and, where
-Ray's state API answers (a cluster with a dashboard: ``ray job submit``), a statistics task
-still waiting for a node. The sweep then ends with exit status 4 (:mod:`jobs.sweep`).
+for resources: ...``): a model worker that could not start on any node, and, where Ray's public
+state API answers (``ray.util.state``: a cluster with a dashboard, as under ``ray job submit``),
+a busy worker waiting for a node to restart on and a statistics task still waiting for a node.
+The sweep then ends with exit status 4 (:mod:`jobs.sweep`).
+
+**Structure.** :class:`WorkerPool` is the scheduling as plain Python (its state moves in
+``fill``, ``on_done`` and ``watchdog``; ``tests/test_worker_pool.py`` drives it without Ray);
+every Ray call it makes goes through :class:`RayEdge` (public Ray APIs only), the pattern of
+:class:`ray.util.ActorPool` (futures mapped to actors) with plain classes made Ray calls at the
+edge. :func:`run_tasks` builds the models' work, checks feasibility, sizes the pools and runs it.
 
 **Progress** (:mod:`jobs.progress`) and **prefetch** (:mod:`jobs.prefetch`) run from the same
 wait loop.
