@@ -599,6 +599,7 @@ class WorkerPool:
         if w.pending:
             return
         m, w.model = w.model, None  # the model's work is done on this worker
+        m.ref, m.batches = None, []  # nothing refers to them any more: the driver does not keep them
         self.ctx.actors.pop(m.name, None)
         if w.retire:
             self.end_worker(w)
@@ -683,9 +684,70 @@ class WorkerPool:
         self.ctx.actors.clear()
 
 
+class Seen:
+    """Which of ``n`` task indices are recorded: one byte each (a sweep's driver keeps no
+    per-task object for ever)."""
+
+    def __init__(self, n: int):
+        self._b = bytearray(n)
+
+    def add(self, i: int) -> None:
+        self._b[i] = 1
+
+    def __contains__(self, i: int) -> bool:
+        return bool(self._b[i])
+
+    def __len__(self) -> int:
+        return self._b.count(1)
+
+
+class Recording:
+    """Records :class:`actors.stats.TaskOutcome` s of ``todo`` (tasks of ``plan``): each as its
+    :func:`jobs.tracker.task_record` through ``recorder`` (write-ahead log, then MLflow), then
+    progress and ``on_outcome(task, outcome, ctx)``.
+
+    What the driver keeps per task is bounded: a byte in :attr:`recorded`, and in ``records``
+    (index -> record) only the records of tasks without a key, which the sweep's report cannot
+    read back from the write-ahead log or the tracking store (:func:`jobs.sweep.run_sweep`);
+    before, every record (with its result's JSON) stayed in the driver until the sweep ended."""
+
+    def __init__(self, plan, todo, recorder, ctx, *, progress: Progress, on_outcome: Callable | None = None,
+                 records: dict[int, dict] | None = None, load_ids: set[str] | None = None):
+        self.plan, self.todo, self.recorder, self.ctx = plan, todo, recorder, ctx
+        self.progress, self.on_outcome = progress, on_outcome
+        self.spec = plan.spec
+        self.sweep_id = self.spec.sweep_id()
+        self.records = {} if records is None else records
+        self.load_ids = set() if load_ids is None else load_ids
+        self.recorded = Seen(len(todo))
+        self.done = self.failed = 0
+
+    def __call__(self, outcomes: list[TaskOutcome]) -> None:
+        for o in outcomes:
+            task = self.todo[o.index]
+            info = self.plan.models[task.model]
+            rec = task_record(task, sweep=self.spec.name, sweep_id=self.sweep_id, model_spec=info.spec,
+                              kind=info.kind, plan_key=task.key, outcome=o, revision=info.revision)
+            self.recorder.record(rec)
+            self.recorded.add(o.index)
+            if not task.key:
+                self.records[o.index] = rec
+            if o.load_id:
+                self.load_ids.add(f"{task.model}@{o.load_id}")
+            if o.status != "finished":
+                log.warning("failed: %s: %s", task.label, o.error)
+            self.ctx.remaining[task.model] = self.ctx.remaining.get(task.model, 1) - 1
+            self.done += 1
+            self.failed += o.status != "finished"
+            self.progress.update(done=self.done, failed=self.failed, loads=len(self.load_ids))
+            if self.on_outcome is not None:
+                self.on_outcome(task, o, self.ctx)
+
+
 @dataclasses.dataclass
 class PoolResult:
-    """What :func:`run_tasks` returns: task index -> record, load ids seen, the stuck reason
+    """What :func:`run_tasks` returns: task index -> record of the tasks without a key
+    (:class:`Recording`), load ids seen, the stuck reason
     (``None`` unless work waited longer than ``ray.pending_timeout_s``), worker processes
     started, and the prefetcher's statistics."""
 
@@ -704,7 +766,6 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
     import ray
 
     spec = plan.spec
-    sweep_id = spec.sweep_id()
     reuse = bool(ray_option(spec, "reuse_workers"))
     records: dict[int, dict] = {}
     load_ids: set[str] = set()
@@ -775,29 +836,10 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
     prefetcher = Prefetcher([m.name for g in queues for m in queues[g]], snaps, ahead=int(ray_option(spec, "prefetch")),
                             disk_bytes=int(float(ray_option(spec, "prefetch_disk_mb")) * 2**20))
     res.prefetch = prefetcher.stats
-    counter = {"done": 0, "failed": 0}
-
-    def record(outcomes: list[TaskOutcome]) -> None:
-        for o in outcomes:
-            task = todo[o.index]
-            info = plan.models[task.model]
-            rec = task_record(task, sweep=spec.name, sweep_id=sweep_id, model_spec=info.spec, kind=info.kind,
-                              plan_key=task.key, outcome=o, revision=info.revision)
-            recorder.record(rec)
-            records[o.index] = rec
-            if o.load_id:
-                load_ids.add(f"{task.model}@{o.load_id}")
-            if o.status != "finished":
-                log.warning("failed: %s: %s", task.label, o.error)
-            ctx.remaining[task.model] = ctx.remaining.get(task.model, 1) - 1
-            counter["done"] += 1
-            counter["failed"] += o.status != "finished"
-            progress.update(done=counter["done"], failed=counter["failed"], loads=len(load_ids))
-            if on_outcome is not None:
-                on_outcome(task, o, ctx)
-
+    record = Recording(plan, todo, recorder, ctx, progress=progress, on_outcome=on_outcome, records=records,
+                       load_ids=load_ids)
     wp = WorkerPool(queues, sizes, edge, reuse=reuse, timeout=float(ray_option(spec, "pending_timeout_s")),
-                    max_restarts=spec.ray.max_restarts, record=record, recorded=records, ctx=ctx,
+                    max_restarts=spec.ray.max_restarts, record=record, recorded=record.recorded, ctx=ctx,
                     prefetcher=prefetcher, say=say, clock=clock)
     try:
         wp.run(tick_s=tick_s, progress=progress)
@@ -806,6 +848,7 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
     return res
 
 
-__all__ = ["run_tasks", "PoolResult", "WorkerPool", "RayEdge", "ModelWork", "Worker", "SchedulingError",
+__all__ = ["run_tasks", "PoolResult", "WorkerPool", "Recording", "Seen", "RayEdge", "ModelWork", "Worker",
+           "SchedulingError",
            "RAY_DEFAULTS", "ray_option", "pool_size", "check_feasible", "entrypoint_reservation", "in_ray_job", "shape",
            "fits", "NodeOffer", "cluster_nodes"]

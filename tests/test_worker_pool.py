@@ -5,10 +5,12 @@ references the test settles one by one (success, or an error where the test says
 from __future__ import annotations
 
 import collections
+import logging
 import types
 
 from actors.stats import TaskOutcome
-from jobs.pool import ModelWork, WorkerPool
+from jobs.plan import Task
+from jobs.pool import ModelWork, Recording, WorkerPool
 
 
 class Ref:
@@ -240,3 +242,62 @@ def test_progress_restarts_the_stuck_clock():
     clock.t = 15.0
     wp.watchdog(clock.t)
     assert records == {} and wp.stuck is None
+
+
+# --------------------------------------------------------------------------------------
+# Driver memory: nothing per task kept for ever (long sweeps grew ~1 MiB per checkpoint)
+# --------------------------------------------------------------------------------------
+
+
+class NoResultEdge(FakeEdge):
+    """Statistics outcomes as a measurement that failed (no result object): a record of tags,
+    params and metrics, as every failed task has."""
+
+    def get(self, ref):
+        if ref.kind == "stats":
+            return [TaskOutcome(index=i, status="failed", error="AuditError: too few words") for i in ref.indices]
+        return None
+
+
+def _recording_run(n_models: int, per_model: int, *, keyed: bool) -> tuple[int, Recording]:
+    """Run ``n_models * per_model`` tiny tasks through a WorkerPool and a :class:`Recording`;
+    returns the bytes still allocated once the pool is closed (tracemalloc) and the recording."""
+    import tracemalloc
+
+    n = n_models * per_model
+    todo = [Task(model=f"m{i // per_model}", language="en", test="weat1", metric="weat", params={"alpha": 0.05},
+                 key=f"k{i}" if keyed else None) for i in range(n)]
+    info = types.SimpleNamespace(spec=types.SimpleNamespace(ref="m.vec", options={}), kind="static", revision=None)
+    plan = types.SimpleNamespace(spec=types.SimpleNamespace(name="mem", sweep_id=lambda: "sid"),
+                                 models={f"m{j}": info for j in range(n_models)})
+    written = []
+    recorder = types.SimpleNamespace(record=lambda rec: written.append(len(rec)))
+    progress = types.SimpleNamespace(update=lambda **kw: None, tick=lambda now: None)
+    ctx = types.SimpleNamespace(actors={}, remaining={})
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    rec = Recording(plan, todo, recorder, ctx, progress=progress)
+    queues = collections.defaultdict(collections.deque)
+    for j in range(n_models):
+        items = [(i, todo[i]) for i in range(j * per_model, (j + 1) * per_model)]
+        queues[(1.0, 0.0)].append(ModelWork(f"m{j}", f"m{j}", [items], {"num_cpus": 1.0}, (1.0, 0.0), False,
+                                            per_model))
+    prefetch = types.SimpleNamespace(started=lambda name: None, tick=lambda: None, close=lambda: None)
+    wp = WorkerPool(queues, {(1.0, 0.0): 2}, NoResultEdge(), reuse=True, timeout=10.0, max_restarts=1, record=rec,
+                    recorded=rec.recorded, ctx=ctx, prefetcher=prefetch, say=lambda s: None, clock=Clock())
+    settle(wp, rounds=10 * n_models)
+    del wp, queues, prefetch
+    kept = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert len(written) == n and len(rec.recorded) == n
+    return kept, rec
+
+
+def test_the_driver_keeps_no_record_of_keyed_tasks(caplog):
+    caplog.set_level(logging.ERROR, logger="jobs.pool")  # pytest keeps every captured log record
+    kept_keyed, rec = _recording_run(100, 20, keyed=True)
+    assert rec.records == {}  # read back from the write-ahead log / tracking store by the report
+    kept_keyless, rec2 = _recording_run(100, 20, keyed=False)
+    assert sorted(rec2.records) == list(range(2000))  # the report needs these: nothing else holds them
+    # before: every record stayed (what the keyless run keeps, some KB per task); now a byte or so
+    assert kept_keyless / 2000 > 1000 and kept_keyed / 2000 < 100, (kept_keyed, kept_keyless)
