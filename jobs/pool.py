@@ -34,9 +34,16 @@ impossible spec is refused with one line naming the resources (:class:`Schedulin
 
 **Watchdog.** Work that has waited longer than ``ray.pending_timeout_s`` for resources fails,
 its tasks recorded as failed with the pending demand named (``stuck: waited more than 600 s
-for resources: ...``): a model worker that could not start (or restart) on any node, and, where
-Ray's state API answers (a cluster with a dashboard: ``ray job submit``), a statistics task
-still waiting for a node. The sweep then ends with exit status 4 (:mod:`jobs.sweep`).
+for resources: ...``): a model worker that could not start on any node, and, where Ray's public
+state API answers (``ray.util.state``: a cluster with a dashboard, as under ``ray job submit``),
+a busy worker waiting for a node to restart on and a statistics task still waiting for a node.
+The sweep then ends with exit status 4 (:mod:`jobs.sweep`).
+
+**Structure.** :class:`WorkerPool` is the scheduling as plain Python (its state moves in
+``fill``, ``on_done`` and ``watchdog``; ``tests/test_worker_pool.py`` drives it without Ray);
+every Ray call it makes goes through :class:`RayEdge` (public Ray APIs only), the pattern of
+:class:`ray.util.ActorPool` (futures mapped to actors) with plain classes made Ray calls at the
+edge. :func:`run_tasks` builds the models' work, checks feasibility, sizes the pools and runs it.
 
 **Progress** (:mod:`jobs.progress`) and **prefetch** (:mod:`jobs.prefetch`) run from the same
 wait loop.
@@ -82,22 +89,12 @@ def ray_option(spec, name: str) -> Any:
 
 
 def with_ray_options(spec, **options):
-    """``spec`` with settings of :data:`RAY_DEFAULTS` changed (``pending_timeout_s=5``), also
-    where the spec's ``RaySpec`` does not declare them yet (a frozen subclass then carries
-    them). For tests, benchmarks and callers that build specs in code."""
+    """``spec`` with settings of :data:`RAY_DEFAULTS` changed (``pending_timeout_s=5``). For
+    tests, benchmarks and callers that build specs in code."""
     unknown = set(options) - set(RAY_DEFAULTS)
     if unknown:
         raise TypeError(f"unknown ray option(s): {', '.join(sorted(unknown))}")
-    r = spec.ray
-    if set(options) <= {f.name for f in dataclasses.fields(r)}:
-        return dataclasses.replace(spec, ray=dataclasses.replace(r, **options))
-    base = next(c for c in type(r).__mro__ if not getattr(c, "_ray_options_extension", False))
-    base_names = {f.name for f in dataclasses.fields(base)}
-    extra = [(k, Any, dataclasses.field(default=v)) for k, v in RAY_DEFAULTS.items() if k not in base_names]
-    cls = dataclasses.make_dataclass(base.__name__, extra, bases=(base,), frozen=True,
-                                     namespace={"_ray_options_extension": True})
-    values = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
-    return dataclasses.replace(spec, ray=cls(**{**values, **options}))
+    return dataclasses.replace(spec, ray=dataclasses.replace(spec.ray, **options))
 
 
 class SchedulingError(AuditError):
@@ -134,8 +131,10 @@ def in_ray_job() -> dict[str, Any] | None:
 def entrypoint_reservation() -> dict[str, float]:
     """What this job's driver itself holds on its node: ``entrypoint_num_cpus`` /
     ``entrypoint_num_gpus`` of ``ray job submit`` (``{}`` outside a job). From
-    ``$BIASAUDIT_ENTRYPOINT_NUM_CPUS``/``_GPUS`` when set, else from the job's record in Ray's
-    GCS (the job supervisor holds those resources while the entrypoint runs)."""
+    ``$BIASAUDIT_ENTRYPOINT_NUM_CPUS``/``_GPUS`` when set, else from the resources of the job's
+    supervisor actor (Ray's job manager creates it, named ``_ray_internal_job_actor_<submission
+    id>``, with exactly those resources, and it holds them while the entrypoint runs), read
+    through Ray's public state API."""
     env = {k: os.environ.get(f"BIASAUDIT_ENTRYPOINT_NUM_{k}S") for k in ("CPU", "GPU")}
     if any(v for v in env.values()):
         return {k: float(v) for k, v in env.items() if v}
@@ -146,18 +145,20 @@ def entrypoint_reservation() -> dict[str, float]:
     if not sid:
         return {}
     try:
-        from ray._private import ray_constants
-        from ray.experimental.internal_kv import _internal_kv_get
+        import ray
+        from ray.util.state import list_actors
 
-        raw = _internal_kv_get(f"_ray_internal_job_info_{sid}", namespace=ray_constants.KV_NAMESPACE_JOB)
-        info = json.loads(raw) if raw else {}
+        found = list_actors(address=ray.get_runtime_context().gcs_address,
+                            filters=[("name", "=", f"_ray_internal_job_actor_{sid}")], detail=True, timeout=5,
+                            raise_on_missing_output=False)
+        held = dict(found[0].required_resources or {}) if found else {}
     except Exception as e:  # noqa: BLE001 - unknown: assume the driver holds nothing
         log.info("cannot read the job's entrypoint resources: %s", e)
         return {}
     out = {}
-    for key, res in (("entrypoint_num_cpus", "CPU"), ("entrypoint_num_gpus", "GPU")):
+    for res in ("CPU", "GPU"):
         try:
-            v = float(info.get(key) or 0)
+            v = float(held.get(res) or 0)
         except (TypeError, ValueError):
             v = 0.0
         if v:
@@ -260,20 +261,10 @@ def cluster_state() -> str:
             + (f"; pending demand {pend}" if pend else ""))
 
 
-def actor_state(actor) -> str | None:
-    """A live actor's state in Ray's GCS (``ALIVE``, ``PENDING_CREATION``, ``RESTARTING``,
-    ``DEAD``), or ``None`` when it cannot be read."""
-    try:
-        from ray._private.state import state
-
-        info = state.actor_table(actor._actor_id.hex())  # noqa: SLF001
-        return str(info.get("State")) if info else None
-    except Exception:  # noqa: BLE001
-        return None
-
-
 class _StateAPI:
-    """Ray's state API (``ray.util.state``), where a dashboard answers; off after a failure."""
+    """Ray's public state API (``ray.util.state``), where a dashboard answers (a cluster started
+    with ``ray start`` or reached by ``ray job submit``); off after its first failure (an embedded
+    local Ray without a dashboard), after which the watchdog does without what it tells."""
 
     def __init__(self):
         import ray
@@ -281,6 +272,10 @@ class _StateAPI:
         self.ok = True
         self.address = ray.get_runtime_context().gcs_address
         self.job_id = ray.get_runtime_context().get_job_id()
+
+    def _off(self, e: Exception, what: str) -> None:
+        log.info("Ray's state API is not available (%s); %s", type(e).__name__, what)
+        self.ok = False
 
     def pending_tasks(self) -> dict[str, dict[str, float]] | None:
         """task id -> required resources of this job's tasks waiting for a node."""
@@ -293,21 +288,39 @@ class _StateAPI:
                                                            ("state", "=", "PENDING_NODE_ASSIGNMENT")],
                             limit=10000, timeout=5, raise_on_missing_output=False)
         except Exception as e:  # noqa: BLE001 - no dashboard (embedded local Ray): not available
-            log.info("Ray's state API is not available (%s); statistics tasks are not watched", type(e).__name__)
-            self.ok = False
+            self._off(e, "statistics tasks and restarting workers are not watched")
             return None
         return {t.task_id: dict(t.required_resources or {}) for t in ts}
 
+    def actor_state(self, actor_id: str) -> str | None:
+        """An actor's state (``ALIVE``, ``PENDING_CREATION``, ``RESTARTING``, ``DEAD``), or ``None``
+        when it cannot be read."""
+        if not self.ok:
+            return None
+        try:
+            from ray.util.state import get_actor
+
+            a = get_actor(actor_id, address=self.address, timeout=5)
+        except Exception as e:  # noqa: BLE001 - no dashboard (embedded local Ray): not available
+            self._off(e, "statistics tasks and restarting workers are not watched")
+            return None
+        return str(a.state) if a is not None else None
+
 
 # --------------------------------------------------------------------------------------
-# The pool
+# The pool: the scheduling as plain Python (WorkerPool) over a thin edge of Ray calls (RayEdge)
 # --------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
-class _Model:
+class ModelWork:
+    """One model's work: what its worker loads (``assignment``, put in the object store once as
+    ``ref``), its tasks as ``(index, task)`` pairs in request-sized ``batches``, its worker's Ray
+    options and resource ``group`` ``(num_cpus, num_gpus)``, and ``fresh`` (a worker that served
+    it must end: ``trust_remote_code``)."""
+
     name: str
-    assignment: ModelAssignment
+    assignment: Any
     batches: list
     opts: dict
     group: tuple
@@ -315,26 +328,426 @@ class _Model:
     n_tasks: int
     ref: Any = None
 
+    def indices(self) -> list[int]:
+        return [i for b in self.batches for i, _ in b]
+
 
 @dataclasses.dataclass
-class _Worker:
+class Worker:
+    """A model worker as the pool sees it. ``ready``: it answered since it started or last
+    finished a model; ``model``: the one it serves; ``pending``: its unanswered measure requests;
+    ``waiting_seen``/``waiting_state``: since when (and in which state) a busy worker waits for a
+    node to restart on."""
+
     actor: Any
     group: tuple
     opts: dict
     since: float                    # when it started waiting to be (re)ready
     ready: bool = False
-    model: _Model | None = None
-    pending: int = 0                # measure requests not answered yet
+    model: ModelWork | None = None
+    pending: int = 0
     served: int = 0
     retire: bool = False
-    waiting_seen: float | None = None   # first time seen waiting for a node while busy
+    waiting_seen: float | None = None
     waiting_state: str | None = None
     ident: int = 0
 
 
+class RayEdge:
+    """Every Ray call :class:`WorkerPool` makes, on public Ray APIs only (a test gives the pool
+    a plain-Python stand-in). ``actor_cls``: the model worker's actor class; ``analyse``: the
+    statistics task; ``tests_ref``: the tests, in the object store once."""
+
+    def __init__(self, actor_cls, analyse, *, load_log: Path, tests_ref, exact_shards: int):
+        self.actor_cls, self.analyse, self.load_log = actor_cls, analyse, str(load_log)
+        self.tests_ref, self.exact_shards = tests_ref, exact_shards
+        self._state: _StateAPI | None = None
+
+    @property
+    def state(self) -> _StateAPI:
+        if self._state is None:
+            self._state = _StateAPI()
+        return self._state
+
+    def start(self, opts: dict):
+        return self.actor_cls.options(**opts).remote(load_log=self.load_log)
+
+    def ready(self, actor):
+        """A reference that resolves once ``actor`` answers (after a start or a restart)."""
+        return actor.__ray_ready__.remote()
+
+    def put(self, obj):
+        import ray
+
+        return ray.put(obj)
+
+    def submit(self, actor, model_ref, batch: list) -> tuple[Any, Any]:
+        """Send one measure request (``batch``: ``(index, task)`` pairs) to ``actor`` and chain
+        its statistics task on the measurement; returns ``(measure ref, statistics ref)``."""
+        reqs = [MeasureRequest(index=i, test=t.test, metric=t.metric, params=t.params) for i, t in batch]
+        mref = actor.serve.remote(model_ref, reqs, self.tests_ref)
+        areqs = [AnalyseRequest(index=i, test=t.test, metric=t.metric, params=t.params, seed=t.seed,
+                                exact_shards=self.exact_shards) for i, t in batch]
+        return mref, self.analyse.remote(areqs, mref, self.tests_ref)
+
+    def kill(self, actor) -> None:
+        import ray
+
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def wait(self, refs: list, timeout: float) -> list:
+        """Those of ``refs`` ready within ``timeout`` seconds (all that are ready once one is)."""
+        import ray
+
+        if not refs:
+            time.sleep(timeout)
+            return []
+        done, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        if done:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return done
+
+    def get(self, ref):
+        import ray
+
+        return ray.get(ref)
+
+    def cancel(self, ref) -> None:
+        import ray
+
+        ray.cancel(ref, force=False)
+
+    def task_id(self, ref) -> str:
+        return ref.task_id().hex()
+
+    def actor_state(self, actor) -> str | None:
+        return self.state.actor_state(actor._actor_id.hex())  # noqa: SLF001 - the handle's id
+
+    def pending_tasks(self) -> dict[str, dict[str, float]] | None:
+        return self.state.pending_tasks()
+
+    def cluster_state(self) -> str:
+        return cluster_state()
+
+
+class WorkerPool:
+    """Bounded long-lived model workers, one model at a time each, over ``edge`` (a
+    :class:`RayEdge`); see the module docstring. ``queues``: resource group -> the models that
+    group's workers load, in order; ``sizes``: group -> its bound (:func:`pool_size`).
+    ``record(outcomes)`` records :class:`actors.stats.TaskOutcome` s; ``recorded``: the indices
+    recorded so far (never recorded twice). ``ctx``: ``actors`` (model -> its worker, while it is
+    served) and ``remaining`` (model -> tasks not recorded yet) for outcome callbacks.
+
+    The state moves only in :meth:`fill` (start workers, hand models to ready idle workers, end
+    idle workers with nothing left), :meth:`on_done` (a worker ready, a measurement answered, a
+    statistics result) and :meth:`watchdog`; :meth:`run` is the wait loop around them."""
+
+    def __init__(self, queues: dict[tuple, collections.deque], sizes: dict[tuple, int], edge, *, reuse: bool,
+                 timeout: float, max_restarts: int, record: Callable[[list], None], recorded, ctx, prefetcher,
+                 say: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
+        self.queues, self.sizes, self.edge = queues, sizes, edge
+        self.reuse, self.timeout, self.max_restarts = reuse, timeout, max_restarts
+        self.record, self.recorded, self.ctx, self.prefetcher = record, recorded, ctx, prefetcher
+        self.say, self.clock = say, clock
+        self.workers: list[Worker] = []
+        self.ready_refs: dict[Any, Worker] = {}
+        self.measure_refs: dict[Any, Worker] = {}
+        self.stats_of: dict[Any, Any] = {}          # measure ref -> its statistics task
+        self.stats_refs: dict[Any, tuple[str, list[int]]] = {}
+        self.stats_since: dict[Any, float] = {}     # statistics task -> since when it may start
+        self.creation_failures: collections.Counter = collections.Counter()
+        self.last_progress = clock()                # the last worker start, measurement or result
+        self.stuck: str | None = None
+        self.workers_started = 0
+
+    # ---- workers
+    def spawn(self, g: tuple, opts: dict) -> Worker:
+        actor = self.edge.start(opts)
+        self.workers_started += 1
+        w = Worker(actor=actor, group=g, opts=opts, since=self.clock(), ident=self.workers_started)
+        self.workers.append(w)
+        self.ready_refs[self.edge.ready(actor)] = w
+        log.info("worker %d started for %s", w.ident, shape({"CPU": g[0], "GPU": g[1]}))
+        return w
+
+    def end_worker(self, w: Worker) -> None:
+        if w in self.workers:
+            self.workers.remove(w)
+        for r in [r for r, x in self.ready_refs.items() if x is w]:
+            self.ready_refs.pop(r)
+        self.edge.kill(w.actor)
+
+    def assign(self, w: Worker, m: ModelWork) -> None:
+        """Send all of ``m``'s requests to ``w`` (each with its statistics task)."""
+        if m.ref is None:
+            m.ref = self.edge.put(m.assignment)
+        w.model, w.served = m, w.served + 1
+        w.retire = w.retire or m.fresh or not self.reuse
+        self.ctx.actors[m.name] = w.actor
+        self.ctx.remaining[m.name] = m.n_tasks
+        self.prefetcher.started(m.name)
+        log.info("worker %d: %s (%s)", w.ident, m.name, json.dumps(w.opts))
+        for batch in m.batches:
+            mref, sref = self.edge.submit(w.actor, m.ref, batch)
+            self.measure_refs[mref] = w
+            self.stats_of[mref] = sref
+            self.stats_refs[sref] = (m.name, [i for i, _ in batch])
+            w.pending += 1
+
+    def fill(self) -> None:
+        """Keep each group's pool filled (never more workers than its bound, nor more idle ones
+        than models waiting), hand models to ready idle workers, end idle workers that have
+        nothing left (their CPUs go to the statistics tasks)."""
+        for g, q in self.queues.items():
+            ws = [w for w in self.workers if w.group == g]
+            idle = [w for w in ws if w.model is None]
+            while q and len(ws) < self.sizes[g] and len(idle) < len(q):
+                self.spawn(g, q[0].opts)
+                ws = [w for w in self.workers if w.group == g]
+                idle = [w for w in ws if w.model is None]
+            for w in idle:
+                if w.ready and q:
+                    self.assign(w, q.popleft())
+                elif w.ready and not q:
+                    self.end_worker(w)
+
+    def busy(self) -> bool:
+        return bool(self.stats_refs or self.measure_refs or any(self.queues.values()))
+
+    def refs(self) -> list:
+        return list(self.ready_refs) + list(self.measure_refs) + list(self.stats_refs)
+
+    # ---- failures
+    def fail(self, indices: list[int], reason: str) -> None:
+        self.record([TaskOutcome(index=i, status="failed", error=reason) for i in indices if i not in self.recorded])
+
+    def fail_queue(self, g: tuple, reason: str) -> None:
+        """Fail every model still queued for group ``g``."""
+        q = self.queues[g]
+        while q:
+            m = q.popleft()
+            self.prefetcher.started(m.name)
+            self.fail(m.indices(), reason)
+
+    def mark_stuck(self, reason: str) -> str:
+        msg = (f"stuck: waited more than {self.timeout:g} s (ray.pending_timeout_s) for resources: {reason}; "
+               f"{self.edge.cluster_state()}")
+        if self.stuck is None:
+            self.stuck = msg
+            self.say(msg)
+        return msg
+
+    def drop_model_work(self, w: Worker, reason: str) -> None:
+        """Fail the unanswered tasks of ``w``'s model and end ``w``."""
+        m = w.model
+        for r in [r for r, x in self.measure_refs.items() if x is w]:
+            self.measure_refs.pop(r)
+            self.stats_of.pop(r, None)
+        idx = []
+        for r, (name, indices) in list(self.stats_refs.items()):
+            if m is not None and name == m.name:
+                self.stats_refs.pop(r)
+                self.stats_since.pop(r, None)
+                idx += indices
+                self.edge.cancel(r)
+        self.fail(idx, reason)
+        if m is not None:
+            self.ctx.actors.pop(m.name, None)
+        self.end_worker(w)
+
+    # ---- events
+    def on_done(self, ref, now: float) -> None:
+        """``ref`` (a worker's readiness, a measurement or a statistics result) is ready."""
+        if ref in self.ready_refs:
+            self._on_ready(self.ready_refs.pop(ref), ref)
+        elif ref in self.measure_refs:
+            self._on_measured(self.measure_refs.pop(ref), ref, now)
+        elif ref in self.stats_refs:
+            name, indices = self.stats_refs.pop(ref)
+            self.stats_since.pop(ref, None)
+            try:
+                outcomes = self.edge.get(ref)
+            except Exception as e:  # noqa: BLE001 - the worker died for good, or a task crashed
+                err = format_error(getattr(e, "cause", None) or e)
+                outcomes = [TaskOutcome(index=i, status="failed", error=f"system error: {err}") for i in indices]
+            self.record(outcomes)
+
+    def _on_ready(self, w: Worker, ref) -> None:
+        try:
+            self.edge.get(ref)
+        except Exception as e:  # noqa: BLE001 - the worker could not start, or died for good
+            self.end_worker(w)
+            if w.served:  # it served models, then died for good: a fresh worker takes the next
+                log.warning("worker %d died for good: %s", w.ident, format_error(e))
+                return
+            self.creation_failures[w.group] += 1
+            log.warning("a model worker could not start: %s", format_error(e))
+            if self.creation_failures[w.group] > max(1, self.max_restarts):
+                self.fail_queue(w.group, "system error: a model worker could not start: "
+                                         f"{format_error(getattr(e, 'cause', None) or e)}")
+            return
+        w.ready = True
+
+    def _on_measured(self, w: Worker, ref, now: float) -> None:
+        w.pending -= 1
+        sref = self.stats_of.pop(ref, None)
+        if sref in self.stats_refs:  # its statistics task may start now
+            self.stats_since[sref] = now
+        if w.pending:
+            return
+        m, w.model = w.model, None  # the model's work is done on this worker
+        m.ref, m.batches = None, []  # nothing refers to them any more: the driver does not keep them
+        self.ctx.actors.pop(m.name, None)
+        if w.retire:
+            self.end_worker(w)
+            log.info("worker %d ended after %s", w.ident, m.name)
+        else:  # reuse: once it answers again (alive, or restarted), it takes the next model
+            w.ready, w.since = False, now
+            self.ready_refs[self.edge.ready(w.actor)] = w
+
+    def watchdog(self, now: float) -> None:
+        """Fail work that waits for resources while the whole sweep has made no progress (no
+        worker started, no measurement, no result) for ``timeout`` seconds: a long queue that
+        moves is not stuck."""
+        busy = [w for w in self.workers if w.model is not None and w.pending > 0]
+        for w in busy:  # when did a busy worker start waiting for a node (to restart on)?
+            st = self.edge.actor_state(w.actor)
+            w.waiting_state = st if st in _WAITING_STATES else None
+            w.waiting_seen = (w.waiting_seen or now) if w.waiting_state else None
+        if now - self.last_progress <= self.timeout:
+            return
+        # (a) a group has work but none of its workers could start
+        for g, q in self.queues.items():
+            ws = [w for w in self.workers if w.group == g]
+            if not q or not ws or any(w.ready or w.model is not None for w in ws):
+                continue
+            if now - min(w.since for w in ws) > self.timeout:
+                names = ", ".join(m.name for m in list(q)[:3]) + (", ..." if len(q) > 3 else "")
+                reason = self.mark_stuck(f"{len(q)} model(s) ({names}) wait for a model worker that needs "
+                                         f"{shape({'CPU': g[0], 'GPU': g[1]})} and could not start")
+                for w in ws:
+                    self.end_worker(w)
+                self.fail_queue(g, reason)
+        # (b) a busy worker waiting for a node to restart on
+        for w in busy:
+            if w.waiting_seen is not None and now - w.waiting_seen > self.timeout and w in self.workers:
+                reason = self.mark_stuck(f"the worker of model {w.model.name!r} needs "
+                                         f"{shape({'CPU': w.group[0], 'GPU': w.group[1]})} "
+                                         f"to restart ({w.waiting_state.lower()})")
+                self.drop_model_work(w, reason)
+        # (c) statistics tasks waiting for a node (where Ray's state API answers)
+        ready_stats = [r for r in self.stats_refs if r in self.stats_since]
+        pending = self.edge.pending_tasks() if ready_stats else None
+        if pending is None:
+            return
+        for r in ready_stats:
+            tid = self.edge.task_id(r)
+            if tid not in pending:
+                self.stats_since[r] = now  # running or not yet ready: restart the clock
+            elif now - self.stats_since[r] > self.timeout:
+                name, indices = self.stats_refs.pop(r)
+                self.stats_since.pop(r, None)
+                self.edge.cancel(r)
+                self.fail(indices, self.mark_stuck(f"a statistics task of model {name!r} needs {shape(pending[tid])}"))
+
+    # ---- the loop
+    def run(self, *, tick_s: float, progress: Progress) -> None:
+        """Until every task is recorded: fill, wait for what is ready, handle it, watch."""
+        check_every = max(0.5, min(10.0, self.timeout / 4))
+        last_check = self.clock()
+        try:
+            while True:
+                self.fill()
+                if not self.busy():
+                    break
+                self.prefetcher.tick()
+                done = self.edge.wait(self.refs(), tick_s)
+                now = self.clock()
+                if done:
+                    self.last_progress = now
+                for ref in done:
+                    self.on_done(ref, now)
+                if now - last_check >= check_every:
+                    last_check = now
+                    self.watchdog(now)
+                progress.tick(now)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.prefetcher.close()
+        for w in list(self.workers):
+            self.end_worker(w)
+        self.ctx.actors.clear()
+
+
+class Seen:
+    """Which of ``n`` task indices are recorded: one byte each (a sweep's driver keeps no
+    per-task object for ever)."""
+
+    def __init__(self, n: int):
+        self._b = bytearray(n)
+
+    def add(self, i: int) -> None:
+        self._b[i] = 1
+
+    def __contains__(self, i: int) -> bool:
+        return bool(self._b[i])
+
+    def __len__(self) -> int:
+        return self._b.count(1)
+
+
+class Recording:
+    """Records :class:`actors.stats.TaskOutcome` s of ``todo`` (tasks of ``plan``): each as its
+    :func:`jobs.tracker.task_record` through ``recorder`` (write-ahead log, then MLflow), then
+    progress and ``on_outcome(task, outcome, ctx)``.
+
+    What the driver keeps per task is bounded: a byte in :attr:`recorded`, and in ``records``
+    (index -> record) only the records of tasks without a key, which the sweep's report cannot
+    read back from the write-ahead log or the tracking store (:func:`jobs.sweep.run_sweep`);
+    before, every record (with its result's JSON) stayed in the driver until the sweep ended."""
+
+    def __init__(self, plan, todo, recorder, ctx, *, progress: Progress, on_outcome: Callable | None = None,
+                 records: dict[int, dict] | None = None, load_ids: set[str] | None = None):
+        self.plan, self.todo, self.recorder, self.ctx = plan, todo, recorder, ctx
+        self.progress, self.on_outcome = progress, on_outcome
+        self.spec = plan.spec
+        self.sweep_id = self.spec.sweep_id()
+        self.records = {} if records is None else records
+        self.load_ids = set() if load_ids is None else load_ids
+        self.recorded = Seen(len(todo))
+        self.done = self.failed = 0
+
+    def __call__(self, outcomes: list[TaskOutcome]) -> None:
+        for o in outcomes:
+            task = self.todo[o.index]
+            info = self.plan.models[task.model]
+            rec = task_record(task, sweep=self.spec.name, sweep_id=self.sweep_id, model_spec=info.spec,
+                              kind=info.kind, plan_key=task.key, outcome=o, revision=info.revision)
+            self.recorder.record(rec)
+            self.recorded.add(o.index)
+            if not task.key:
+                self.records[o.index] = rec
+            if o.load_id:
+                self.load_ids.add(f"{task.model}@{o.load_id}")
+            if o.status != "finished":
+                log.warning("failed: %s: %s", task.label, o.error)
+            self.ctx.remaining[task.model] = self.ctx.remaining.get(task.model, 1) - 1
+            self.done += 1
+            self.failed += o.status != "finished"
+            self.progress.update(done=self.done, failed=self.failed, loads=len(self.load_ids))
+            if self.on_outcome is not None:
+                self.on_outcome(task, o, self.ctx)
+
+
 @dataclasses.dataclass
 class PoolResult:
-    """What :func:`run_tasks` returns: task index -> record, load ids seen, the stuck reason
+    """What :func:`run_tasks` returns: task index -> record of the tasks without a key
+    (:class:`Recording`), load ids seen, the stuck reason
     (``None`` unless work waited longer than ``ray.pending_timeout_s``), worker processes
     started, and the prefetcher's statistics."""
 
@@ -353,25 +766,22 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
     import ray
 
     spec = plan.spec
-    sweep_id = spec.sweep_id()
     reuse = bool(ray_option(spec, "reuse_workers"))
-    timeout = float(ray_option(spec, "pending_timeout_s"))
-    check_every = max(0.5, min(10.0, timeout / 4))
     records: dict[int, dict] = {}
     load_ids: set[str] = set()
     res = PoolResult(records=records, load_ids=load_ids)
 
     cluster = {k: float(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
-    Actor = model_actor_class(server_cls)
-    analyse = stats_task(num_cpus=spec.ray.stats_num_cpus)
     by_model: dict[str, list[tuple[int, Any]]] = collections.defaultdict(list)
     for i, t in enumerate(todo):
         by_model[t.model].append((i, t))
     needed = {t.test for t in todo}
-    tests_ref = ray.put({k: v for k, v in plan.tests.items() if k in needed})
+    edge = RayEdge(model_actor_class(server_cls), stats_task(num_cpus=spec.ray.stats_num_cpus), load_log=load_log,
+                   tests_ref=ray.put({k: v for k, v in plan.tests.items() if k in needed}),
+                   exact_shards=spec.ray.exact_shards)
 
     # ---- the models, grouped by the resources their worker reserves
-    models: list[_Model] = []
+    models: list[ModelWork] = []
     for m in spec.models:
         if m.name not in by_model:
             continue
@@ -384,8 +794,8 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
         a = ModelAssignment(name=m.name, ref=m.ref, local_ref=info.local_ref, options=dict(m.options),
                             words=tuple(words) if words else None)
         batches = [items[j:j + spec.ray.batch_size] for j in range(0, len(items), spec.ray.batch_size)]
-        models.append(_Model(m.name, a, batches, opts, (opts["num_cpus"], opts["num_gpus"]),
-                             bool(m.options.get("trust_remote_code")), len(items)))
+        models.append(ModelWork(m.name, a, batches, opts, (opts["num_cpus"], opts["num_gpus"]),
+                                bool(m.options.get("trust_remote_code")), len(items)))
 
     # ---- feasibility, before anything starts
     reserved = entrypoint_reservation()
@@ -393,14 +803,16 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
     for g in dict.fromkeys(m.group for m in models):
         demands.append((f"a model worker (ray.actor_num_cpus={g[0]:g}{f', GPUs {g[1]:g}' if g[1] else ''})",
                         {"CPU": g[0], "GPU": g[1]}))
-    demands.append((f"a statistics task (ray.stats_num_cpus={spec.ray.stats_num_cpus:g})", {"CPU": spec.ray.stats_num_cpus}))
+    demands.append((f"a statistics task (ray.stats_num_cpus={spec.ray.stats_num_cpus:g})",
+                    {"CPU": spec.ray.stats_num_cpus}))
     if spec.ray.exact_shards > 1:
         demands.append(("an exact-test shard (ray.exact_shards > 1)", {"CPU": 1.0}))
     nodes = cluster_nodes()
     driver_node = ray.get_runtime_context().get_node_id()
     check_feasible(demands, nodes, reserved=reserved, driver_node=driver_node)
     if reserved:
-        say(f"this job's driver holds {shape(reserved)} of node {next((n.address for n in nodes if n.node_id == driver_node), '?')}")
+        node = next((n.address for n in nodes if n.node_id == driver_node), "?")
+        say(f"this job's driver holds {shape(reserved)} of node {node}")
     usable = {k: v - reserved.get(k, 0.0) for k, v in cluster.items()}
 
     sizes: dict[tuple, int] = {}
@@ -424,244 +836,19 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
     prefetcher = Prefetcher([m.name for g in queues for m in queues[g]], snaps, ahead=int(ray_option(spec, "prefetch")),
                             disk_bytes=int(float(ray_option(spec, "prefetch_disk_mb")) * 2**20))
     res.prefetch = prefetcher.stats
-
-    workers: list[_Worker] = []
-    ready_refs: dict[Any, _Worker] = {}
-    measure_refs: dict[Any, _Worker] = {}
-    stats_of: dict[Any, Any] = {}         # measure ref -> its statistics task
-    stats_refs: dict[Any, tuple[str, list[int]]] = {}
-    stats_since: dict[Any, float] = {}
-    creation_failures: collections.Counter = collections.Counter()
-    state_api = None
-    last_check = clock()
-    last_progress = [clock()]            # the last worker start, measurement or result
-    counter = {"done": 0, "failed": 0}
-    next_ident = [0]
-
-    def spawn(g: tuple, opts: dict) -> None:
-        actor = Actor.options(**opts).remote(load_log=str(load_log))
-        next_ident[0] += 1
-        w = _Worker(actor=actor, group=g, opts=opts, since=clock(), ident=next_ident[0])
-        workers.append(w)
-        ready_refs[actor.__ray_ready__.remote()] = w
-        res.workers_started += 1
-        log.info("worker %d started for %s", w.ident, shape({"CPU": g[0], "GPU": g[1]}))
-
-    def end_worker(w: _Worker) -> None:
-        if w in workers:
-            workers.remove(w)
-        for r in [r for r, x in ready_refs.items() if x is w]:
-            ready_refs.pop(r)
-        try:
-            ray.kill(w.actor, no_restart=True)
-        except Exception:  # noqa: BLE001
-            pass
-
-    def assign(w: _Worker, m: _Model) -> None:
-        if m.ref is None:
-            m.ref = ray.put(m.assignment)
-        w.model, w.served = m, w.served + 1
-        w.retire = w.retire or m.fresh or not reuse
-        ctx.actors[m.name] = w.actor
-        ctx.remaining[m.name] = m.n_tasks
-        prefetcher.started(m.name)
-        log.info("worker %d: %s (%s)", w.ident, m.name, json.dumps(w.opts))
-        for batch in m.batches:
-            reqs = [MeasureRequest(index=i, test=t.test, metric=t.metric, params=t.params) for i, t in batch]
-            mref = w.actor.serve.remote(m.ref, reqs, tests_ref)
-            areqs = [AnalyseRequest(index=i, test=t.test, metric=t.metric, params=t.params, seed=t.seed,
-                                    exact_shards=spec.ray.exact_shards) for i, t in batch]
-            sref = analyse.remote(areqs, mref, tests_ref)
-            measure_refs[mref] = w
-            stats_of[mref] = sref
-            stats_refs[sref] = (m.name, [i for i, _ in batch])
-            w.pending += 1
-
-    def record(outcomes: list[TaskOutcome]) -> None:
-        for o in outcomes:
-            task = todo[o.index]
-            info = plan.models[task.model]
-            rec = task_record(task, sweep=spec.name, sweep_id=sweep_id, model_spec=info.spec, kind=info.kind,
-                              plan_key=task.key, outcome=o, revision=info.revision)
-            recorder.record(rec)
-            records[o.index] = rec
-            if o.load_id:
-                load_ids.add(f"{task.model}@{o.load_id}")
-            if o.status != "finished":
-                log.warning("failed: %s: %s", task.label, o.error)
-            ctx.remaining[task.model] = ctx.remaining.get(task.model, 1) - 1
-            counter["done"] += 1
-            counter["failed"] += o.status != "finished"
-            progress.update(done=counter["done"], failed=counter["failed"], loads=len(load_ids))
-            if on_outcome is not None:
-                on_outcome(task, o, ctx)
-
-    def fail(indices: list[int], reason: str) -> None:
-        record([TaskOutcome(index=i, status="failed", error=reason) for i in indices if i not in records])
-
-    def stuck(reason: str) -> str:
-        msg = f"stuck: waited more than {timeout:g} s (ray.pending_timeout_s) for resources: {reason}; {cluster_state()}"
-        if res.stuck is None:
-            res.stuck = msg
-            say(msg)
-        return msg
-
-    def drop_model_work(w: _Worker, reason: str) -> None:
-        """Fail the unanswered tasks of ``w``'s model and end ``w``."""
-        m = w.model
-        for r in [r for r, x in measure_refs.items() if x is w]:
-            measure_refs.pop(r)
-            stats_of.pop(r, None)
-        idx = []
-        for r, (name, indices) in list(stats_refs.items()):
-            if m is not None and name == m.name:
-                stats_refs.pop(r)
-                stats_since.pop(r, None)
-                idx += indices
-                ray.cancel(r, force=False)
-        fail(idx, reason)
-        if m is not None:
-            ctx.actors.pop(m.name, None)
-        end_worker(w)
-
-    def watchdog(now: float) -> None:
-        """Fail work that waits for resources while the whole sweep has made no progress (no
-        worker started, no measurement, no result) for ``timeout`` seconds: a long queue that
-        moves is not stuck."""
-        nonlocal state_api
-        busy = [w for w in workers if w.model is not None and w.pending > 0]
-        for w in busy:  # when did a busy worker start waiting for a node (to restart on)?
-            st = actor_state(w.actor)
-            w.waiting_state = st if st in _WAITING_STATES else None
-            w.waiting_seen = (w.waiting_seen or now) if w.waiting_state else None
-        if now - last_progress[0] <= timeout:
-            return
-        # (a) a group has work but none of its workers could start
-        for g, q in queues.items():
-            if not q:
-                continue
-            ws = [w for w in workers if w.group == g]
-            if not ws or any(w.ready or w.model is not None for w in ws):
-                continue
-            oldest = min(w.since for w in ws)
-            if now - oldest > timeout:
-                what = (f"{len(q)} model(s) ({', '.join(m.name for m in list(q)[:3])}{', ...' if len(q) > 3 else ''}) "
-                        f"wait for a model worker that needs {shape({'CPU': g[0], 'GPU': g[1]})} and could not start")
-                reason = stuck(what)
-                for w in ws:
-                    end_worker(w)
-                while q:
-                    m = q.popleft()
-                    prefetcher.started(m.name)
-                    fail([i for b in m.batches for i, _ in b], reason)
-        # (b) a busy worker waiting for a node to restart on
-        for w in busy:
-            if w.waiting_seen is not None and now - w.waiting_seen > timeout and w in workers:
-                reason = stuck(f"the worker of model {w.model.name!r} needs {shape({'CPU': w.group[0], 'GPU': w.group[1]})} "
-                               f"to restart ({w.waiting_state.lower()})")
-                drop_model_work(w, reason)
-        # (c) statistics tasks waiting for a node (where Ray's state API answers)
-        ready_stats = [r for r in stats_refs if r in stats_since]
-        if ready_stats:
-            if state_api is None:
-                state_api = _StateAPI()
-            pending = state_api.pending_tasks()
-            if pending is not None:
-                for r in ready_stats:
-                    tid = r.task_id().hex()
-                    if tid not in pending:
-                        stats_since[r] = now  # running or not yet ready: restart the clock
-                    elif now - stats_since[r] > timeout:
-                        name, indices = stats_refs.pop(r)
-                        stats_since.pop(r, None)
-                        ray.cancel(r, force=False)
-                        fail(indices, stuck(f"a statistics task of model {name!r} needs {shape(pending[tid])}"))
-
+    record = Recording(plan, todo, recorder, ctx, progress=progress, on_outcome=on_outcome, records=records,
+                       load_ids=load_ids)
+    wp = WorkerPool(queues, sizes, edge, reuse=reuse, timeout=float(ray_option(spec, "pending_timeout_s")),
+                    max_restarts=spec.ray.max_restarts, record=record, recorded=record.recorded, ctx=ctx,
+                    prefetcher=prefetcher, say=say, clock=clock)
     try:
-        while True:
-            # keep the pool filled, hand models to ready idle workers, end idle workers
-            for g, q in queues.items():
-                ws = [w for w in workers if w.group == g]
-                idle = [w for w in ws if w.model is None]
-                while q and len(ws) < sizes[g] and len(idle) < len(q):
-                    spawn(g, q[0].opts)
-                    ws = [w for w in workers if w.group == g]
-                    idle = [w for w in ws if w.model is None]
-                for w in idle:
-                    if w.ready and q:
-                        assign(w, q.popleft())
-                    elif w.ready and not q:
-                        end_worker(w)  # nothing left for it: its CPUs go to the statistics tasks
-            if not (stats_refs or measure_refs or any(queues.values())):
-                break
-            prefetcher.tick()
-            refs = list(ready_refs) + list(measure_refs) + list(stats_refs)
-            done, _ = ray.wait(refs, num_returns=1, timeout=tick_s) if refs else ([], [])
-            if not refs:
-                time.sleep(tick_s)
-            if done:
-                done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            now = clock()
-            if done:
-                last_progress[0] = now
-            for ref in done:
-                if ref in ready_refs:
-                    w = ready_refs.pop(ref)
-                    try:
-                        ray.get(ref)
-                    except Exception as e:  # noqa: BLE001 - the worker could not start, or died for good
-                        end_worker(w)
-                        if w.served:  # it served models, then died for good: a fresh worker takes the next
-                            log.warning("worker %d died for good: %s", w.ident, format_error(e))
-                            continue
-                        creation_failures[w.group] += 1
-                        log.warning("a model worker could not start: %s", format_error(e))
-                        if creation_failures[w.group] > max(1, spec.ray.max_restarts):
-                            q = queues[w.group]
-                            while q:
-                                m = q.popleft()
-                                prefetcher.started(m.name)
-                                fail([i for b in m.batches for i, _ in b],
-                                     f"system error: a model worker could not start: {format_error(getattr(e, 'cause', None) or e)}")
-                        continue
-                    w.ready = True
-                elif ref in measure_refs:
-                    w = measure_refs.pop(ref)
-                    w.pending -= 1
-                    sref = stats_of.pop(ref, None)
-                    if sref in stats_refs:  # its statistics task may start now
-                        stats_since[sref] = now
-                    if w.pending == 0:  # the model's work is done on this worker
-                        m = w.model
-                        ctx.actors.pop(m.name, None)
-                        w.model = None
-                        if w.retire:
-                            end_worker(w)
-                            log.info("worker %d ended after %s", w.ident, m.name)
-                        else:  # reuse: once it answers again (alive, or restarted), it takes the next model
-                            w.ready = False
-                            w.since = now
-                            ready_refs[w.actor.__ray_ready__.remote()] = w
-                elif ref in stats_refs:
-                    name, indices = stats_refs.pop(ref)
-                    stats_since.pop(ref, None)
-                    try:
-                        outcomes = ray.get(ref)
-                    except Exception as e:  # noqa: BLE001 - the worker died for good, or a task crashed
-                        err = format_error(getattr(e, "cause", None) or e)
-                        outcomes = [TaskOutcome(index=i, status="failed", error=f"system error: {err}") for i in indices]
-                    record(outcomes)
-            if now - last_check >= check_every:
-                last_check = now
-                watchdog(now)
-            progress.tick(now)
+        wp.run(tick_s=tick_s, progress=progress)
     finally:
-        prefetcher.close()
-        for w in list(workers):
-            end_worker(w)
-        ctx.actors.clear()
+        res.stuck, res.workers_started = wp.stuck, wp.workers_started
     return res
 
 
-__all__ = ["run_tasks", "PoolResult", "SchedulingError", "RAY_DEFAULTS", "ray_option", "pool_size", "check_feasible",
-           "entrypoint_reservation", "in_ray_job", "shape", "fits", "NodeOffer", "cluster_nodes"]
+__all__ = ["run_tasks", "PoolResult", "WorkerPool", "Recording", "Seen", "RayEdge", "ModelWork", "Worker",
+           "SchedulingError",
+           "RAY_DEFAULTS", "ray_option", "pool_size", "check_feasible", "entrypoint_reservation", "in_ray_job", "shape",
+           "fits", "NodeOffer", "cluster_nodes"]

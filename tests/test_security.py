@@ -246,10 +246,10 @@ def test_embedded_ray_has_no_dashboard_and_refuses_clients_without_the_token(mon
     assert _init_ray(spec, None)
     try:
         assert os.environ.get("RAY_AUTH_MODE") != "disabled"  # the driver does not switch authentication off
-        node = ray._private.worker.global_worker.node
-        assert not node.address_info.get("webui_url")  # no dashboard at all
+        info = ray.init(ignore_reinit_error=True).address_info  # (connected: this session's addresses)
+        assert not info.get("webui_url")  # no dashboard at all
         assert get_authentication_mode() == AuthenticationMode.TOKEN
-        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(grpc.insecure_channel(node.gcs_address))
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(grpc.insecure_channel(info["gcs_address"]))
         with pytest.raises(grpc.RpcError) as e:
             stub.GetAllNodeInfo(gcs_service_pb2.GetAllNodeInfoRequest(), timeout=20)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -322,8 +322,8 @@ ray: {{num_cpus: 2, actor_num_cpus: 0.5, stats_num_cpus: 0.5}}
         ray.shutdown()
     # this test's own local Ray (started with the token in the environment, as a user's would
     # be), so that its session logs can be scanned too
-    ray.init(address="local", num_cpus=2, object_store_memory=100_000_000, include_dashboard=False)
-    session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
+    started = ray.init(address="local", num_cpus=2, object_store_memory=100_000_000, include_dashboard=False)
+    session = Path(started.address_info["session_dir"])
     try:
         outcome = run_sweep(spec, progress=False)
     finally:

@@ -1,0 +1,303 @@
+"""The state transitions of :class:`jobs.pool.WorkerPool` without Ray: the pool's scheduling is
+plain Python over an edge of Ray calls (:class:`jobs.pool.RayEdge`), here a stand-in whose
+references the test settles one by one (success, or an error where the test says so)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import types
+
+from actors.stats import TaskOutcome
+from jobs.plan import Task
+from jobs.pool import ModelWork, Recording, WorkerPool
+
+
+class Ref:
+    def __init__(self, kind: str, actor=None, model: str | None = None, indices=()):
+        self.kind, self.actor, self.model, self.indices = kind, actor, model, list(indices)
+
+    def __repr__(self):
+        return f"Ref({self.kind}, {self.actor}, {self.model})"
+
+
+class FakeEdge:
+    """Records every call in ``events``; ``errors``: ``(kind, model or actor number)`` -> the
+    exception that reference raises; ``states``: actor number -> its state."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+        self.actors = 0
+        self.errors: dict[tuple, Exception] = {}
+        self.states: dict[int, str] = {}
+        self.cancelled: list[Ref] = []
+        self.killed: list[int] = []
+
+    def start(self, opts):
+        self.actors += 1
+        self.events.append(("start", self.actors))
+        return self.actors
+
+    def ready(self, actor):
+        self.events.append(("ready?", actor))
+        return Ref("ready", actor)
+
+    def put(self, obj):
+        return ("put", obj)
+
+    def submit(self, actor, model_ref, batch):
+        name = model_ref[1]
+        self.events.append(("submit", actor, name, [i for i, _ in batch]))
+        return Ref("measure", actor, name), Ref("stats", actor, name, [i for i, _ in batch])
+
+    def kill(self, actor):
+        self.killed.append(actor)
+        self.events.append(("kill", actor))
+
+    def get(self, ref: Ref):
+        err = self.errors.get((ref.kind, ref.model)) or self.errors.get((ref.kind, ref.actor))
+        if err is not None:
+            raise err
+        if ref.kind == "stats":
+            return [TaskOutcome(index=i, status="finished", result=f"{ref.model}:{i}") for i in ref.indices]
+        return None
+
+    def cancel(self, ref):
+        self.cancelled.append(ref)
+
+    def task_id(self, ref):
+        return str(id(ref))
+
+    def actor_state(self, actor):
+        return self.states.get(actor, "ALIVE")
+
+    def pending_tasks(self):
+        return None
+
+    def cluster_state(self):
+        return "the cluster has {'CPU': 2} in all, nothing free now"
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def models(*names, group=(1.0, 0.0), n=3, batch=2, fresh=()):
+    """ModelWork for ``names``, ``n`` tasks each (consecutive indices), ``batch`` per request."""
+    out, k = [], 0
+    for name in names:
+        items = [(k + j, f"task{k + j}") for j in range(n)]
+        k += n
+        out.append(ModelWork(name, name, [items[j:j + batch] for j in range(0, n, batch)], {"num_cpus": group[0]},
+                             group, name in fresh, n))
+    return out
+
+
+def make_pool(ms, *, size=1, reuse=True, timeout=10.0, max_restarts=1):
+    edge, clock = FakeEdge(), Clock()
+    queues = collections.defaultdict(collections.deque)
+    for m in ms:
+        queues[m.group].append(m)
+    records: dict[int, TaskOutcome] = {}
+    said: list[str] = []
+
+    def record(outcomes):
+        for o in outcomes:
+            assert o.index not in records, f"task {o.index} recorded twice"
+            records[o.index] = o
+
+    prefetch = types.SimpleNamespace(order=[], started=lambda name: prefetch.order.append(name),
+                                     tick=lambda: None, close=lambda: None)
+    ctx = types.SimpleNamespace(actors={}, remaining={})
+    wp = WorkerPool(queues, {g: size for g in queues}, edge, reuse=reuse, timeout=timeout, max_restarts=max_restarts,
+                    record=record, recorded=records, ctx=ctx, prefetcher=prefetch, say=said.append, clock=clock)
+    return wp, edge, clock, records, said, prefetch
+
+
+def settle(wp, *, only=None, rounds=100):
+    """fill, then settle every outstanding reference (of kinds ``only``), until nothing is left;
+    then close the pool, as :meth:`WorkerPool.run` does (unless ``only``)."""
+    for _ in range(rounds):
+        wp.fill()
+        refs = [r for r in wp.refs() if only is None or r.kind in only]
+        if not wp.busy() or not refs:
+            if only is None:
+                wp.close()
+            return
+        for r in refs:
+            wp.on_done(r, wp.clock())
+    raise AssertionError("the pool did not settle")
+
+
+def test_one_worker_serves_the_models_in_order_one_at_a_time():
+    wp, edge, _, records, _, prefetch = make_pool(models("a", "b", "c"))
+    settle(wp)
+    assert edge.actors == wp.workers_started == 1
+    kinds = [(e[0], e[2] if e[0] == "submit" else None) for e in edge.events]
+    # every model's requests go out only after the worker answered again (the previous model done)
+    assert kinds == [("start", None), ("ready?", None), ("submit", "a"), ("submit", "a"), ("ready?", None),
+                     ("submit", "b"), ("submit", "b"), ("ready?", None), ("submit", "c"), ("submit", "c"),
+                     ("ready?", None), ("kill", None)]
+    assert [e[3] for e in edge.events if e[0] == "submit"] == [[0, 1], [2], [3, 4], [5], [6, 7], [8]]
+    assert sorted(records) == list(range(9)) and all(o.status == "finished" for o in records.values())
+    assert records[4].result == "b:4" and prefetch.order == ["a", "b", "c"]
+    assert not wp.busy() and wp.workers == [] and wp.ctx.actors == {}
+
+
+def test_without_reuse_and_for_fresh_models_each_model_ends_its_worker():
+    wp, edge, *_ = make_pool(models("a", "b", "c"), reuse=False)
+    settle(wp)
+    assert edge.actors == 3 and edge.killed == [1, 2, 3]
+    wp, edge, *_ = make_pool(models("a", "b", "c", fresh=("b",)), reuse=True)
+    settle(wp)
+    # a and b share worker 1; b (trust_remote_code) ends it; c gets a fresh worker 2
+    assert [(e[1], e[2]) for e in edge.events if e[0] == "submit"][::2] == [(1, "a"), (1, "b"), (2, "c")]
+    assert edge.killed == [1, 2]
+
+
+def test_the_pool_is_bounded_and_no_worker_waits_without_a_model():
+    wp, edge, *_ = make_pool(models("a", "b", "c", "d", "e"), size=2)
+    wp.fill()
+    assert edge.actors == 2
+    wp, edge, *_ = make_pool(models("a"), size=4)
+    wp.fill()
+    assert edge.actors == 1  # never more idle workers than models waiting
+
+
+def test_a_failed_statistics_task_is_recorded_and_the_others_go_on():
+    wp, edge, _, records, *_ = make_pool(models("a", "b"))
+    edge.errors[("stats", "a")] = RuntimeError("boom")
+    settle(wp)
+    assert sorted(records) == list(range(6))
+    assert [records[i].status for i in range(6)] == ["failed"] * 3 + ["finished"] * 3
+    assert records[0].error == "system error: RuntimeError: boom"
+
+
+def test_a_worker_that_cannot_start_fails_its_models_after_max_restarts():
+    wp, edge, _, records, *_ = make_pool(models("a", "b"), max_restarts=2)
+    edge.errors[("ready", 1)] = edge.errors[("ready", 2)] = edge.errors[("ready", 3)] = OSError("no node")
+    settle(wp)
+    assert edge.actors == 3  # failures counted per group: the third one gives up
+    assert sorted(records) == list(range(6))
+    assert {o.error for o in records.values()} == {"system error: a model worker could not start: OSError: no node"}
+    assert not wp.busy()
+
+
+def test_a_worker_that_dies_for_good_after_a_model_is_replaced():
+    wp, edge, _, records, *_ = make_pool(models("a", "b"))
+    wp.fill()
+    for r in wp.refs():
+        wp.on_done(r, 0.0)  # ready
+    wp.fill()
+    for r in wp.refs():
+        wp.on_done(r, 0.0)  # a measured and analysed; worker 1 probed again
+    edge.errors[("ready", 1)] = RuntimeError("died")
+    settle(wp)
+    assert edge.actors == 2 and wp.creation_failures == collections.Counter()
+    assert all(o.status == "finished" for o in records.values()) and len(records) == 6
+    assert [(e[1], e[2]) for e in edge.events if e[0] == "submit"][::2] == [(1, "a"), (2, "b")]
+
+
+def test_a_worker_that_never_starts_is_stuck_after_the_timeout():
+    wp, edge, clock, records, said, _ = make_pool(models("a", "b"), timeout=10.0)
+    wp.fill()
+    clock.t = 10.0
+    wp.watchdog(clock.t)  # not longer than the timeout yet
+    assert records == {} and wp.stuck is None
+    clock.t = 10.5
+    wp.watchdog(clock.t)
+    reason = ("stuck: waited more than 10 s (ray.pending_timeout_s) for resources: 2 model(s) (a, b) wait for a "
+              "model worker that needs {'CPU': 1} and could not start; the cluster has {'CPU': 2} in all, nothing "
+              "free now")
+    assert wp.stuck == reason and said == [reason]
+    assert sorted(records) == list(range(6)) and {o.error for o in records.values()} == {reason}
+    assert edge.killed == [1] and not wp.busy()
+
+
+def test_a_busy_worker_waiting_to_restart_is_stuck_and_its_work_failed():
+    wp, edge, clock, records, said, _ = make_pool(models("a", "b"), timeout=10.0)
+    settle(wp, only=("ready",))  # worker 1 ready and serving a (its requests unanswered)
+    edge.states[1] = "RESTARTING"
+    clock.t = 5.0
+    wp.watchdog(clock.t)  # first seen waiting at 5
+    clock.t = 15.5
+    wp.watchdog(clock.t)  # no progress for 15.5 s but waiting only 10.5 s: past the timeout
+    assert wp.stuck.startswith("stuck: waited more than 10 s (ray.pending_timeout_s) for resources: the worker of "
+                               "model 'a' needs {'CPU': 1} to restart (restarting); ")
+    assert sorted(records) == [0, 1, 2] and all(o.status == "failed" for o in records.values())
+    assert len(edge.cancelled) == 2 and edge.killed == [1] and wp.measure_refs == {}
+    settle(wp)  # b goes on with a new worker
+    assert sorted(records) == list(range(6)) and records[3].status == "finished"
+
+
+def test_progress_restarts_the_stuck_clock():
+    wp, edge, clock, records, _, _ = make_pool(models("a", "b"), timeout=10.0)
+    wp.fill()
+    clock.t = 9.0
+    wp.last_progress = 9.0  # e.g. another group's result arrived
+    clock.t = 15.0
+    wp.watchdog(clock.t)
+    assert records == {} and wp.stuck is None
+
+
+# --------------------------------------------------------------------------------------
+# Driver memory: nothing per task kept for ever (long sweeps grew ~1 MiB per checkpoint)
+# --------------------------------------------------------------------------------------
+
+
+class NoResultEdge(FakeEdge):
+    """Statistics outcomes as a measurement that failed (no result object): a record of tags,
+    params and metrics, as every failed task has."""
+
+    def get(self, ref):
+        if ref.kind == "stats":
+            return [TaskOutcome(index=i, status="failed", error="AuditError: too few words") for i in ref.indices]
+        return None
+
+
+def _recording_run(n_models: int, per_model: int, *, keyed: bool) -> tuple[int, Recording]:
+    """Run ``n_models * per_model`` tiny tasks through a WorkerPool and a :class:`Recording`;
+    returns the bytes still allocated once the pool is closed (tracemalloc) and the recording."""
+    import tracemalloc
+
+    n = n_models * per_model
+    todo = [Task(model=f"m{i // per_model}", language="en", test="weat1", metric="weat", params={"alpha": 0.05},
+                 key=f"k{i}" if keyed else None) for i in range(n)]
+    info = types.SimpleNamespace(spec=types.SimpleNamespace(ref="m.vec", options={}), kind="static", revision=None)
+    plan = types.SimpleNamespace(spec=types.SimpleNamespace(name="mem", sweep_id=lambda: "sid"),
+                                 models={f"m{j}": info for j in range(n_models)})
+    written = []
+    recorder = types.SimpleNamespace(record=lambda rec: written.append(len(rec)))
+    progress = types.SimpleNamespace(update=lambda **kw: None, tick=lambda now: None)
+    ctx = types.SimpleNamespace(actors={}, remaining={})
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    rec = Recording(plan, todo, recorder, ctx, progress=progress)
+    queues = collections.defaultdict(collections.deque)
+    for j in range(n_models):
+        items = [(i, todo[i]) for i in range(j * per_model, (j + 1) * per_model)]
+        queues[(1.0, 0.0)].append(ModelWork(f"m{j}", f"m{j}", [items], {"num_cpus": 1.0}, (1.0, 0.0), False,
+                                            per_model))
+    prefetch = types.SimpleNamespace(started=lambda name: None, tick=lambda: None, close=lambda: None)
+    wp = WorkerPool(queues, {(1.0, 0.0): 2}, NoResultEdge(), reuse=True, timeout=10.0, max_restarts=1, record=rec,
+                    recorded=rec.recorded, ctx=ctx, prefetcher=prefetch, say=lambda s: None, clock=Clock())
+    settle(wp, rounds=10 * n_models)
+    del wp, queues, prefetch
+    kept = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert len(written) == n and len(rec.recorded) == n
+    return kept, rec
+
+
+def test_the_driver_keeps_no_record_of_keyed_tasks(caplog):
+    caplog.set_level(logging.ERROR, logger="jobs.pool")  # pytest keeps every captured log record
+    kept_keyed, rec = _recording_run(100, 20, keyed=True)
+    assert rec.records == {}  # read back from the write-ahead log / tracking store by the report
+    kept_keyless, rec2 = _recording_run(100, 20, keyed=False)
+    assert sorted(rec2.records) == list(range(2000))  # the report needs these: nothing else holds them
+    # before: every record stayed (what the keyless run keeps, some KB per task); now a byte or so
+    assert kept_keyless / 2000 > 1000 and kept_keyed / 2000 < 100, (kept_keyed, kept_keyless)
