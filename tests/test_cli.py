@@ -102,7 +102,9 @@ def test_score_missing_words_error_names_them(small_test, capsys, tmp_path):
     assert rc == 0
     assert out["coverage"]["insects"] == pytest.approx(0.6)
     assert sorted(out["missing"]["insects"]) == ["quokka", "zyzzyva"]
-    assert out["p_method"] == "sampled" and out["n_partitions"] == 1000
+    # 5 flowers + 3 insects left: C(8, 3) = 56 distinct partitions <= 1000 requested -> the exact test, said so
+    assert out["p_method"] == "exact" and out["n_partitions"] == 56
+    assert "1,000" in out["p_note"] and "56 distinct partitions" in out["p_note"]
 
 
 @pytest.mark.unit

@@ -12,6 +12,10 @@ from actors.stats import TaskOutcome
 from jobs.plan import Task
 from jobs.pool import ModelWork, Recording, WorkerPool
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 
 class Ref:
     def __init__(self, kind: str, actor=None, model: str | None = None, indices=()):
