@@ -127,6 +127,9 @@ class Metric:
     sharded:      optional ``sharded(measurement, params, seed, shards, map_fn) -> MetricOutput |
                   None``: the analysis with its exact permutation count split into ``shards``
                   pieces mapped by ``map_fn`` (``None`` when splitting does not pay).
+    comparer:     how two models' results of the metric are compared (an
+                  :class:`audit.compare.MetricComparer`: ``audit compare``, the watcher's regression
+                  check); ``None``: the metric offers no paired comparison.
     """
 
     name: str
@@ -144,6 +147,7 @@ class Metric:
     roles: bool = False
     sharded: Callable[..., MetricOutput | None] | None = None
     breakdowns: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    comparer: Any = None
 
     @property
     def model_kinds(self) -> tuple[str, ...]:
