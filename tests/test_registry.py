@@ -306,3 +306,24 @@ def test_a_new_multiple_choice_benchmark_is_two_files(toy_mc, tmp_path, capsys):
     assert {(t.model, t.metric) for t in plan.tasks if t.metric == "toy_mc4"} == {("tiny-gpt2", "toy_mc4")}
     reasons = {(s.model, s.metric): s.reason for s in plan.skipped}
     assert "toy_mc4 cannot run on static word vectors" in reasons[("glove", "toy_mc4")]
+
+
+def test_the_toy_benchmark_runs_in_a_sweep(toy_mc, fresh_ray, tmp_path):
+    """The plugin's entry and reader reach the Ray workers (``BIASAUDIT_PLUGINS``); the recorded
+    value is the one of the options scored alone."""
+    from audit import tiny_models
+    from jobs.spec import parse_spec
+    from jobs.sweep import run_sweep
+
+    gpt2 = str(tiny_models.tiny_model_dir("gpt2"))
+    spec = parse_spec({"name": "toy4", "seed": 0, "output_dir": str(tmp_path / "out"),
+                       "models": [{"name": "tiny-gpt2", "ref": gpt2}], "tests": [str(toy_mc)],
+                       "metrics": ["toy_mc4"],
+                       "ray": {"num_cpus": 2, "object_store_memory": 200_000_000, "actor_num_cpus": 0.5}},
+                      source="toy4.yaml")
+    out = run_sweep(spec, progress=False)
+    assert out.exit_code == 0 and out.ran == 1, out.results.to_dict("records")
+    row = out.results.iloc[0]
+    assert row.status == "finished" and row.metric == "toy_mc4"
+    hits = _expected_hits(runner.load_model(gpt2), _TOY_ROWS)
+    assert float(row.value) == pytest.approx(np.mean(hits), abs=1e-12)
