@@ -200,7 +200,7 @@ def read_toy(path, stub):
 register_format("toy4", read_toy, "options", sniff=looks_like_toy)
 '''
 
-_TOY_ENTRY = '''"""Toy four-option benchmark: the metric entry (share of items whose top option is the stereotyped one)."""
+_TOY_ENTRY = '''"""Toy four-option benchmark: the metric entry (share of items whose top option is the stereotype)."""
 import pandas as pd
 
 from audit.compare import item_mean_comparer
