@@ -36,7 +36,8 @@ from audit.compare import (
     item_mean_comparer,
     row_mean_comparer,
 )
-from audit.entries import KIND_NAMES, MODEL_KINDS, Family, Measurement, Metric, check_count
+from audit.backends.table import kind_names, model_kinds
+from audit.entries import Family, Measurement, Metric, check_count
 from audit.errors import DataError, ModelError, ParameterError
 from audit.measure.bbq import CHOICES
 from audit.measure.crows_pairs import PAIR_SCORES
@@ -281,7 +282,7 @@ def register(*entries: Metric) -> None:
             raise ValueError(f"two different families are named {e.family.name!r}")
         if f.test_type not in TEST_TYPES:  # audit.suites.register_test_type first
             raise ValueError(f"family {f.name!r}: unknown test type {f.test_type!r}")
-        bad = [k for k in e.model_kinds if k not in MODEL_KINDS]
+        bad = [k for k in e.model_kinds if k not in model_kinds()]
         if bad:
             raise ValueError(f"metric {e.name!r}: unknown model kind(s) {bad}")
         clash = set(f.params) & set(e.params)
@@ -368,15 +369,15 @@ def kind_reason(name: str, kind: str) -> str | None:
     e = get(name)
     if kind in e.model_kinds:
         return None
-    return f"{name} cannot run on {KIND_NAMES.get(kind, kind)} (needs {', '.join(e.model_kinds)})"
+    return f"{name} cannot run on {kind_names().get(kind, kind)} (needs {', '.join(e.model_kinds)})"
 
 
 def check_kind(name: str, kind: str, ref: str) -> None:
     """Raise :class:`ModelError` when the metric cannot run on model ``ref`` of ``kind``."""
     e = get(name)
     if kind not in e.model_kinds:
-        raise ModelError(f"metric {name!r} cannot run on model {ref!r} ({KIND_NAMES.get(kind, kind)}); it needs: "
-                         + ", ".join(KIND_NAMES[k] for k in e.model_kinds))
+        raise ModelError(f"metric {name!r} cannot run on model {ref!r} ({kind_names().get(kind, kind)}); it needs: "
+                         + ", ".join(kind_names()[k] for k in e.model_kinds))
 
 
 def check_declared(test: Any) -> None:

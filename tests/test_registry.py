@@ -327,3 +327,71 @@ def test_the_toy_benchmark_runs_in_a_sweep(toy_mc, fresh_ray, tmp_path):
     assert row.status == "finished" and row.metric == "toy_mc4"
     hits = _expected_hits(runner.load_model(gpt2), _TOY_ROWS)
     assert float(row.value) == pytest.approx(np.mean(hits), abs=1e-12)
+
+
+# ---------------------------------------------------------------- a new engine is one module (with its row)
+
+_TOY_ENGINE = '''"""Toy embedding engine: one module, its backend-table row registered on import."""
+import hashlib
+
+import numpy as np
+
+from audit.backends.table import Backend, register_backend
+
+
+class ToyEmbedder:
+    kind, backend, dim, max_length, num_hidden_layers = "toyvec", "toy-engine", 8, 64, 1
+
+    def __init__(self, ref, path):
+        self.ref, self.path, self.revision = ref, path, "toy:" + path
+
+    def embed(self, sentences, *, method=None, spans=None, layer=-1, batch_size=32, padding_side="right"):
+        def vec(s):
+            seed = int.from_bytes(hashlib.sha256(s.encode("utf-8")).digest()[:8], "little")
+            return np.random.default_rng(seed).normal(size=self.dim)
+
+        return np.stack([vec(s) for s in sentences]).astype(np.float32)
+
+
+def load(ref, *, path, device=None, dtype=None):
+    return ToyEmbedder(ref, path)
+
+
+def probe(path):
+    return "toy:" + path
+
+
+register_backend(Backend("toy-engine", "toy", "toyvec", prefix="toy:", loader="toy_engine:load",
+                         probe="toy_engine:probe", kind_name="a toy embedding model", operations=("embed",),
+                         pooling="model"))
+'''
+
+
+def test_a_new_engine_is_one_module_and_its_row(tmp_path, monkeypatch):
+    from audit.backends import table
+    from jobs.resolve import model_kind, probe_revision, resolve_ref
+
+    (tmp_path / "toy_engine.py").write_text(_TOY_ENGINE, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.load_plugins("toy_engine")
+    try:
+        # the planner tells the kind and the revision from the row, without loading
+        assert model_kind("toy:abc") == "toyvec" and resolve_ref("toy:abc") == "toy:abc"
+        assert probe_revision("toy:abc", "toyvec") == "toy:abc"
+        # the families whose operations the row implements take the kind; the others name it
+        assert "toyvec" in registry.get("seat").model_kinds and "toyvec" in registry.get("weat").model_kinds
+        assert registry.kind_reason("lpbs", "toyvec") == "lpbs cannot run on a toy embedding model (needs mlm, causal)"
+        lm = runner.load_model("toy:abc")
+        assert (lm.kind, lm.backend, lm.revision) == ("toyvec", "toy-engine", "toy:abc")
+        test = runner.load_test("weat7")
+        meas = runner.measure(lm, test, "seat", {})
+        from audit.measure.contextual import seat_sentences
+
+        items = seat_sentences(test, "model")
+        first = items[(items["role"] == "target") & (items["set_index"] == 0)]["sentence"].tolist()
+        np.testing.assert_array_equal(meas.targets[0], lm.handle.embed(first).astype(np.float64))
+        res = runner.score(lm, test, "seat", {"permutations": 200, "n_bootstrap": 20}, seed=0)
+        assert np.isfinite(res.value) and registry.get("seat").family.method("toyvec", {}) == "model"
+    finally:
+        table.BACKENDS.pop("toy-engine", None)
+        sys.modules.pop("toy_engine", None)
