@@ -136,6 +136,7 @@ def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_
     if truncation == "left":
         prompts, cut = fit_prompts(hf_model, prompts, options)
     sc, nt = score_options(hf_model, prompts, options, delimiter=DELIMITER, batch_size=batch_size, what="BBQ")
+    sc, nt = sc.reshape(len(prompts), N_OPTIONS), nt.reshape(len(prompts), N_OPTIONS)
     meta = table[["item", "category", "subcategory", "question_polarity", "context_condition", "label", "unknown",
                   "target", "biased"]]
     out = option_table(meta, options, sc, nt)

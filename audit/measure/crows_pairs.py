@@ -55,6 +55,7 @@ def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | Non
     gold = np.where((df["stereo_antistereo"] == "stereo").to_numpy(), 0, 1)
     sc, nt = score_options(hf_model, [""] * len(more), list(zip(more, less)), gold=gold, batch_size=batch_size,
                            what="CrowS-Pairs")
+    sc, nt = sc.reshape(len(more), 2), nt.reshape(len(more), 2)
     more_sc, less_sc = sc[:, 0], sc[:, 1]
     n_more, n_less = nt[:, 0], nt[:, 1]
     return pd.DataFrame({

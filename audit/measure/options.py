@@ -70,7 +70,7 @@ def score_options(model: Any, contexts: Sequence[str], options: Sequence[Sequenc
     n = len(options)
     if len(contexts) != n:
         raise DataError(f"{what}: {len(contexts)} contexts for {n} items")
-    if n == 0:
+    if n == 0:  # no items: (0, 0) arrays
         return np.zeros((0, 0)), np.zeros((0, 0), dtype=np.int64)
     k = len(options[0])
     bad = next((i for i, o in enumerate(options) if len(o) != k), None)
@@ -131,13 +131,24 @@ def measure_option_items(model, test, metric: Metric, mp: Mapping[str, Any], ap:
     t = test.table
     if not isinstance(mp["delimiter"], str):
         raise ParameterError(f"delimiter: must be a string, got {mp['delimiter']!r}")
-    if mp["limit"]:
-        t = t.head(int(mp["limit"]))
+    limit = mp["limit"]
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ParameterError(f"limit: must be a positive integer (items), got {limit!r}")
     k = int(test.n_options)
     cols = [f"option{j}" for j in range(k)]
+    missing = [c for c in ("item", "context", *cols, "gold") if c not in t.columns]
+    if missing:
+        raise DataError(f"{test.source or test.name}: the test's table lacks column(s) {', '.join(missing)}")
+    gold = pd.to_numeric(t["gold"], errors="coerce").to_numpy(dtype=float)
+    bad = np.flatnonzero(~((gold >= 0) & (gold < k) & (gold == np.round(gold))))
+    if bad.size:
+        raise DataError(f"{test.source or test.name}: item {t['item'].iloc[bad[0]]}: field gold: must be an option "
+                        f"index 0..{k - 1}, got {t['gold'].tolist()[bad[0]]!r}")
+    if limit:
+        t = t.head(limit)
     options = t[cols].astype(str).values.tolist()
     contexts = t["context"].fillna("").astype(str).tolist()
-    sc, nt = score_options(model.handle, contexts, options, gold=t["gold"].to_numpy(),
+    sc, nt = score_options(model.handle, contexts, options, gold=t["gold"].to_numpy(dtype=np.int64),
                            delimiter=mp["delimiter"], batch_size=mp["batch_size"], what=test.name)
     meta = t[[c for c in t.columns if c not in cols and c != "context"]]
     return Measurement(family=OPTIONS.name, table=option_table(meta, options, sc, nt),
