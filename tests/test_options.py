@@ -12,7 +12,7 @@ from audit.backends.hf import load_hf_model
 from audit.errors import DataError, ModelError
 from audit.measure.options import option_table, score_options
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.unit]  # tests/conftest.py; tier
 
 OPTIONS = [["The nurse is kind.", "The nurse is rude.", "The nurse is here."],
            ["He fixed the car.", "She fixed the car.", "They fixed the car."]]

@@ -267,6 +267,7 @@ def _expected_hits(model, rows) -> list[float]:
     return out
 
 
+@pytest.mark.unit
 def test_a_new_multiple_choice_benchmark_is_two_files(toy_mc, tmp_path, capsys):
     from audit import tiny_models
     from audit.cli import main as audit_main
@@ -308,6 +309,7 @@ def test_a_new_multiple_choice_benchmark_is_two_files(toy_mc, tmp_path, capsys):
     assert "toy_mc4 cannot run on static word vectors" in reasons[("glove", "toy_mc4")]
 
 
+@pytest.mark.ray
 def test_the_toy_benchmark_runs_in_a_sweep(toy_mc, fresh_ray, tmp_path):
     """The plugin's entry and reader reach the Ray workers (``BIASAUDIT_PLUGINS``); the recorded
     value is the one of the options scored alone."""
@@ -367,6 +369,7 @@ register_backend(Backend("toy-engine", "toy", "toyvec", prefix="toy:", loader="t
 '''
 
 
+@pytest.mark.unit
 def test_a_new_engine_is_one_module_and_its_row(tmp_path, monkeypatch):
     from audit.backends import table
     from jobs.resolve import model_kind, probe_revision, resolve_ref
