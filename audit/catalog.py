@@ -19,7 +19,7 @@ from audit.datasets.external import FORMAT_TYPES
 from audit.datasets.registry import _scan
 from audit.entries import MODEL_KINDS
 from audit.errors import DataError
-from audit.suites import SentencePairs, WordTest
+from audit.suites import TEST_TYPES, SentencePairs, WordTest
 
 __all__ = ["LANGUAGE_NAMES", "supported_metrics", "list_tests", "datasets_markdown", "coverage_table"]
 
@@ -29,8 +29,6 @@ LANGUAGE_NAMES = {"en": "English", "de": "German", "nl": "Dutch", "it": "Italian
                   "pt": "Portuguese", "ro": "Romanian"}
 
 
-#: What one row of a stub test's table is, by test type (listings).
-_UNITS = {"pairs": "pairs", "completion": "templates", "multiple_choice": "items"}
 
 
 def supported_metrics(test: WordTest | SentencePairs) -> list[str]:
@@ -65,7 +63,7 @@ def list_tests(language: str | None = None, root: str | Path | None = None) -> p
             size = ""
             if ok:
                 try:
-                    size = f"{len(read_registered(path).table)} {_UNITS.get(FORMAT_TYPES[stub.format], 'rows')}"
+                    size = f"{len(read_registered(path).table)} {TEST_TYPES[FORMAT_TYPES[stub.format]].unit or 'rows'}"
                 except DataError as e:
                     ok, size = False, str(e)
             rows.append({

@@ -22,19 +22,19 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pandas as pd
 
+from audit.backends.table import kind_names, kinds_with, model_kinds
 from audit.errors import ParameterError
 from audit.result import MetricOutput
 
 __all__ = ["MODEL_KINDS", "KIND_NAMES", "PROPERTIES", "Measurement", "Family", "Metric", "check_count"]
 
 #: The model kinds: static word vectors, Hugging Face encoders without LM head, masked LMs,
-#: causal LMs, sentence-transformers embedding models (their configured pooling).
-MODEL_KINDS = ("static", "encoder", "mlm", "causal", "sentence")
+#: causal LMs, and those the backend table's rows add (sentence-transformers embedding models:
+#: ``sentence``, their configured pooling); :func:`audit.backends.table.model_kinds`.
+MODEL_KINDS = model_kinds()
 
 #: How messages name each kind ("cannot run on <a masked LM>").
-KIND_NAMES = {"static": "static word vectors", "encoder": "an encoder without LM head",
-              "mlm": "a masked LM", "causal": "a causal LM",
-              "sentence": "a sentence-transformers embedding model"}
+KIND_NAMES = kind_names()
 
 #: The invariance properties every metric declares in :attr:`Metric.properties`, property ->
 #: the words its declaration may start with (``tests/test_common.py`` checks each declaration
@@ -117,6 +117,9 @@ class Family:
     words:      for static models: ``words(test, measure_params) -> set[str]``, every spelling
                 the look-up may need (``None``: the family loads no static vectors).
     description: one line for listings.
+    uses:       the model-interface operations the measure step calls on the kinds other engines
+                add (``("embed",)``): every kind of the backend table whose row implements them
+                joins ``kinds`` (:attr:`Metric.model_kinds`, :func:`audit.backends.table.kinds_with`).
     """
 
     name: str
@@ -128,6 +131,12 @@ class Family:
     needs: Callable[[Any], str | None]
     words: Callable[[Any, Mapping[str, Any]], set[str]] | None = None
     description: str = ""
+    uses: tuple[str, ...] = ()
+
+    @property
+    def all_kinds(self) -> tuple[str, ...]:
+        """``kinds`` and the table's kinds whose engines implement ``uses``."""
+        return tuple(dict.fromkeys([*self.kinds, *kinds_with(self.uses)]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +176,9 @@ class Metric:
     properties:   property -> declaration, for every property of :data:`PROPERTIES` (what holds,
                   or ``n/a: <reason>``); ``tests/test_common.py`` fails on a metric that declares
                   none or violates one.
+    comparer:     how two models' results of the metric are compared (an
+                  :class:`audit.compare.MetricComparer`: ``audit compare``, the watcher's regression
+                  check); ``None``: the metric offers no paired comparison.
     """
 
     name: str
@@ -186,10 +198,11 @@ class Metric:
     breakdowns: tuple[tuple[str, tuple[str, ...]], ...] = ()
     no_bias: float = 0.0
     properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    comparer: Any = None
 
     @property
     def model_kinds(self) -> tuple[str, ...]:
-        return self.kinds if self.kinds is not None else self.family.kinds
+        return self.kinds if self.kinds is not None else self.family.all_kinds
 
     def result_name(self, kind: str) -> str:
         """The metric name results record for a model of ``kind``."""

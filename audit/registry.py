@@ -36,7 +36,8 @@ from audit.compare import (
     item_mean_comparer,
     row_mean_comparer,
 )
-from audit.entries import KIND_NAMES, MODEL_KINDS, Family, Measurement, Metric, check_count
+from audit.backends.table import kind_names, model_kinds
+from audit.entries import Family, Measurement, Metric, check_count
 from audit.errors import DataError, ModelError, ParameterError
 from audit.stats import check_resample_memory
 from audit.measure.bbq import CHOICES
@@ -64,7 +65,7 @@ from audit.metrics.sets import (
     check_set_sizes,
 )
 from audit.result import MetricOutput
-from audit.suites import CompletionTemplates, MultipleChoice, SentencePairs, UnreadableTest, WordTest
+from audit.suites import TEST_TYPES, UnreadableTest, WordTest
 from audit.stats import _check_count
 from audit.vocab import _check_max_missing
 
@@ -74,9 +75,7 @@ __all__ = [
     "label_items", "describe", "test_type_of", "comparer",
 ]
 
-#: The Python type of each family's test objects.
-TEST_TYPES: dict[str, type] = {"words": WordTest, "pairs": SentencePairs, "completion": CompletionTemplates,
-                               "multiple_choice": MultipleChoice}
+#: The test types (:data:`audit.suites.TEST_TYPES`, registered once there): name -> type, class, wording.
 
 
 # --------------------------------------------------------------------------------------
@@ -166,14 +165,16 @@ _CLASSIFIER = ("n/a: an L2-regularised linear classifier (fixed C) fits other we
 
 _ENTRIES: tuple[Metric, ...] = (
     Metric(
-        name="weat", family=ASSOCIATION, analyse=_on_sets(weat_sets), params=_WEAT_PARAMS,
+        name="weat", comparer=EFFECT_SIZE_COMPARER,
+        family=ASSOCIATION, analyse=_on_sets(weat_sets), params=_WEAT_PARAMS,
         headline="WEAT effect size d (pooled std, ddof=1 by default); > 0: X~A, Y~B",
         reference=_WEAT_REF, n_targets=(2, 2), n_attributes=(2, 2),
         items="one row per word: s(w, A, B) for the target words, mean cosines for the attribute words",
         sharded=_weat_sharded, properties=_WEAT_PROPS,
     ),
     Metric(
-        name="seat", family=SEAT_SENTENCES, analyse=_on_sets(weat_sets), params=_WEAT_PARAMS,
+        name="seat", comparer=EFFECT_SIZE_COMPARER,
+        family=SEAT_SENTENCES, analyse=_on_sets(weat_sets), params=_WEAT_PARAMS,
         headline="SEAT: WEAT effect size d on sentence embeddings",
         reference="May, Wang, Bordia, Bowman & Rudinger (2019), On Measuring Social Biases in Sentence "
                   "Encoders, NAACL; " + _WEAT_REF + "; causal LMs: position-weighted mean pooling, "
@@ -183,7 +184,8 @@ _ENTRIES: tuple[Metric, ...] = (
         sharded=_weat_sharded, properties=_WEAT_PROPS,
     ),
     Metric(
-        name="lpbs", family=LPBS_SCORES, analyse=lambda m, **p: lpbs_metric(m.table, **p),
+        name="lpbs", comparer=LPBS_COMPARER,
+        family=LPBS_SCORES, analyse=lambda m, **p: lpbs_metric(m.table, **p),
         params={"permutations": "auto", "seed": None, "alternative": "two-sided", "n_bootstrap": 1000,
                 "confidence": 0.95, "p_convention": "phipson_smyth"},
         headline="LPBS effect size over attribute words (ddof=0), two-sided permutation p, bootstrap CI; causal "
@@ -198,7 +200,8 @@ _ENTRIES: tuple[Metric, ...] = (
                                     "he / she)"},
     ),
     Metric(
-        name="same", family=ASSOCIATION, analyse=_on_sets(same_sets), params={"combine": "norm", "groups": None},
+        name="same", comparer=item_mean_comparer("bias"),
+        family=ASSOCIATION, analyse=_on_sets(same_sets), params={"combine": "norm", "groups": None},
         headline="SAME: mean over the measured words of the length of their cosines with the orthonormalised "
                  "bias directions a_0 - a_j (two groups: |cos(w, a_X - a_Y)|), in [0, 1]",
         reference="Schröder, Schulz & Hammer (2024), The SAME score, IJCNN (arXiv:2203.14603); "
@@ -208,13 +211,15 @@ _ENTRIES: tuple[Metric, ...] = (
         properties=_unsigned("a magnitude (the per-word b(w) flip)"),
     ),
     Metric(
-        name="gweat", family=ASSOCIATION, analyse=_on_sets(gweat_sets), params={},
+        name="gweat", comparer=item_mean_comparer("score", "sum_of_group_means"),
+        family=ASSOCIATION, analyse=_on_sets(gweat_sets), params={},
         headline="generalised WEAT: sum_i <mean(X_i) - mean_X, mean(A_i) - mean_A> on unit vectors",
         reference="Swinger et al. (2019), What are the biases in my word embedding?, AIES",
         n_targets=(2, None), n_attributes=(2, None), items="one row per set mean", properties=_SIGNED,
     ),
     Metric(
-        name="direct_bias", family=ASSOCIATION, analyse=_on_sets(direct_bias_sets),
+        name="direct_bias", comparer=item_mean_comparer("bias"),
+        family=ASSOCIATION, analyse=_on_sets(direct_bias_sets),
         params={"c": 1.0, "k": 1, "normalize": True, "groups": None},
         headline="Direct Bias: mean over the attribute words of |cos(w, g)|^c, g = first PC of the pair-centred "
                  "target (defining) sets",
@@ -224,7 +229,8 @@ _ENTRIES: tuple[Metric, ...] = (
         properties=_unsigned("|cos(w, g)|^c; the direction g is defined up to sign"),
     ),
     Metric(
-        name="rnd", family=ASSOCIATION, analyse=_on_sets(rnd_sets), params={"distance": "euclidean", "groups": None},
+        name="rnd", comparer=item_mean_comparer("distance"),
+        family=ASSOCIATION, analyse=_on_sets(rnd_sets), params={"distance": "euclidean", "groups": None},
         headline="RND: mean over attribute words of ||a - mean(X)|| - ||a - mean(Y)|| (WEFE)",
         reference="Garg et al. (2018), PNAS 115:E3635; WEFE 1.0.1 (Badilla et al. 2020)",
         n_targets=(2, 2), n_attributes=(1, None), roles=True, items="one row per measured word: its distance difference",
@@ -242,7 +248,8 @@ _ENTRIES: tuple[Metric, ...] = (
                     "seed": "seeded: value, rnsb, kl_per_iteration, accuracy, seed, iteration_seeds"},
     ),
     Metric(
-        name="mac", family=ASSOCIATION, analyse=_on_sets(mac_sets), params={"groups": None},
+        name="mac", comparer=row_mean_comparer("distance_"),
+        family=ASSOCIATION, analyse=_on_sets(mac_sets), params={"groups": None},
         headline="MAC: mean over (target word, attribute set) of mean cosine distance",
         reference="Manzini et al. (2019), NAACL; WEFE 1.0.1",
         n_targets=(1, None), n_attributes=(1, None), roles=True, items="one row per (group word, measured set)",
@@ -256,7 +263,8 @@ _ENTRIES: tuple[Metric, ...] = (
         properties=_unsigned("Spearman rho is symmetric in its two variables"),
     ),
     Metric(
-        name="ripa", family=ASSOCIATION, analyse=_on_sets(ripa_sets), params={"groups": None},
+        name="ripa", comparer=item_mean_comparer("ripa"),
+        family=ASSOCIATION, analyse=_on_sets(ripa_sets), params={"groups": None},
         headline="RIPA: mean over attribute words and pairs (x_i, y_i) of a . (x_i - y_i)/||x_i - y_i||",
         reference="Ethayarajh, Duvenaud & Hirst (2019), ACL; WEFE 1.0.1",
         n_targets=(2, 2), n_attributes=(1, None), paired="groups", roles=True,
@@ -275,7 +283,8 @@ _ENTRIES: tuple[Metric, ...] = (
                     "chi2_mean, p_values, contingency, degenerate_cases, seed, classifier_seeds"},
     ),
     Metric(
-        name="crows_pairs", family=PAIR_SCORES, no_bias=50.0, analyse=lambda m, **p: crows_pairs_metric(m.table, **p),
+        name="crows_pairs", comparer=PROPORTION_COMPARER, no_bias=50.0,
+        family=PAIR_SCORES, analyse=lambda m, **p: crows_pairs_metric(m.table, **p),
         params={"decimals": "auto", "confidence": 0.95},
         headline="% of pairs whose more stereotypical sentence scores higher (50 = no preference), with stderr "
                  "and Wilson CI",
@@ -332,9 +341,9 @@ def register(*entries: Metric) -> None:
         f = FAMILIES.setdefault(e.family.name, e.family)
         if f is not e.family:
             raise ValueError(f"two different families are named {e.family.name!r}")
-        if f.test_type not in TEST_TYPES:
+        if f.test_type not in TEST_TYPES:  # audit.suites.register_test_type first
             raise ValueError(f"family {f.name!r}: unknown test type {f.test_type!r}")
-        bad = [k for k in e.model_kinds if k not in MODEL_KINDS]
+        bad = [k for k in e.model_kinds if k not in model_kinds()]
         if bad:
             raise ValueError(f"metric {e.name!r}: unknown model kind(s) {bad}")
         clash = set(f.params) & set(e.params)
@@ -345,25 +354,12 @@ def register(*entries: Metric) -> None:
 
 register(*_ENTRIES)
 
-#: How two models' results of a metric are compared (``audit compare``, the watcher's regression
-#: check: :mod:`audit.regression`); metrics not listed are not compared (ECT, a correlation;
-#: RNSB and Cramér's V, classifiers retrained per run: no per-item paired statistic).
-_COMPARERS: dict[str, MetricComparer] = {
-    "weat": EFFECT_SIZE_COMPARER, "seat": EFFECT_SIZE_COMPARER, "lpbs": LPBS_COMPARER,
-    "crows_pairs": PROPORTION_COMPARER, "same": item_mean_comparer("bias"),
-    "direct_bias": item_mean_comparer("bias"), "ripa": item_mean_comparer("ripa"),
-    "rnd": item_mean_comparer("distance"), "mac": row_mean_comparer("distance_"),
-    "gweat": item_mean_comparer("score", "sum_of_group_means"),
-}
-
-
 def comparer(name: str) -> MetricComparer | None:
     """How two results of metric ``name`` (a registered name or a name results record, e.g.
     ``crows_pairs_causal``) are compared, ``None`` when the metric offers no paired comparison."""
     if name not in METRICS:
         name = next((n for n, e in METRICS.items() if name in e.result_names.values()), name)
-    get(name)
-    return _COMPARERS.get(name)
+    return get(name).comparer
 
 
 def unregister(name: str) -> None:
@@ -415,8 +411,11 @@ def split_params(name: str, params: Mapping[str, Any] | None) -> tuple[dict[str,
 def test_type_of(test: Any) -> str | None:
     if isinstance(test, UnreadableTest):
         return test.test_type
-    for name, cls in TEST_TYPES.items():
-        if isinstance(test, cls):
+    for name, t in TEST_TYPES.items():
+        if type(test) is t.cls:
+            return name
+    for name, t in TEST_TYPES.items():
+        if isinstance(test, t.cls):
             return name
     return None
 
@@ -431,15 +430,15 @@ def kind_reason(name: str, kind: str) -> str | None:
     e = get(name)
     if kind in e.model_kinds:
         return None
-    return f"{name} cannot run on {KIND_NAMES.get(kind, kind)} (needs {', '.join(e.model_kinds)})"
+    return f"{name} cannot run on {kind_names().get(kind, kind)} (needs {', '.join(e.model_kinds)})"
 
 
 def check_kind(name: str, kind: str, ref: str) -> None:
     """Raise :class:`ModelError` when the metric cannot run on model ``ref`` of ``kind``."""
     e = get(name)
     if kind not in e.model_kinds:
-        raise ModelError(f"metric {name!r} cannot run on model {ref!r} ({KIND_NAMES.get(kind, kind)}); it needs: "
-                         + ", ".join(KIND_NAMES[k] for k in e.model_kinds))
+        raise ModelError(f"metric {name!r} cannot run on model {ref!r} ({kind_names().get(kind, kind)}); it needs: "
+                         + ", ".join(kind_names()[k] for k in e.model_kinds))
 
 
 def check_declared(test: Any) -> None:
@@ -467,9 +466,8 @@ def _fit_reason(e: Metric, test: Any, params: Mapping[str, Any] | None = None) -
     if isinstance(test, UnreadableTest) and ttype in (None, e.family.test_type):
         return None
     if ttype != e.family.test_type:
-        what = {"words": "word-set tests", "pairs": "sentence-pair tests (CrowS-Pairs)",
-                "completion": "completion-template tests (HONEST)", "multiple_choice": "multiple-choice tests (BBQ)"}
-        return f"{e.name} runs on {what.get(e.family.test_type, e.family.test_type)}, not on {test.name}"
+        t = TEST_TYPES.get(e.family.test_type)
+        return f"{e.name} runs on {t.what if t else e.family.test_type}, not on {test.name}"
     if ttype == "words":
         nt, na = e.set_counts({**(params or {}), "groups": (params or {}).get("groups") or test.groups})
         why = check_count("target", len(test.targets), nt, e.name) or \
@@ -657,7 +655,7 @@ def analyse(m: Measurement, name: str, params: Mapping[str, Any] | None = None, 
     if e.roles:
         groups_source = "parameter" if ap.get("groups") else ("test" if m.info.get("groups") else "default")
         ap["groups"] = ap.get("groups") or m.info.get("groups") or "targets"
-    if m.family == ASSOCIATION.name or m.family == SEAT_SENTENCES.name:
+    if m.targets or m.attributes:  # a measurement of vectors per set: check its set counts
         nt, na = e.set_counts(ap)
         for why in (check_count("target", len(m.targets), nt, name), check_count("attribute", len(m.attributes), na, name)):
             if why:
@@ -699,3 +697,31 @@ def describe() -> pd.DataFrame:
             "headline": e.headline, "reference": e.reference,
         })
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------
+# Plugins
+# --------------------------------------------------------------------------------------
+
+#: Environment variable naming plugin modules (comma separated) that register metrics, formats
+#: or test types when imported; every process (the command line, the sweep driver, each Ray
+#: worker) imports them with this module, so their entries exist wherever a task runs.
+PLUGINS_ENV = "BIASAUDIT_PLUGINS"
+
+
+def load_plugins(spec: str | None = None) -> list[str]:
+    """Import the plugin modules named in ``spec`` (default: ``$BIASAUDIT_PLUGINS``); returns
+    their names. A module that cannot be imported is a :class:`ParameterError` naming it."""
+    import importlib
+    import os
+
+    names = [n.strip() for n in (os.environ.get(PLUGINS_ENV, "") if spec is None else spec).split(",") if n.strip()]
+    for n in names:
+        try:
+            importlib.import_module(n)
+        except ImportError as e:
+            raise ParameterError(f"{PLUGINS_ENV}: cannot import plugin module {n!r} ({e})") from None
+    return names
+
+
+load_plugins()

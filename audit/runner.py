@@ -18,7 +18,6 @@ import pandas as pd
 
 from audit import registry
 from audit.backends import hf
-from audit.backends import st as st_backend
 from audit.backends import static as static_backends
 from audit.backends import table as backend_table
 from audit.datasets import load_test as load_dataset
@@ -125,12 +124,10 @@ def load_model(
     row = backend_table.get(backend) if backend is not None else None
     if backend is not None and row is None:
         raise ModelError(f"model {ref!r}: unknown backend {backend!r}; known: {', '.join(backend_table.names())}")
-    if (row is None and st_backend.is_st_ref(ref)) or (row is not None and row.engine == "st"):
-        if dtype not in (None, "", "auto", "float32"):
-            raise ParameterError(f"dtype: model {ref!r} is a sentence-transformers model, loaded in float32; "
-                                 f"{dtype!r} is not supported by that engine")
-        bare = st_backend.strip_prefix(ref)
-        sm = st_backend.load_st_model(ref, path=resolve_packaged(bare) or bare, device=device)
+    engine_row = row or backend_table.of_prefix(ref)
+    if engine_row is not None and engine_row.loader:  # an engine of the table (sentence-transformers: ``st:``)
+        bare = backend_table.strip_prefix(ref, engine_row)
+        sm = backend_table.load_with(engine_row, ref, path=resolve_packaged(bare) or bare, device=device, dtype=dtype)
         return LoadedModel(ref=ref, kind=sm.kind, backend=sm.backend, revision=sm.revision, handle=sm,
                            load=load_key({"backend": backend}))
     if (row is None and static_backends.is_static_ref(ref)) or (row is not None and row.engine == "static"):

@@ -161,6 +161,20 @@ class MultipleChoice(TableTest):
 
 
 @dataclasses.dataclass(frozen=True)
+class OptionItems(TableTest):
+    """A generic multiple-choice test for the scored-options family (:mod:`audit.measure.options`):
+    one row per item.
+
+    table:     ``item``, ``context`` (``""`` for whole-sentence options), ``option0``..
+               ``option{k-1}``, ``gold`` (index of the gold or stereotyped option) and any
+               per-item or per-option metadata columns (``group0``, ``category``, ...).
+    n_options: k (>= 2), the same for every item.
+    """
+
+    n_options: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
 class UnreadableTest:
     """A registered test whose file could not be read (a malformed template file, a BBQ row whose
     label is out of range, ...). A sweep plans its tasks as usual and each of them fails with
@@ -176,3 +190,44 @@ class UnreadableTest:
 
     def digest(self) -> str:
         return "unreadable:" + hashlib.sha256(self.error.encode("utf-8")).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class TestType:
+    """A type of test object, registered once (:func:`register_test_type`): the planner, the
+    listings and the readers' formats all read it from here.
+
+    name: the key families declare (``Family.test_type``) and formats map to.
+    cls:  the Python type of its test objects.
+    what: how messages name its tests (``"sentence-pair tests (CrowS-Pairs)"``).
+    unit: what one row of its table is, for listings (``"pairs"``); ``""`` for word tests.
+    """
+
+    name: str
+    cls: type
+    what: str
+    unit: str = ""
+
+    __test__ = False  # not a pytest class
+
+
+#: Test type name -> :class:`TestType`.
+TEST_TYPES: dict[str, TestType] = {}
+
+
+def register_test_type(t: TestType) -> TestType:
+    """Add a test type (a plugin may add one); a name registered twice with another class is a
+    programming error."""
+    old = TEST_TYPES.get(t.name)
+    if old is not None and old.cls is not t.cls:
+        raise ValueError(f"test type {t.name!r} is registered twice")
+    TEST_TYPES[t.name] = t
+    return t
+
+
+for _t in (TestType("words", WordTest, "word-set tests"),
+           TestType("pairs", SentencePairs, "sentence-pair tests (CrowS-Pairs)", "pairs"),
+           TestType("completion", CompletionTemplates, "completion-template tests (HONEST)", "templates"),
+           TestType("multiple_choice", MultipleChoice, "multiple-choice tests (BBQ)", "items"),
+           TestType("options", OptionItems, "scored-option tests", "items")):
+    register_test_type(_t)

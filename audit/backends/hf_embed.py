@@ -88,16 +88,20 @@ MODEL_METHOD = "model"
 POOLINGS = (*METHODS, MODEL_METHOD)
 TARGET_METHODS = ("target_first", "target_pooled")
 #: Pooling of SEAT sentences when none is given, per model kind (see the module docstring).
-DEFAULT_SENTENCE_METHOD = {"encoder": "cls", "mlm": "cls", "causal": "weighted_mean",
-                           "sentence": MODEL_METHOD}
+DEFAULT_SENTENCE_METHOD = {"encoder": "cls", "mlm": "cls", "causal": "weighted_mean"}
 #: Pooling of words (in their templates) when none is given, per model kind.
-DEFAULT_WORD_METHOD = {"encoder": "target_pooled", "mlm": "target_pooled", "causal": "target_pooled",
-                       "sentence": MODEL_METHOD}
+DEFAULT_WORD_METHOD = {"encoder": "target_pooled", "mlm": "target_pooled", "causal": "target_pooled"}
 PADDING_SIDES = ("right", "left")
 
 
 def default_method(kind: str, what: str = "sentence") -> str:
-    """The default pooling for a model ``kind`` and ``what`` (``"sentence"`` or ``"word"``)."""
+    """The default pooling for a model ``kind`` and ``what`` (``"sentence"`` or ``"word"``); a kind of
+    another engine: its row's ``pooling`` in the backend table (sentence-transformers: ``model``)."""
+    from audit.backends.table import pooling_of
+
+    own = pooling_of(kind)
+    if own is not None:
+        return own
     table = DEFAULT_SENTENCE_METHOD if what == "sentence" else DEFAULT_WORD_METHOD
     return table.get(kind, "cls" if what == "sentence" else "target_pooled")
 

@@ -40,7 +40,8 @@ from audit.backends.hf import dir_digest
 from audit.backends.hf_embed import MODEL_METHOD
 from audit.errors import DataError, ModelError, ParameterError
 
-__all__ = ["PREFIX", "BACKEND", "KIND", "METHOD", "STModel", "is_st_ref", "strip_prefix", "load_st_model"]
+__all__ = ["PREFIX", "BACKEND", "KIND", "METHOD", "STModel", "is_st_ref", "strip_prefix", "load_st_model", "load",
+           "probe_revision"]
 
 PREFIX = "st:"
 BACKEND = "sentence-transformers"
@@ -180,3 +181,19 @@ def load_st_model(ref: str, *, path: str | None = None, device: str | None = Non
                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     enc.eval()
     return STModel(ref=ref, path=str(folder), revision=dir_digest(folder), encoder=enc, device=dev)
+
+
+def load(ref: str, *, path: str, device: Any = None, dtype: str | None = None) -> STModel:
+    """The engine's loader (the ``sentence-transformers`` row of :mod:`audit.backends.table`):
+    float32 only."""
+    if dtype not in (None, "", "auto", "float32"):
+        raise ParameterError(f"dtype: model {ref!r} is a sentence-transformers model, loaded in float32; "
+                             f"{dtype!r} is not supported by that engine")
+    return load_st_model(ref, path=path, device=device)
+
+
+def probe_revision(path: str) -> str | None:
+    """The revision :func:`load` reports for a local model folder (its content digest), without
+    loading; ``None`` for a Hub id (known after loading)."""
+    p = Path(path).expanduser()
+    return dir_digest(p) if p.is_dir() else None

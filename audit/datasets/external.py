@@ -32,7 +32,8 @@ from audit.datasets import honest as honest_data
 from audit.datasets.crows_pairs import read_crows_pairs
 from audit.errors import DataError
 
-__all__ = ["STUB_FIELDS", "READERS", "FORMAT_TYPES", "Stub", "data_root", "parse_stub", "is_stub", "load_stub"]
+__all__ = ["STUB_FIELDS", "READERS", "FORMAT_TYPES", "SNIFFERS", "register_format", "sniffed_format", "Stub",
+           "data_root", "parse_stub", "is_stub", "load_stub"]
 
 STUB_FIELDS = ("name", "language", "format", "data", "env", "url", "encoding", "invalid", "description",
                "provenance", "licence")
@@ -61,6 +62,30 @@ READERS: dict[str, Callable[[Path, "Stub"], Any]] = {
 #: without reading the data.
 FORMAT_TYPES: dict[str, str] = {"crows-pairs": "pairs", honest_data.FORMAT: "completion",
                                 bbq_data.FORMAT: "multiple_choice"}
+#: format -> ``sniff(path) -> bool``: whether a data file passed by path is in that format (formats
+#: registered with one are read from a bare data file too, no stub needed).
+SNIFFERS: dict[str, Callable[[Path], bool]] = {}
+
+
+def register_format(name: str, reader: Callable[[Path, "Stub"], Any], test_type: str,
+                    sniff: Callable[[Path], bool] | None = None) -> None:
+    """Add a data format (a plugin's or a new benchmark's reader): stubs may name it in their
+    ``format`` field and, with ``sniff``, a data file passed by path is read with ``reader``.
+    ``test_type`` is a registered test type (:data:`audit.suites.TEST_TYPES`)."""
+    from audit.suites import TEST_TYPES
+
+    if test_type not in TEST_TYPES:
+        raise ValueError(f"format {name!r}: unknown test type {test_type!r}; known: {', '.join(TEST_TYPES)}")
+    if name in READERS and READERS[name] is not reader:
+        raise ValueError(f"format {name!r} is registered twice")
+    READERS[name], FORMAT_TYPES[name] = reader, test_type
+    if sniff is not None:
+        SNIFFERS[name] = sniff
+
+
+def sniffed_format(path: Path) -> str | None:
+    """The registered format whose sniffer recognises the data file ``path``, or ``None``."""
+    return next((f for f, sniff in SNIFFERS.items() if path.is_file() and sniff(path)), None)
 
 
 @dataclasses.dataclass(frozen=True)

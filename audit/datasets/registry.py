@@ -17,7 +17,7 @@ from audit.datasets.bbq import looks_like_bbq, read_bbq
 from audit.datasets.bias import read_bias_jsonl, read_bias_weat_txt
 from audit.datasets.crows_pairs import TEST_NAME as CROWS_PAIRS_TEST
 from audit.datasets.crows_pairs import read_crows_pairs
-from audit.datasets.external import FORMAT_TYPES, Stub, is_stub, load_stub, parse_stub
+from audit.datasets.external import FORMAT_TYPES, READERS, Stub, is_stub, load_stub, parse_stub, sniffed_format
 from audit.datasets.honest import looks_like_honest, read_honest_templates
 from audit.datasets.native import parse_native
 from audit.errors import DataError
@@ -87,6 +87,9 @@ def _file_type(p: Path) -> str:
     """The test type of a data file by suffix and, for ``.csv``/``.tsv``/``.jsonl``/``.json`` and
     folders, by its header or first record (HONEST templates, BBQ-family data)."""
     suffix = p.suffix.lower()
+    fmt = sniffed_format(p)
+    if fmt is not None:
+        return FORMAT_TYPES[fmt]
     if p.is_dir():
         return "multiple_choice" if looks_like_bbq(p) else "words"
     if suffix in _PAIRS_SUFFIXES:
@@ -130,6 +133,10 @@ def _language_of(path: Path, language: str | None) -> str:
 
 def _read_any(path: Path, language: str | None = None) -> AnyTest:
     suffix = path.suffix.lower()
+    fmt = sniffed_format(path) if path.exists() else None
+    if fmt is not None:  # a registered format (audit.datasets.external.register_format)
+        lang = _language_of(path, language)
+        return READERS[fmt](path, Stub(name=path.stem, language=lang, format=fmt, data=str(path), source=str(path)))
     kind = _file_type(path) if path.exists() else None
     if kind == "completion":
         return read_honest_templates(path, language=_language_of(path, language))

@@ -39,8 +39,9 @@ import numpy as np
 import pandas as pd
 
 from audit.datasets.bbq import N_OPTIONS, select_items
-from audit.entries import Family, Measurement, Metric
+from audit.entries import Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
+from audit.measure.options import KINDS, option_table, options_family, score_options, variant
 from audit.suites import MultipleChoice
 
 __all__ = ["PROMPTS", "DEFAULT_PROMPT", "TABLE_COLUMNS", "TRUNCATIONS", "default_prompt", "item_prompts",
@@ -124,27 +125,21 @@ def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_
     harness keeps the last tokens of an over-long causal input the same way), counted in
     ``words_cut``."""
     kind = getattr(hf_model, "kind", None)
-    if kind not in ("mlm", "causal"):
+    if kind not in KINDS:
         raise ModelError(f"model {getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={kind!r}; BBQ needs a "
                          "masked LM (kind='mlm') or a causal LM (kind='causal')")
     if truncation not in TRUNCATIONS:
         raise ParameterError(f"truncation: must be one of {', '.join(TRUNCATIONS)}, got {truncation!r}")
     prompts = item_prompts(table, prompt)
+    options = [list(o) for o in table[[f"ans{i}" for i in range(N_OPTIONS)]].itertuples(index=False)]
     cut = np.zeros(len(prompts), dtype=np.int64)
     if truncation == "left":
-        options = table[[f"ans{i}" for i in range(N_OPTIONS)]].itertuples(index=False)
-        prompts, cut = fit_prompts(hf_model, prompts, [list(o) for o in options])
-    reqs = option_requests(prompts, table)
-    sc, nt = hf_model.loglikelihood(reqs, batch_size=batch_size)
-    sc, nt = sc.reshape(-1, N_OPTIONS), nt.reshape(-1, N_OPTIONS)
-    out = table[["item", "category", "subcategory", "question_polarity", "context_condition", "label", "unknown",
-                 "target", "biased"]].reset_index(drop=True).copy()
-    for i in range(N_OPTIONS):
-        out[f"score{i}"] = sc[:, i]
-    for i in range(N_OPTIONS):
-        out[f"n_tokens{i}"] = nt[:, i]
-    for i in range(N_OPTIONS):
-        out[f"n_chars{i}"] = [len(str(a)) for a in table[f"ans{i}"]]
+        prompts, cut = fit_prompts(hf_model, prompts, options)
+    sc, nt = score_options(hf_model, prompts, options, delimiter=DELIMITER, batch_size=batch_size, what="BBQ")
+    sc, nt = sc.reshape(len(prompts), N_OPTIONS), nt.reshape(len(prompts), N_OPTIONS)
+    meta = table[["item", "category", "subcategory", "question_polarity", "context_condition", "label", "unknown",
+                  "target", "biased"]]
+    out = option_table(meta, options, sc, nt)
     out["where"] = table["where"].to_numpy()
     out["words_cut"] = cut
     return out[[*TABLE_COLUMNS, "words_cut"]]
@@ -162,22 +157,18 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
                              "truncation": mp["truncation"], "limit": mp["limit"],
                              "n_truncated": int((table["words_cut"] > 0).sum()),
                              "format": test.extra.get("format", ""),
-                             "variant": "causal_ll" if model.kind == "causal" else "masked_pll"})
+                             "variant": variant(model.kind)})
 
 
 def _method(kind: str, params: Mapping[str, Any]) -> str:
     return "option-log-likelihood" if kind == "causal" else "option-pseudo-log-likelihood"
 
 
-#: Scores of the answer options of multiple-choice items: causal log-likelihood or masked PLL.
-CHOICES = Family(
-    name="multiple_choice",
-    kinds=("mlm", "causal"),
-    test_type="multiple_choice",
-    measure=measure_bbq,
-    params={"batch_size": None, "categories": None, "limit": None, "prompt": None, "truncation": "none"},
-    method=_method,
-    needs=lambda test: None,
-    description="score of each answer option given the prompt: log-likelihood (causal LMs) or pseudo-log-"
-                "likelihood of the answer's tokens (masked LMs)",
+#: Scores of the answer options of multiple-choice items (the scored-options step, three options, the
+#: prompt as context): causal log-likelihood or masked PLL.
+CHOICES = options_family(
+    "multiple_choice", "multiple_choice", measure_bbq,
+    {"batch_size": None, "categories": None, "limit": None, "prompt": None, "truncation": "none"},
+    "score of each answer option given the prompt: log-likelihood (causal LMs) or pseudo-log-likelihood of the "
+    "answer's tokens (masked LMs)", method=_method,
 )

@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 
 from audit.datasets.crows_pairs import REQUIRED_COLUMNS, select_pairs
-from audit.entries import Family, Measurement, Metric
+from audit.entries import Measurement, Metric
 from audit.errors import DataError, ModelError
+from audit.measure.options import KINDS, options_family, score_options, variant
 from audit.suites import SentencePairs
 
 __all__ = ["TABLE_COLUMNS", "crows_pairs_scores"]
@@ -21,7 +22,9 @@ TABLE_COLUMNS = ("pair_id", "bias_type", "stereo_antistereo", "sent_more", "sent
 
 
 def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | None = None) -> pd.DataFrame:
-    """Score every pair with a masked LM (``masked_pll``) or a causal LM (``causal_ll``).
+    """Score every pair with a masked LM (``masked_pll``) or a causal LM (``causal_ll``): the
+    scored-options step (:func:`audit.measure.options.score_options`) on items of two options
+    (``sent_more``, ``sent_less``), an empty context and the stereotyped sentence as gold.
 
     Parameters
     ----------
@@ -37,7 +40,7 @@ def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | Non
     ``variant``.
     """
     kind = getattr(hf_model, "kind", None)
-    if kind not in ("mlm", "causal"):
+    if kind not in KINDS:
         raise ModelError(f"model {getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={kind!r}; "
                          "CrowS-Pairs needs a masked LM (kind='mlm') or a causal LM (kind='causal')")
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
@@ -46,22 +49,15 @@ def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | Non
     df = df.reset_index(drop=True)
     if "pair_id" not in df.columns:
         df = df.assign(pair_id=np.arange(len(df)))
-    stereo = (df["stereo_antistereo"] == "stereo").to_numpy()
     more = df["sent_more"].astype(str).tolist()
     less = df["sent_less"].astype(str).tolist()
-    if kind == "mlm":
-        pairs = [(m, l) if s else (l, m) for m, l, s in zip(more, less, stereo)]
-        sc = hf_model.pair_pll(pairs, batch_size=batch_size)
-        s1, s2 = sc[:, 0], sc[:, 1]
-        more_sc = np.where(stereo, s1, s2)
-        less_sc = np.where(stereo, s2, s1)
-        n_more = n_less = sc[:, 2].astype(np.int64)
-        variant = "masked_pll"
-    else:
-        ll, n = hf_model.loglikelihood_rolling(more + less, batch_size=batch_size)
-        more_sc, less_sc = ll[: len(more)], ll[len(more):]
-        n_more, n_less = n[: len(more)], n[len(more):]
-        variant = "causal_ll"
+    # two options, empty context; the stereotyped sentence (sent_more of a "stereo" pair, else sent_less) is gold
+    gold = np.where((df["stereo_antistereo"] == "stereo").to_numpy(), 0, 1)
+    sc, nt = score_options(hf_model, [""] * len(more), list(zip(more, less)), gold=gold, batch_size=batch_size,
+                           what="CrowS-Pairs")
+    sc, nt = sc.reshape(len(more), 2), nt.reshape(len(more), 2)
+    more_sc, less_sc = sc[:, 0], sc[:, 1]
+    n_more, n_less = nt[:, 0], nt[:, 1]
     return pd.DataFrame({
         "pair_id": df["pair_id"].to_numpy(),
         "bias_type": df["bias_type"].astype(str).to_numpy(),
@@ -72,7 +68,7 @@ def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | Non
         "sent_less_score": np.asarray(less_sc, dtype=np.float64),
         "n_tokens_more": np.asarray(n_more, dtype=np.int64),
         "n_tokens_less": np.asarray(n_less, dtype=np.int64),
-        "variant": variant,
+        "variant": variant(kind),
     })
 
 
@@ -84,19 +80,10 @@ def measure_pairs(model, test: SentencePairs, metric: Metric, mp: Mapping[str, A
     return Measurement(family=PAIR_SCORES.name, table=table)
 
 
-def _method(kind: str, params: Mapping[str, Any]) -> str:
-    return "log-likelihood" if kind == "causal" else "pseudo-log-likelihood"
-
-
-#: Per-sentence scores of sentence pairs: masked-LM pseudo-log-likelihood or causal log-likelihood.
-PAIR_SCORES = Family(
-    name="sentence_pairs",
-    kinds=("mlm", "causal"),
-    test_type="pairs",
-    measure=measure_pairs,
-    params={"batch_size": None, "limit": None, "bias_types": None},
-    method=_method,
-    needs=lambda test: None,
-    description="score of each sentence of a pair: pseudo-log-likelihood (masked LMs, Salazar et al. "
-                "2020 as in Nangia et al. 2020) or log-likelihood (causal LMs)",
+#: Per-sentence scores of sentence pairs (the scored-options step, two options and no context): masked-LM
+#: pseudo-log-likelihood or causal log-likelihood.
+PAIR_SCORES = options_family(
+    "sentence_pairs", "pairs", measure_pairs, {"batch_size": None, "limit": None, "bias_types": None},
+    "score of each sentence of a pair: pseudo-log-likelihood (masked LMs, Salazar et al. 2020 as in Nangia et al. "
+    "2020) or log-likelihood (causal LMs)",
 )

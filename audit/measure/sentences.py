@@ -59,7 +59,8 @@ def _method(kind: str, params: Mapping[str, Any]) -> str:
 #: model's configured modules): :mod:`audit.backends.hf_embed`, :mod:`audit.backends.st`.
 SEAT_SENTENCES = Family(
     name="sentences",
-    kinds=("encoder", "mlm", "causal", "sentence"),
+    kinds=("encoder", "mlm", "causal"),
+    uses=("embed",),
     test_type="words",
     measure=measure_sentences,
     params={"embedding": None, "layer": -1, "batch_size": None},

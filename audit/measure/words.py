@@ -156,7 +156,8 @@ def _method(kind: str, params: Mapping[str, Any]) -> str:
 #: Word-association metrics: one vector per word (static look-up or contextual, see above).
 ASSOCIATION = Family(
     name="association",
-    kinds=("static", "encoder", "mlm", "causal", "sentence"),
+    kinds=("static", "encoder", "mlm", "causal"),
+    uses=("embed",),
     test_type="words",
     measure=measure_words,
     params={
