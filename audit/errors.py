@@ -7,6 +7,9 @@ the file, the field, the word or the parameter. The command line prints the mess
 
 from __future__ import annotations
 
+import difflib
+from typing import Iterable
+
 
 class AuditError(Exception):
     """Base class of every error caused by the user's input or environment."""
@@ -36,3 +39,11 @@ def one_line(e: BaseException | str) -> str:
     """An error message as the one line a command prints: its whitespace (a YAML parser's
     ``in "<unicode string>"`` continuation, a wrapped message) collapsed to single spaces."""
     return " ".join(str(e).split()) or type(e).__name__
+
+
+def suggest(word: object, choices: Iterable[object], *, cutoff: float = 0.6) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` (:func:`difflib.get_close_matches`,
+    ``cutoff`` 0.6 by default), else ``""``: appended to an "unknown ..." message; the one rule of
+    every refusal of an unknown name (metric, backend, spec field, word of a template)."""
+    near = difflib.get_close_matches(str(word), sorted(str(c) for c in choices), n=1, cutoff=cutoff)
+    return f" (did you mean {near[0]!r}?)" if near else ""

@@ -22,7 +22,6 @@ defining its family.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -38,7 +37,7 @@ from audit.compare import (
 )
 from audit.backends.table import kind_names, model_kinds
 from audit.entries import Family, Measurement, Metric, check_count
-from audit.errors import DataError, ModelError, ParameterError
+from audit.errors import DataError, ModelError, ParameterError, suggest
 from audit.stats import check_resample_memory
 from audit.measure.bbq import CHOICES
 from audit.measure.crows_pairs import PAIR_SCORES
@@ -388,9 +387,7 @@ def get(name: str) -> Metric:
     try:
         return METRICS[name]
     except (KeyError, TypeError):
-        close = difflib.get_close_matches(str(name), list(METRICS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ParameterError(f"unknown metric {name!r}{hint}; known metrics: {', '.join(METRICS)}") from None
+        raise ParameterError(f"unknown metric {name!r}{suggest(name, METRICS)}; known metrics: {', '.join(METRICS)}") from None
 
 
 def accepted_params(name: str) -> frozenset[str]:

@@ -23,7 +23,7 @@ from audit.backends import table as backend_table
 from audit.datasets import load_test as load_dataset
 from audit.datasets.crows_pairs import TEST_NAME as CROWS_PAIRS_TEST
 from audit.entries import Measurement
-from audit.errors import DataError, ModelError, ParameterError
+from audit.errors import DataError, ModelError, ParameterError, suggest
 from audit.provenance import load_key, package_versions, task_key
 from audit.result import MetricOutput, Result
 from audit.suites import SentencePairs, UnreadableTest, WordTest
@@ -123,7 +123,8 @@ def load_model(
     """
     row = backend_table.get(backend) if backend is not None else None
     if backend is not None and row is None:
-        raise ModelError(f"model {ref!r}: unknown backend {backend!r}; known: {', '.join(backend_table.names())}")
+        raise ModelError(f"model {ref!r}: unknown backend {backend!r}{suggest(backend, backend_table.names())}; "
+                         f"known backends: {', '.join(backend_table.names())}")
     engine_row = row or backend_table.of_prefix(ref)
     if engine_row is not None and engine_row.loader:  # an engine of the table (sentence-transformers: ``st:``)
         bare = backend_table.strip_prefix(ref, engine_row)

@@ -26,7 +26,6 @@ The pieces (all public):
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -36,7 +35,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from audit.errors import DataError, ParameterError
+from audit.errors import DataError, ParameterError, suggest  # noqa: F401 (suggest: re-exported)
 from jobs.uris import tracking_uri_problem
 
 # --------------------------------------------------------------------------------------
@@ -64,13 +63,6 @@ class Ctx:
     def param(self, path: str, msg: str) -> ParameterError:
         """A field whose value is not allowed (out of range, unknown name)."""
         return ParameterError(self._msg(path, msg))
-
-
-def suggest(word: object, choices: Iterable[object]) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``choices`` (:func:`difflib.get_close_matches`,
-    cutoff 0.6), else ``""``: appended to an "unknown ..." message."""
-    near = difflib.get_close_matches(str(word), sorted(str(c) for c in choices), n=1)
-    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def first_line(e: BaseException) -> str:

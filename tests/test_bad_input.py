@@ -290,7 +290,7 @@ CASES = [
      "'model-00001-of-0000N.safetensors' with 'model.safetensors.index.json'), or, with allow_pickle=True, "
      "'pytorch_model.bin'"),
     ("unknown-backend", [*S, "--backend", "fasttxt"],
-     "format='fasttxt' is not a static format; use one of fasttext, ‹*›"),
+     "model 'ok.vec': unknown backend 'fasttxt' (did you mean 'fasttext'?); known backends: ‹*›"),
     ("crows-pairs-on-static-vectors", [*S[:4], str(CROWS), "--metric", "crows_pairs"],
      "metric 'crows_pairs' cannot run on model 'ok.vec' (static word vectors); it needs: a masked LM, a causal LM"),
     ("lpbs-on-minilm-short-name", ["score", "--model", "minilm", "--test", str(LPBS), "--metric", "lpbs"],

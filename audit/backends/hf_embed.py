@@ -75,6 +75,7 @@ import numpy as np
 
 from audit.backends.batching import run_batched
 from audit.backends.hf_scoring import causal_start_id
+from audit.backends.table import pooling_of
 from audit.errors import DataError, ModelError, ParameterError
 
 __all__ = ["METHODS", "MODEL_METHOD", "POOLINGS", "TARGET_METHODS", "DEFAULT_SENTENCE_METHOD", "DEFAULT_WORD_METHOD",
@@ -97,8 +98,6 @@ PADDING_SIDES = ("right", "left")
 def default_method(kind: str, what: str = "sentence") -> str:
     """The default pooling for a model ``kind`` and ``what`` (``"sentence"`` or ``"word"``); a kind of
     another engine: its row's ``pooling`` in the backend table (sentence-transformers: ``model``)."""
-    from audit.backends.table import pooling_of
-
     own = pooling_of(kind)
     if own is not None:
         return own

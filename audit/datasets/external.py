@@ -31,6 +31,7 @@ from audit.datasets import bbq as bbq_data
 from audit.datasets import honest as honest_data
 from audit.datasets.crows_pairs import read_crows_pairs
 from audit.errors import DataError
+from audit.suites import TEST_TYPES
 
 __all__ = ["STUB_FIELDS", "READERS", "FORMAT_TYPES", "SNIFFERS", "register_format", "sniffed_format", "Stub",
            "data_root", "parse_stub", "is_stub", "load_stub"]
@@ -72,8 +73,6 @@ def register_format(name: str, reader: Callable[[Path, "Stub"], Any], test_type:
     """Add a data format (a plugin's or a new benchmark's reader): stubs may name it in their
     ``format`` field and, with ``sniff``, a data file passed by path is read with ``reader``.
     ``test_type`` is a registered test type (:data:`audit.suites.TEST_TYPES`)."""
-    from audit.suites import TEST_TYPES
-
     if test_type not in TEST_TYPES:
         raise ValueError(f"format {name!r}: unknown test type {test_type!r}; known: {', '.join(TEST_TYPES)}")
     if name in READERS and READERS[name] is not reader:

@@ -4,7 +4,6 @@ LPBS items (Kurita et al. 2019), articles, plurals and casing per language."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -25,7 +24,7 @@ from audit.datasets._common import (
     _where,
     datasets_root,
 )
-from audit.errors import DataError, ParameterError
+from audit.errors import DataError, ParameterError, suggest
 from audit.suites import WordTest
 
 #: The template uses of the native format (``templates.seat``: SEAT sentence templates;
@@ -165,9 +164,7 @@ def _parse_forms(value: Any, words: set[str], where: str, field: str = "forms",
     for word, entry in value.items():
         w = _clean_entry(word, where, f"{field} key {word!r}")
         if check_words and w not in words:
-            close = difflib.get_close_matches(w, sorted(words), n=1, cutoff=0.5)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise DataError(f"{where}: {field}: word {w!r} is in no set of the test{hint}")
+            raise DataError(f"{where}: {field}: word {w!r} is in no set of the test{suggest(w, words, cutoff=0.5)}")
         if w in out:
             raise DataError(f"{where}: {field}: word {w!r} is given twice")
         out[w] = _parse_form(w, entry, where, f"{field}.{w}")
