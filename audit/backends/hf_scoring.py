@@ -745,9 +745,10 @@ def _context_stems(ctxs: list[tuple[int, ...]]) -> tuple[list[tuple[int, ...]], 
     the group, at least :data:`STEM_MIN_TOKENS`, and always shorter than each member so that a
     member's last token is its own; a context alone in its group gets ``len - 1``). Groups are
     consecutive runs of the lexicographically sorted contexts; a context joins the current group
-    when that does not shrink the group's saving (``members x stem``) by shortening its stem. ``stem_len`` is ``None`` (contexts
-    run whole, longest first) when stems would save less than :data:`SHARE_MIN_SAVING` of the
-    context tokens."""
+    when that does not shrink the group's saving (``members x stem``) by shortening its stem.
+    ``stem_len`` is ``None`` (contexts run whole, longest first) when stems would save less than
+    :data:`SHARE_MIN_SAVING` of the context tokens. The numbers do not depend on the grouping
+    (the same as running each context whole, up to float rounding): only the work does."""
     srt = sorted(ctxs)
     groups: list[tuple[int, list[tuple[int, ...]]]] = []  # (stem length, members)
     for c in srt:
