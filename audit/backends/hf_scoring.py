@@ -724,82 +724,6 @@ def _prefix_groups(uniq: list[tuple[tuple[int, ...], int]]) -> dict[tuple[int, .
     return {c: g for c, g in by_ctx.items() if len(g) >= 2}
 
 
-#: A context stem (:func:`_context_stems`) is at least this many tokens long.
-STEM_MIN_TOKENS = 8
-
-
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for k in range(n):
-        if a[k] != b[k]:
-            return k
-    return n
-
-
-def _context_stems(ctxs: list[tuple[int, ...]]) -> tuple[list[tuple[int, ...]], dict[tuple[int, ...], int] | None]:
-    """Distinct contexts that start alike (BBQ: an item's ambiguous and disambiguated passages and
-    both question polarities begin with the same passage, four prompts per passage), grouped.
-
-    Returns ``(order, stem_len)``: the contexts in run order and, per context, the length of its
-    *stem*, the prefix it shares with the other contexts of its group (the longest common prefix of
-    the group, at least :data:`STEM_MIN_TOKENS`, and always shorter than each member so that a
-    member's last token is its own; a context alone in its group gets ``len - 1``). Groups are
-    consecutive runs of the lexicographically sorted contexts; a context joins the current group
-    when that does not shrink the group's saving (``members x stem``) by shortening its stem.
-    ``stem_len`` is ``None`` (contexts run whole, longest first) when stems would save less than
-    :data:`SHARE_MIN_SAVING` of the context tokens. The numbers do not depend on the grouping
-    (the same as running each context whole, up to float rounding): only the work does."""
-    srt = sorted(ctxs)
-    groups: list[tuple[int, list[tuple[int, ...]]]] = []  # (stem length, members)
-    for c in srt:
-        if groups:
-            n, g = groups[-1]
-            k = min(n, _lcp(g[0], c), len(c) - 1)
-            if k >= STEM_MIN_TOKENS and (len(g) == 1 or len(g) * k >= (len(g) - 1) * n):  # no loss of saving
-                groups[-1] = (k, g + [c])
-                continue
-        groups.append((len(c) - 1, [c]))
-    saved = sum((len(g) - 1) * n for n, g in groups)
-    if saved < SHARE_MIN_SAVING * sum(len(c) for c in ctxs):
-        return sorted(ctxs, key=lambda c: (-len(c), c)), None
-    groups.sort(key=lambda ng: (-ng[0], ng[1][0]))
-    return [c for _, g in groups for c in g], {c: n for n, g in groups for c in g}
-
-
-def _stem_context_cache(base: Any, cb: list[tuple[int, ...]], stem_len: dict[tuple[int, ...], int],
-                        pad_id: int, dev: Any) -> tuple[Any, Any, Any, Any]:
-    """Run a batch of contexts as stems + remainders: each distinct stem once (left-padded, key/value
-    cache kept), the cache expanded to one row per context (``Cache.reorder_cache``), then each
-    context's remainder (left-padded) on it. Row layout ``[pad | stem | pad | remainder]``, so the
-    last column is every context's last token; the attention mask has the padding hole and the
-    positions are ``cumsum(mask) - 1`` over the whole row, as for a context run whole. Returns the
-    contexts' last hidden states, the cache, the attention mask and the position ids."""
-    import torch
-
-    def left_pad(seqs: list[tuple[int, ...]]) -> tuple[Any, Any]:
-        L = max(len(x) for x in seqs)
-        ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-        att = torch.zeros((len(seqs), L), dtype=torch.long)
-        for r, x in enumerate(seqs):
-            ids[r, L - len(x):] = torch.tensor(x, dtype=torch.long)
-            att[r, L - len(x):] = 1
-        return ids.to(dev), att.to(dev)
-
-    stems = [c[: stem_len[c]] for c in cb]
-    index = {st: k for k, st in enumerate(dict.fromkeys(stems))}
-    s_ids, s_att = left_pad(list(index))
-    s_pos = (s_att.cumsum(1) - 1).clamp(min=0)
-    cache = base(input_ids=s_ids, attention_mask=s_att, position_ids=s_pos, use_cache=True).past_key_values
-    sel = torch.tensor([index[st] for st in stems], device=dev)
-    cache.reorder_cache(sel)
-    r_ids, r_att = left_pad([c[len(st):] for c, st in zip(cb, stems)])
-    att = torch.cat([s_att[sel], r_att], dim=1)
-    pos = (att.cumsum(1) - 1).clamp(min=0)
-    h = base(input_ids=r_ids, attention_mask=att, position_ids=pos[:, s_ids.shape[1]:], past_key_values=cache,
-             use_cache=True).last_hidden_state
-    return h[:, -1], cache, att, pos
-
-
 def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
                             groups: dict[tuple[int, ...], list[int]], batch_size: int, dev: Any,
                             pad_id: int) -> dict[int, np.ndarray] | None:
@@ -825,7 +749,7 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
     base = getattr(model, prefix, None) if prefix else None
     if base is None or not _accepts(base.forward, "past_key_values") or not _accepts(base.forward, "position_ids"):
         return None
-    ctxs, stem_len = _context_stems(list(groups))
+    ctxs = sorted(groups, key=lambda c: (-len(c), c))
     out: dict[int, np.ndarray] = {}
     head = None
     cfg = getattr(model, "config", None)
@@ -847,11 +771,9 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
                     if split is None:
                         return None
                     head = split[1]
-                if stem_len is None:
-                    o = base(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True)
-                    last, cache = o.last_hidden_state[:, -1], o.past_key_values
-                else:
-                    last, cache, att, pos = _stem_context_cache(base, cb, stem_len, pad_id, dev)
+                o = base(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True)
+                last = o.last_hidden_state[:, -1]
+                cache = o.past_key_values
                 members = [(r, i) for r, c in enumerate(cb) for i in groups[c]]
                 # first continuation token: from the context's last state
                 rows = torch.tensor([r for r, _ in members], device=dev)
