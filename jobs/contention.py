@@ -1,0 +1,134 @@
+"""Stuck or busy: why work of a sweep waits for cluster resources.
+
+Work that cannot be scheduled waits either because **other jobs hold** what it needs (*busy*: it
+runs when they free up, so the sweep keeps waiting and says who holds what) or because **no node
+of the cluster has** what it needs (*stuck*: it never runs, so the sweep fails at once instead of
+after ``ray.pending_timeout_s``). :func:`classify_wait` decides from plain numbers (no Ray);
+:func:`cluster_snapshot` reads those numbers from Ray's public state API
+(:mod:`ray.util.state`: nodes, live actors, running tasks, running jobs).
+
+Conventions: a resource shape is a mapping ``{"CPU": 2.0, "GPU": 0.0, ...}``; a shape *fits* a
+node when every positive amount is at most the node's total of that resource (Ray schedules a
+task or actor on one node, so fitting the sum of several nodes is not enough). Holdings are per
+job (Ray's hex job id, or the submission id where the job was submitted with one): the
+resources of its live actors, its running tasks and its driver's entrypoint
+(``entrypoint_num_cpus``/``_gpus`` of ``ray job submit``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+Shape = Mapping[str, float]
+
+#: The decisions of :func:`classify_wait`.
+KINDS = ("stuck", "busy", "wait")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """kind: ``stuck`` (no node has the demand: fail now), ``busy`` (other jobs hold it: keep
+    waiting), ``wait`` (nothing to blame: this sweep's own work holds it, or Ray has not placed
+    it yet; the usual ``pending_timeout_s`` applies). reason: one line for the log."""
+
+    kind: str
+    reason: str
+
+
+def fmt(shape: Shape) -> str:
+    """``{'CPU': 2.0}`` as ``2 CPU``, resources in name order, zero amounts left out."""
+    parts = [f"{v:g} {k}" for k, v in sorted(shape.items()) if v > 0]
+    return ", ".join(parts) if parts else "nothing"
+
+
+def fits(demand: Shape, total: Shape) -> bool:
+    """Whether every positive amount of ``demand`` is at most ``total``'s amount."""
+    return all(total.get(k, 0.0) + 1e-9 >= v for k, v in demand.items() if v > 0)
+
+
+def classify_wait(demand: Shape, nodes: Sequence[Shape], held: Mapping[str, Shape], own: str | None = None,
+                  *, limit: int = 3) -> Verdict:
+    """Why ``demand`` (one task's or actor's shape) waits.
+
+    nodes: the total resources of each alive node, less what never frees up while this sweep
+           runs on that node (its own driver's entrypoint resources);
+    held:  resources held now, per job (see the module docstring);
+    own:   this sweep's job in ``held`` (its own work frees what it holds as it goes).
+
+    ``stuck`` when no node fits ``demand``; else ``busy`` when other jobs hold some of a
+    resource ``demand`` asks for (they are named, the largest holders first, at most ``limit``);
+    else ``wait``.
+    """
+    if not any(fits(demand, n) for n in nodes):
+        biggest = max(nodes, key=lambda n: tuple(n.get(k, 0.0) for k in sorted(demand)), default={})
+        where = f"its largest node has {fmt({k: biggest.get(k, 0.0) for k in demand})}" if nodes else "no alive node"
+        return Verdict("stuck", f"needs {fmt(demand)} on one node and the cluster will never have it ({where})")
+    wanted = [k for k, v in demand.items() if v > 0]
+    others = {j: r for j, r in held.items() if j != own and any(r.get(k, 0.0) > 0 for k in wanted)}
+    if others:
+        order = sorted(others, key=lambda j: (-sum(others[j].get(k, 0.0) for k in wanted), j))
+        named = "; ".join(f"{j} holds {fmt({k: others[j].get(k, 0.0) for k in wanted})}" for j in order[:limit])
+        more = f"; {len(order) - limit} more job(s)" if len(order) > limit else ""
+        return Verdict("busy", f"needs {fmt(demand)}, held by other jobs ({named}{more}); "
+                               "it runs when they free up")
+    return Verdict("wait", f"needs {fmt(demand)}; no other job holds it")
+
+
+def worst(verdicts: Sequence[Verdict]) -> Verdict | None:
+    """The verdict that decides for a sweep with several waiting shapes: any ``stuck`` first
+    (that work never runs), then ``busy``, then ``wait``; ``None`` for none."""
+    for kind in KINDS:
+        for v in verdicts:
+            if v.kind == kind:
+                return v
+    return None
+
+
+def _add(into: dict[str, dict[str, float]], job: str, res: Mapping[str, float] | None) -> None:
+    acc = into.setdefault(job, {})
+    for k, v in (res or {}).items():
+        if v:
+            acc[k] = acc.get(k, 0.0) + float(v)
+
+
+def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]], dict[str, dict[str, float]]] | None:
+    """``(nodes, held)`` for :func:`classify_wait` from :mod:`ray.util.state` (alive nodes' totals;
+    live actors, running tasks and running jobs' entrypoints per job, named by submission id
+    where there is one), or ``None`` where the state API does not answer (no dashboard). On a
+    one-node cluster the entrypoint resources of ``own_job`` are taken off the node's totals
+    (they never free up while the sweep runs)."""
+    try:
+        from ray.util import state as S
+
+        nodes = [dict(n.resources_total or {}) for n in S.list_nodes(filters=[("state", "=", "ALIVE")],
+                                                                          raise_on_missing_output=False)]
+        jobs = S.list_jobs(raise_on_missing_output=False)
+        actors = S.list_actors(filters=[("state", "=", "ALIVE")], limit=10_000, raise_on_missing_output=False)
+        tasks = S.list_tasks(filters=[("state", "=", "RUNNING")], limit=10_000, raise_on_missing_output=False)
+    except Exception:  # noqa: BLE001 - no dashboard, older Ray, a timeout: the caller keeps its timeout
+        return None
+    names: dict[str, str] = {}
+    held: dict[str, dict[str, float]] = {}
+    entry: dict[str, dict[str, float]] = {}
+    for j in jobs:
+        jid = getattr(j, "job_id", None)
+        name = getattr(j, "submission_id", None) or jid
+        if jid:
+            names[jid] = name
+        if str(getattr(j, "status", "")).endswith("RUNNING") and name:
+            _add(entry, name, {"CPU": getattr(j, "entrypoint_num_cpus", 0) or 0,
+                               "GPU": getattr(j, "entrypoint_num_gpus", 0) or 0,
+                               **(getattr(j, "entrypoint_resources", None) or {})})
+            _add(held, name, entry[name])
+    for a in (*actors, *tasks):
+        if getattr(a, "type", None) == "ACTOR_CREATION_TASK":
+            continue  # counted as its actor
+        _add(held, names.get(a.job_id, a.job_id), getattr(a, "required_resources", None))
+    mine = entry.get(own_job or "", {})
+    if mine and len(nodes) == 1:  # the driver's node is the only one: its entrypoint never frees up there
+        nodes = [{k: max(0.0, v - mine.get(k, 0.0)) for k, v in nodes[0].items()}]
+    return nodes, {j: r for j, r in held.items() if r}
+
+
+__all__ = ["KINDS", "Verdict", "classify_wait", "cluster_snapshot", "fits", "fmt", "worst"]
