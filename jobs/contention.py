@@ -22,6 +22,11 @@ from typing import Mapping, Sequence
 
 Shape = Mapping[str, float]
 
+#: Seconds without progress after which the sweep's driver asks whether waiting work is stuck or
+#: busy (at most ``ray.pending_timeout_s``; it asks again every half of this while work waits):
+#: stuck work fails then, not after the full timeout.
+CONTENTION_GRACE_S = 30.0
+
 #: The decisions of :func:`classify_wait`.
 KINDS = ("stuck", "busy", "wait")
 
@@ -56,6 +61,8 @@ def classify_wait(demand: Shape, nodes: Sequence[Shape], held: Mapping[str, Shap
     held:  resources held now, per job (see the module docstring);
     own:   this sweep's job in ``held`` (its own work frees what it holds as it goes).
 
+    Reference: Ray schedules each task or actor on a single node whose available resources
+    cover its request (Ray docs, "Resources": logical resources, admission control only).
     ``stuck`` when no node fits ``demand``; else ``busy`` when other jobs hold some of a
     resource ``demand`` asks for (they are named, the largest holders first, at most ``limit``);
     else ``wait``.
@@ -92,8 +99,10 @@ def _add(into: dict[str, dict[str, float]], job: str, res: Mapping[str, float] |
             acc[k] = acc.get(k, 0.0) + float(v)
 
 
-def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]], dict[str, dict[str, float]]] | None:
-    """``(nodes, held)`` for :func:`classify_wait` from :mod:`ray.util.state` (alive nodes' totals;
+def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]], dict[str, dict[str, float]],
+                                                        str | None] | None:
+    """``(nodes, held, own)`` for :func:`classify_wait` (``own_job``: this driver's hex job id,
+    ``ray.get_runtime_context().get_job_id()``; ``own``: its name in ``held``) from :mod:`ray.util.state` (alive nodes' totals;
     live actors, running tasks and running jobs' entrypoints per job, named by submission id
     where there is one), or ``None`` where the state API does not answer (no dashboard). On a
     one-node cluster the entrypoint resources of ``own_job`` are taken off the node's totals
@@ -125,10 +134,11 @@ def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]]
         if getattr(a, "type", None) == "ACTOR_CREATION_TASK":
             continue  # counted as its actor
         _add(held, names.get(a.job_id, a.job_id), getattr(a, "required_resources", None))
-    mine = entry.get(own_job or "", {})
+    own = names.get(own_job, own_job) if own_job else None
+    mine = entry.get(own or "", {})
     if mine and len(nodes) == 1:  # the driver's node is the only one: its entrypoint never frees up there
         nodes = [{k: max(0.0, v - mine.get(k, 0.0)) for k, v in nodes[0].items()}]
-    return nodes, {j: r for j, r in held.items() if r}
+    return nodes, {j: r for j, r in held.items() if r}, own
 
 
-__all__ = ["KINDS", "Verdict", "classify_wait", "cluster_snapshot", "fits", "fmt", "worst"]
+__all__ = ["CONTENTION_GRACE_S", "KINDS", "Verdict", "classify_wait", "cluster_snapshot", "fits", "fmt", "worst"]

@@ -57,6 +57,8 @@ from typing import Any, Callable
 from actors.model_actor import MeasureRequest, ModelAssignment, actor_options, format_error, model_actor_class
 from actors.stats import AnalyseRequest, TaskOutcome, stats_task
 from audit.errors import AuditError
+from jobs.contention import CONTENTION_GRACE_S, classify_wait, cluster_snapshot
+from jobs.contention import worst as worst_verdict
 from jobs.prefetch import Prefetcher, hub_snapshot
 from jobs.progress import Progress
 from jobs.spec import RaySpec
@@ -435,6 +437,9 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
     state_api = None
     last_check = clock()
     last_progress = [clock()]            # the last worker start, measurement or result
+    contention_seen = [clock()]          # the last stuck-or-busy check (jobs.contention)
+    early: list[str | None] = [None]     # why the sweep is stuck before pending_timeout_s
+    said: list[Any] = [None, 0.0]        # the last busy line and when it was said
     counter = {"done": 0, "failed": 0}
     next_ident = [0]
 
@@ -500,7 +505,8 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
         record([TaskOutcome(index=i, status="failed", error=reason) for i in indices if i not in records])
 
     def stuck(reason: str) -> str:
-        msg = f"stuck: waited more than {timeout:g} s (ray.pending_timeout_s) for resources: {reason}; {cluster_state()}"
+        head = early[0] or f"waited more than {timeout:g} s (ray.pending_timeout_s) for resources"
+        msg = f"stuck: {head}: {reason}; {cluster_state()}"
         if res.stuck is None:
             res.stuck = msg
             say(msg)
@@ -534,7 +540,22 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
             st = actor_state(w.actor)
             w.waiting_state = st if st in _WAITING_STATES else None
             w.waiting_seen = (w.waiting_seen or now) if w.waiting_state else None
-        if now - last_progress[0] <= timeout:
+        limit, grace = timeout, min(timeout, CONTENTION_GRACE_S)
+        waiting = [{"CPU": g[0], "GPU": g[1]} for g, q in queues.items()
+                   if q and not any(w.ready or w.model is not None for w in workers if w.group == g)]
+        if waiting and now - last_progress[0] > grace / 2 and now - contention_seen[0] >= grace / 2:
+            contention_seen[0] = now
+            snap = cluster_snapshot(ray.get_runtime_context().get_job_id())
+            verdict = worst_verdict([classify_wait(d, *snap) for d in waiting]) if snap is not None else None
+            if verdict is not None and verdict.kind == "stuck":
+                limit, early[0] = grace, verdict.reason  # fail now, not after pending_timeout_s
+            elif verdict is not None and verdict.kind == "busy":
+                if said[0] != verdict.reason or now - said[1] >= 300:  # once per change, then every 5 min
+                    said[:] = [verdict.reason, now]
+                    say(f"busy: waiting: {verdict.reason}")
+                last_progress[0] = now  # other jobs hold the resources: keep waiting
+                return
+        if now - last_progress[0] <= limit:
             return
         # (a) a group has work but none of its workers could start
         for g, q in queues.items():
@@ -544,7 +565,7 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
             if not ws or any(w.ready or w.model is not None for w in ws):
                 continue
             oldest = min(w.since for w in ws)
-            if now - oldest > timeout:
+            if now - oldest > limit:
                 what = (f"{len(q)} model(s) ({', '.join(m.name for m in list(q)[:3])}{', ...' if len(q) > 3 else ''}) "
                         f"wait for a model worker that needs {shape({'CPU': g[0], 'GPU': g[1]})} and could not start")
                 reason = stuck(what)
