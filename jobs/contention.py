@@ -5,7 +5,9 @@ runs when they free up, so the sweep keeps waiting and says who holds what) or b
 of the cluster has** what it needs (*stuck*: it never runs, so the sweep fails at once instead of
 after ``ray.pending_timeout_s``). :func:`classify_wait` decides from plain numbers (no Ray);
 :func:`cluster_snapshot` reads those numbers from Ray's public state API
-(:mod:`ray.util.state`: nodes, live actors, running tasks, running jobs).
+(:mod:`ray.util.state`: nodes, live actors, running tasks, running jobs). Drivers of other
+jobs that hold their entrypoint resources and run no work wait as this one does: on one node,
+when their reservations leave too little, that is a deadlock (*stuck*), not *busy*.
 
 Conventions: a resource shape is a mapping ``{"CPU": 2.0, "GPU": 0.0, ...}``; a shape *fits* a
 node when every positive amount is at most the node's total of that resource (Ray schedules a
@@ -53,32 +55,47 @@ def fits(demand: Shape, total: Shape) -> bool:
 
 
 def classify_wait(demand: Shape, nodes: Sequence[Shape], held: Mapping[str, Shape], own: str | None = None,
-                  *, limit: int = 3) -> Verdict:
+                  *, reserved: Mapping[str, Shape] | None = None, limit: int = 3) -> Verdict:
     """Why ``demand`` (one task's or actor's shape) waits.
 
-    nodes: the total resources of each alive node, less what never frees up while this sweep
-           runs on that node (its own driver's entrypoint resources);
-    held:  resources held now, per job (see the module docstring);
-    own:   this sweep's job in ``held`` (its own work frees what it holds as it goes).
+    nodes:    the total resources of each alive node, less what never frees up while this sweep
+              runs on that node (its own driver's entrypoint resources);
+    held:     resources held now by running work (live actors, running tasks), per job;
+    own:      this sweep's job in ``held`` (its own work frees what it holds as it goes);
+    reserved: the entrypoint resources of the other running jobs' drivers (free only when
+              those jobs end).
 
     Reference: Ray schedules each task or actor on a single node whose available resources
     cover its request (Ray docs, "Resources": logical resources, admission control only).
-    ``stuck`` when no node fits ``demand``; else ``busy`` when other jobs hold some of a
-    resource ``demand`` asks for (they are named, the largest holders first, at most ``limit``);
-    else ``wait``.
+
+    ``stuck`` when no node fits ``demand``, or (one node) when it does not fit once the other
+    drivers' reservations are taken off and no other job runs work (those drivers wait as this
+    one does: none of them can ever start, a deadlock); else ``busy`` when other jobs' running
+    work holds some of a resource ``demand`` asks for (they free it as they finish; named, the
+    largest holders first, at most ``limit``); else ``wait``.
     """
     if not any(fits(demand, n) for n in nodes):
         biggest = max(nodes, key=lambda n: tuple(n.get(k, 0.0) for k in sorted(demand)), default={})
         where = f"its largest node has {fmt({k: biggest.get(k, 0.0) for k in demand})}" if nodes else "no alive node"
         return Verdict("stuck", f"needs {fmt(demand)} on one node and the cluster will never have it ({where})")
     wanted = [k for k, v in demand.items() if v > 0]
+
+    def named(by: Mapping[str, Shape]) -> str:
+        order = sorted(by, key=lambda j: (-sum(by[j].get(k, 0.0) for k in wanted), j))
+        text = "; ".join(f"{j} holds {fmt({k: by[j].get(k, 0.0) for k in wanted})}" for j in order[:limit])
+        return text + (f"; {len(order) - limit} more job(s)" if len(order) > limit else "")
+
     others = {j: r for j, r in held.items() if j != own and any(r.get(k, 0.0) > 0 for k in wanted)}
     if others:
-        order = sorted(others, key=lambda j: (-sum(others[j].get(k, 0.0) for k in wanted), j))
-        named = "; ".join(f"{j} holds {fmt({k: others[j].get(k, 0.0) for k in wanted})}" for j in order[:limit])
-        more = f"; {len(order) - limit} more job(s)" if len(order) > limit else ""
-        return Verdict("busy", f"needs {fmt(demand)}, held by other jobs ({named}{more}); "
+        return Verdict("busy", f"needs {fmt(demand)}, held by other jobs ({named(others)}); "
                                "it runs when they free up")
+    drivers = {j: r for j, r in (reserved or {}).items() if j != own and any(r.get(k, 0.0) > 0 for k in wanted)}
+    if drivers and len(nodes) == 1:
+        left = {k: v - sum(r.get(k, 0.0) for r in drivers.values()) for k, v in nodes[0].items()}
+        if not fits(demand, left):
+            return Verdict("stuck", f"needs {fmt(demand)}, held by other jobs' drivers that run no work "
+                                    f"({named(drivers)}): they wait for resources as this sweep does and none "
+                                    "can start; limit concurrent sweeps (ray.max_jobs) or their entrypoint_num_cpus")
     return Verdict("wait", f"needs {fmt(demand)}; no other job holds it")
 
 
@@ -100,9 +117,9 @@ def _add(into: dict[str, dict[str, float]], job: str, res: Mapping[str, float] |
 
 
 def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]], dict[str, dict[str, float]],
-                                                        str | None] | None:
-    """``(nodes, held, own)`` for :func:`classify_wait` (``own_job``: this driver's hex job id,
-    ``ray.get_runtime_context().get_job_id()``; ``own``: its name in ``held``) from :mod:`ray.util.state` (alive nodes' totals;
+                                                        str | None, dict[str, dict[str, float]]] | None:
+    """``(nodes, held, own, reserved)`` for :func:`classify_wait` (``own_job``: this driver's hex
+    job id, ``ray.get_runtime_context().get_job_id()``; ``own``: its name in ``held``) from :mod:`ray.util.state` (alive nodes' totals;
     live actors, running tasks and running jobs' entrypoints per job, named by submission id
     where there is one), or ``None`` where the state API does not answer (no dashboard). On a
     one-node cluster the entrypoint resources of ``own_job`` are taken off the node's totals
@@ -129,7 +146,6 @@ def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]]
             _add(entry, name, {"CPU": getattr(j, "entrypoint_num_cpus", 0) or 0,
                                "GPU": getattr(j, "entrypoint_num_gpus", 0) or 0,
                                **(getattr(j, "entrypoint_resources", None) or {})})
-            _add(held, name, entry[name])
     for a in (*actors, *tasks):
         if getattr(a, "type", None) == "ACTOR_CREATION_TASK":
             continue  # counted as its actor
@@ -138,7 +154,7 @@ def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]]
     mine = entry.get(own or "", {})
     if mine and len(nodes) == 1:  # the driver's node is the only one: its entrypoint never frees up there
         nodes = [{k: max(0.0, v - mine.get(k, 0.0)) for k, v in nodes[0].items()}]
-    return nodes, {j: r for j, r in held.items() if r}, own
+    return nodes, {j: r for j, r in held.items() if r}, own, {j: r for j, r in entry.items() if r and j != own}
 
 
 __all__ = ["CONTENTION_GRACE_S", "KINDS", "Verdict", "classify_wait", "cluster_snapshot", "fits", "fmt", "worst"]

@@ -546,7 +546,8 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
         if waiting and now - last_progress[0] > grace / 2 and now - contention_seen[0] >= grace / 2:
             contention_seen[0] = now
             snap = cluster_snapshot(ray.get_runtime_context().get_job_id())
-            verdict = worst_verdict([classify_wait(d, *snap) for d in waiting]) if snap is not None else None
+            verdict = worst_verdict([classify_wait(d, snap[0], snap[1], snap[2], reserved=snap[3]) for d in waiting]
+                                    ) if snap is not None else None
             if verdict is not None and verdict.kind == "stuck":
                 limit, early[0] = grace, verdict.reason  # fail now, not after pending_timeout_s
             elif verdict is not None and verdict.kind == "busy":

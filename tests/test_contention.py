@@ -41,3 +41,19 @@ def test_worst_and_helpers():
     assert worst([w, b, s]) is s and worst([w, b]) is b and worst([w]) is w and worst([]) is None
     assert fits({"CPU": 2.0, "GPU": 0.0}, {"CPU": 2.0}) and not fits({"CPU": 2.5}, {"CPU": 2.0})
     assert fmt({"GPU": 0.0, "CPU": 1.5, "A": 1.0}) == "1 A, 1.5 CPU" and fmt({}) == "nothing"
+
+
+@pytest.mark.unit
+def test_drivers_that_hold_their_entrypoint_and_run_nothing_are_a_deadlock_not_busy():
+    """The watch's case: two sweep drivers with ``entrypoint_num_cpus: 1`` on a 2-CPU node; each
+    one's model worker needs 1 CPU. Seen from one driver the node has 2 - 1 (its own entrypoint)
+    = 1 CPU, the other driver reserves that CPU and runs no work: neither ever starts, so it is
+    stuck now, not busy for ``pending_timeout_s``. When the other job runs a worker, it is busy."""
+    v = classify_wait({"CPU": 1.0}, [{"CPU": 1.0}], {}, own="audit-a", reserved={"audit-b": {"CPU": 1.0}})
+    assert v.kind == "stuck" and v.reason.startswith(
+        "needs 1 CPU, held by other jobs' drivers that run no work (audit-b holds 1 CPU)")
+    busy = classify_wait({"CPU": 1.0}, [{"CPU": 1.0}], {"audit-b": {"CPU": 1.0}}, own="audit-a",
+                         reserved={"audit-b": {"CPU": 1.0}})
+    assert busy.kind == "busy"
+    # room left after the other drivers' reservations (a 4-CPU node): wait, the usual timeout
+    assert classify_wait({"CPU": 1.0}, [{"CPU": 3.0}], {}, own="a", reserved={"b": {"CPU": 1.0}}).kind == "wait"
