@@ -118,12 +118,13 @@ def _add(into: dict[str, dict[str, float]], job: str, res: Mapping[str, float] |
 
 def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]], dict[str, dict[str, float]],
                                                         str | None, dict[str, dict[str, float]]] | None:
-    """``(nodes, held, own, reserved)`` for :func:`classify_wait` (``own_job``: this driver's hex
-    job id, ``ray.get_runtime_context().get_job_id()``; ``own``: its name in ``held``) from :mod:`ray.util.state` (alive nodes' totals;
-    live actors, running tasks and running jobs' entrypoints per job, named by submission id
-    where there is one), or ``None`` where the state API does not answer (no dashboard). On a
-    one-node cluster the entrypoint resources of ``own_job`` are taken off the node's totals
-    (they never free up while the sweep runs)."""
+    """``(nodes, held, own, reserved)`` for :func:`classify_wait` from :mod:`ray.util.state`:
+    alive nodes' totals; running work (live actors, running tasks) per job, named by submission
+    id where there is one; ``own``, this driver's name there (``own_job``: its hex job id,
+    ``ray.get_runtime_context().get_job_id()``); the other running jobs' entrypoint resources.
+    ``None`` where the state API does not answer (no dashboard). On a one-node cluster the
+    entrypoint resources of ``own_job`` are taken off the node's totals (they never free up
+    while the sweep runs)."""
     try:
         from ray.util import state as S
 
