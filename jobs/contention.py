@@ -29,6 +29,11 @@ Shape = Mapping[str, float]
 #: stuck work fails then, not after the full timeout.
 CONTENTION_GRACE_S = 30.0
 
+#: Name prefix of the actor Ray's job manager starts per submitted job (``JobSupervisor``): it
+#: holds the job's ``entrypoint_num_cpus``/``_gpus`` while the entrypoint runs; the rest of the
+#: name is the submission id.
+SUPERVISOR_PREFIX = "_ray_internal_job_actor_"
+
 #: The decisions of :func:`classify_wait`.
 KINDS = ("stuck", "busy", "wait")
 
@@ -121,7 +126,8 @@ def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]]
     """``(nodes, held, own, reserved)`` for :func:`classify_wait` from :mod:`ray.util.state`:
     alive nodes' totals; running work (live actors, running tasks) per job, named by submission
     id where there is one; ``own``, this driver's name there (``own_job``: its hex job id,
-    ``ray.get_runtime_context().get_job_id()``); the other running jobs' entrypoint resources.
+    ``ray.get_runtime_context().get_job_id()``); the other running jobs' entrypoint resources
+    (what their job supervisor actors hold, :data:`SUPERVISOR_PREFIX`).
     ``None`` where the state API does not answer (no dashboard). On a one-node cluster the
     entrypoint resources of ``own_job`` are taken off the node's totals (they never free up
     while the sweep runs)."""
@@ -131,8 +137,10 @@ def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]]
         nodes = [dict(n.resources_total or {}) for n in S.list_nodes(filters=[("state", "=", "ALIVE")],
                                                                           raise_on_missing_output=False)]
         jobs = S.list_jobs(raise_on_missing_output=False)
-        actors = S.list_actors(filters=[("state", "=", "ALIVE")], limit=10_000, raise_on_missing_output=False)
-        tasks = S.list_tasks(filters=[("state", "=", "RUNNING")], limit=10_000, raise_on_missing_output=False)
+        actors = S.list_actors(filters=[("state", "=", "ALIVE")], limit=10_000, detail=True,
+                                raise_on_missing_output=False)
+        tasks = S.list_tasks(filters=[("state", "=", "RUNNING")], limit=10_000, detail=True,
+                              raise_on_missing_output=False)
     except Exception:  # noqa: BLE001 - no dashboard, older Ray, a timeout: the caller keeps its timeout
         return None
     names: dict[str, str] = {}
@@ -140,16 +148,15 @@ def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]]
     entry: dict[str, dict[str, float]] = {}
     for j in jobs:
         jid = getattr(j, "job_id", None)
-        name = getattr(j, "submission_id", None) or jid
         if jid:
-            names[jid] = name
-        if str(getattr(j, "status", "")).endswith("RUNNING") and name:
-            _add(entry, name, {"CPU": getattr(j, "entrypoint_num_cpus", 0) or 0,
-                               "GPU": getattr(j, "entrypoint_num_gpus", 0) or 0,
-                               **(getattr(j, "entrypoint_resources", None) or {})})
+            names[jid] = getattr(j, "submission_id", None) or jid
     for a in (*actors, *tasks):
         if getattr(a, "type", None) == "ACTOR_CREATION_TASK":
             continue  # counted as its actor
+        name = getattr(a, "name", None) or ""
+        if name.startswith(SUPERVISOR_PREFIX):  # holds a submitted job's entrypoint resources
+            _add(entry, name[len(SUPERVISOR_PREFIX):], getattr(a, "required_resources", None))
+            continue
         _add(held, names.get(a.job_id, a.job_id), getattr(a, "required_resources", None))
     own = names.get(own_job, own_job) if own_job else None
     mine = entry.get(own or "", {})
