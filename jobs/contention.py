@@ -135,12 +135,12 @@ def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]]
         from ray.util import state as S
 
         nodes = [dict(n.resources_total or {}) for n in S.list_nodes(filters=[("state", "=", "ALIVE")],
-                                                                          raise_on_missing_output=False)]
-        jobs = S.list_jobs(raise_on_missing_output=False)
+                                                                          raise_on_missing_output=False, timeout=5)]
+        jobs = S.list_jobs(raise_on_missing_output=False, timeout=5)
         actors = S.list_actors(filters=[("state", "=", "ALIVE")], limit=10_000, detail=True,
-                                raise_on_missing_output=False)
+                                raise_on_missing_output=False, timeout=5)
         tasks = S.list_tasks(filters=[("state", "=", "RUNNING")], limit=10_000, detail=True,
-                              raise_on_missing_output=False)
+                              raise_on_missing_output=False, timeout=5)
     except Exception:  # noqa: BLE001 - no dashboard, older Ray, a timeout: the caller keeps its timeout
         return None
     names: dict[str, str] = {}

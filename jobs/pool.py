@@ -439,7 +439,7 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
     last_progress = [clock()]            # the last worker start, measurement or result
     contention_seen = [clock()]          # the last stuck-or-busy check (jobs.contention)
     early: list[str | None] = [None]     # why the sweep is stuck before pending_timeout_s
-    said: list[Any] = [None, 0.0]        # the last busy line and when it was said
+    said: list[Any] = [None, 0.0, None]  # the last busy line, when it was said, the last verdict
     counter = {"done": 0, "failed": 0}
     next_ident = [0]
 
@@ -547,14 +547,15 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
             contention_seen[0] = now
             snap = cluster_snapshot(ray.get_runtime_context().get_job_id())
             verdict = worst_verdict([classify_wait(d, snap[0], snap[1], snap[2], reserved=snap[3]) for d in waiting]
-                                    ) if snap is not None else None
+                                    ) if snap is not None else said[2]  # no answer: the last verdict holds
+            said[2] = verdict
             if verdict is not None and verdict.kind == "stuck":
                 limit, early[0] = grace, verdict.reason  # fail now, not after pending_timeout_s
             elif verdict is not None and verdict.kind == "busy":
                 if said[0] != verdict.reason or now - said[1] >= 300:  # once per change, then every 5 min
                     said[:] = [verdict.reason, now]
                     say(f"busy: waiting: {verdict.reason}")
-                last_progress[0] = now  # other jobs hold the resources: keep waiting
+                last_progress[0] = contention_seen[0] = clock()  # other jobs hold the resources: keep waiting
                 return
         if now - last_progress[0] <= limit:
             return

@@ -371,3 +371,58 @@ def test_prefetcher_keeps_within_its_window_and_disk_budget(monkeypatch):
     off = Prefetcher(order, snaps, ahead=0, disk_bytes=100, lister=lister, downloader=downloader)
     off.tick()
     assert not off.enabled and off.status("a") is None
+
+
+_BUSY = r"""
+import json, subprocess, sys, time
+import ray
+from jobs.pool import with_ray_options
+from jobs.spec import load_spec
+from jobs.sweep import run_sweep
+
+HOLDER = '''
+import sys, time, ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+@ray.remote(num_cpus=2)
+class Blocker:
+    def ping(self):
+        return 1
+b = Blocker.remote()
+ray.get(b.ping.remote())
+print("ready", flush=True)
+time.sleep(float(sys.argv[2]))
+'''
+spec = with_ray_options(load_spec(sys.argv[1]), pending_timeout_s=float(sys.argv[2]))
+ctx = ray.init(address="local", num_cpus=2, object_store_memory=80_000_000, include_dashboard=True,
+               log_to_driver=False)
+holder = subprocess.Popen([sys.executable, "-c", HOLDER, ctx.address_info["gcs_address"], sys.argv[3]],
+                          stdout=subprocess.PIPE, text=True)
+assert holder.stdout.readline().strip() == "ready"
+from jobs.contention import cluster_snapshot
+for _ in range(60):  # the dashboard's state API answers a few seconds after ray.init
+    if cluster_snapshot() is not None:
+        break
+    time.sleep(1)
+t0 = time.monotonic()
+out = run_sweep(spec, progress=False)
+print("RESULT " + json.dumps({"exit": out.exit_code, "failed": out.failed, "seconds": time.monotonic() - t0}))
+holder.wait(timeout=60)
+sys.exit(out.exit_code)
+"""
+
+
+@pytest.mark.e2e
+def test_work_waiting_for_another_jobs_cpus_is_busy_and_runs_when_they_free_up(tmp_path):
+    """Another job (a second driver on the same cluster) holds both CPUs for 20 s; the sweep's
+    model worker (1 CPU) waits. With ``ray.pending_timeout_s`` 3 s it used to fail as stuck after
+    3 s; now Ray's state API says other work holds the CPUs (jobs/contention.py): the sweep says
+    who holds what, keeps waiting past the timeout and finishes both tasks once they free up."""
+    vec = write_vec(tmp_path / "m.vec", 0)
+    spec_path = write_spec(tmp_path, "busy", f'  - {{name: a, ref: "{vec}"}}', ray="actor_num_cpus: 1, stats_num_cpus: 1")
+    r = _run_child(_BUSY, spec_path, 3, 20, timeout=300)
+    assert r.returncode == 0, [x for x in (r.stdout + r.stderr).splitlines() if "stuck" in x or "busy" in x][:3]
+    res = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    assert res["exit"] == 0 and res["failed"] == 0 and res["seconds"] > 3  # waited past pending_timeout_s
+    busy = [x for x in (r.stdout + r.stderr).splitlines() if "busy: waiting: needs 1 CPU, held by other jobs (" in x]
+    assert busy and "holds 2 CPU); it runs when they free up" in busy[0], busy
+    print(f"\nwaited {res['seconds']:.1f} s (timeout 3 s); {busy[0]}", file=sys.stderr)
