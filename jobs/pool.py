@@ -553,7 +553,7 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
                 limit, early[0] = grace, verdict.reason  # fail now, not after pending_timeout_s
             elif verdict is not None and verdict.kind == "busy":
                 if said[0] != verdict.reason or now - said[1] >= 300:  # once per change, then every 5 min
-                    said[:] = [verdict.reason, now]
+                    said[0], said[1] = verdict.reason, now
                     say(f"busy: waiting: {verdict.reason}")
                 last_progress[0] = contention_seen[0] = clock()  # other jobs hold the resources: keep waiting
                 return
