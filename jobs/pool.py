@@ -64,6 +64,7 @@ from typing import Any, Callable
 from actors.model_actor import MeasureRequest, ModelAssignment, actor_options, format_error, model_actor_class
 from actors.stats import AnalyseRequest, TaskOutcome, stats_task
 from audit.errors import AuditError
+from jobs.contention import CONTENTION_GRACE_S, classify_wait, cluster_snapshot, worst
 from jobs.prefetch import Prefetcher, hub_snapshot
 from jobs.progress import Progress
 from jobs.spec import RaySpec
@@ -432,6 +433,13 @@ class RayEdge:
     def cluster_state(self) -> str:
         return cluster_state()
 
+    def contention(self):
+        """``(nodes, held, own, reserved)`` of :func:`jobs.contention.cluster_snapshot` for this
+        driver's job, ``None`` where Ray's state API does not answer."""
+        import ray
+
+        return cluster_snapshot(ray.get_runtime_context().get_job_id())
+
 
 class WorkerPool:
     """Bounded long-lived model workers, one model at a time each, over ``edge`` (a
@@ -462,6 +470,8 @@ class WorkerPool:
         self.last_progress = clock()                # the last worker start, measurement or result
         self.stuck: str | None = None
         self.workers_started = 0
+        self.contention_at = -float("inf")           # the last stuck-or-busy look (jobs.contention)
+        self.contention_said: str | None = None      # the last reason said
 
     # ---- workers
     def spawn(self, g: tuple, opts: dict) -> Worker:
@@ -617,6 +627,7 @@ class WorkerPool:
             st = self.edge.actor_state(w.actor)
             w.waiting_state = st if st in _WAITING_STATES else None
             w.waiting_seen = (w.waiting_seen or now) if w.waiting_state else None
+        self.tell_contention(now)
         if now - self.last_progress <= self.timeout:
             return
         # (a) a group has work but none of its workers could start
@@ -652,6 +663,39 @@ class WorkerPool:
                 self.stats_since.pop(r, None)
                 self.edge.cancel(r)
                 self.fail(indices, self.mark_stuck(f"a statistics task of model {name!r} needs {shape(pending[tid])}"))
+
+    def tell_contention(self, now: float) -> None:
+        """Tell busy from stuck long before ``timeout``: once the sweep has made no progress for
+        half of :data:`jobs.contention.CONTENTION_GRACE_S` (at most half the timeout) while a
+        group has models but none of its workers could start, ask Ray's state API why
+        (:func:`jobs.contention.classify_wait`, worst shape first) and say it in one line, once
+        per change of reason: ``busy: waiting: ... held by other jobs (...)`` (it runs when
+        they free up) or ``stuck: waiting: ... the cluster will never have it``. Informational:
+        the work is failed as stuck only after ``timeout`` (``ray.pending_timeout_s``), as before;
+        nothing is said where the state API does not answer (no dashboard)."""
+        if now - self.last_progress < min(CONTENTION_GRACE_S, self.timeout) / 2:
+            return
+        if now - self.contention_at < CONTENTION_GRACE_S / 2:
+            return
+        self.contention_at = now
+        waiting = []
+        for g, q in self.queues.items():
+            ws = [w for w in self.workers if w.group == g]
+            if q and ws and not any(w.ready or w.model is not None for w in ws):
+                waiting.append(g)
+        if not waiting:
+            return
+        try:
+            snap = self.edge.contention()
+        except Exception:  # noqa: BLE001 - a look at the cluster never ends a sweep
+            snap = None
+        if snap is None:
+            return
+        nodes, held, own, reserved = snap
+        v = worst([classify_wait({"CPU": g[0], "GPU": g[1]}, nodes, held, own, reserved=reserved) for g in waiting])
+        if v is not None and v.kind != "wait" and v.reason != self.contention_said:
+            self.contention_said = v.reason
+            self.say(f"{v.kind}: waiting: {v.reason}")
 
     # ---- the loop
     def run(self, *, tick_s: float, progress: Progress) -> None:

@@ -177,6 +177,33 @@ def _order(values: Iterable[str], first: list[str] | None = None) -> list[str]:
 
 
 
+#: At most this many body rows in one ``table`` float (about one page of ``\small`` rows on A4
+#: or letter); a longer table is a ``longtable`` (LaTeX package ``longtable``) that breaks across
+#: pages and repeats its header on each (:func:`latex_rows_table`).
+ROWS_PER_PAGE = 40
+
+
+def latex_rows_table(colspec: str, header: list[str], rows: list[str], caption: str, label: str | None = None,
+                     *, max_rows: int = ROWS_PER_PAGE) -> str:
+    r"""A booktabs table of ``rows`` (each ``a & b & c``, without the closing ``\\``): a
+    ``table`` float holding a ``tabular`` up to ``max_rows`` rows, else a ``longtable`` (needs
+    ``\usepackage{longtable}``) with the caption on top, the header repeated on every page
+    (``\endfirsthead``/``\endhead``) and "continued" at the foot of every page but the last."""
+    head = [r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
+    body = [r + r" \\" for r in rows]
+    lab = [r"\label{" + label + "}"] if label else []
+    if len(rows) <= max_rows:
+        return "\n".join([r"\begin{table}[ht]", r"\centering", r"\small", r"\begin{tabular}{" + colspec + "}",
+                          *head, *body, r"\bottomrule", r"\end{tabular}", r"\caption{" + caption + "}", *lab,
+                          r"\end{table}", ""])
+    ncol = len(header)
+    return "\n".join([r"\begingroup", r"\small", r"\begin{longtable}{" + colspec + "}",
+                      r"\caption{" + caption + "}" + "".join(lab) + r" \\", *head, r"\endfirsthead",
+                      r"\multicolumn{" + str(ncol) + r"}{l}{\textit{(continued)}} \\", *head, r"\endhead",
+                      r"\midrule", r"\multicolumn{" + str(ncol) + r"}{r}{\textit{continued on the next page}} \\",
+                      r"\endfoot", r"\bottomrule", r"\endlastfoot", *body, r"\end{longtable}", r"\endgroup", ""])
+
+
 def latex_table(df: pd.DataFrame, metric: str, language: str, *, model_order: list[str] | None = None,
                 digits: int = 2, multiple_comparisons: MultipleComparisons | None = None) -> str:
     """A booktabs table (models x tests) of one metric in one language; the significance marks
@@ -190,31 +217,15 @@ def latex_table(df: pd.DataFrame, metric: str, language: str, *, model_order: li
     tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
     cells = {(r["model"], r["test"]): r for _, r in sub.iterrows()}
     short = [t.split("/", 1)[1] if t.startswith(f"{language}/") else t for t in tests]
-    lines = [
-        r"\begin{table}[ht]",
-        r"\centering",
-        r"\small",
-        r"\begin{tabular}{l" + "r" * len(tests) + "}",
-        r"\toprule",
-        "Model & " + " & ".join(latex_escape(t) for t in short) + r" \\",
-        r"\midrule",
-    ]
-    for m in models:
-        lines.append(latex_escape(m) + " & " + " & ".join(_cell(cells.get((m, t)), digits, mark_col) for t in tests)
-                     + r" \\")
+    rows = [latex_escape(m) + " & " + " & ".join(_cell(cells.get((m, t)), digits, mark_col) for t in tests)
+            for m in models]
     ci = ci_text(sub)
-    lines += [
-        r"\bottomrule",
-        r"\end{tabular}",
-        r"\caption{" + latex_escape(metric) + f" ({latex_escape(language)}): headline value per model and test. "
-        r"$^{*}$~$p<0.05$, $^{**}$~$p<0.01$, $^{***}$~$p<0.001$ (" + latex_escape(marks_text(mc)) + "); "
-        + (f"intervals (plots, results.parquet): {latex_escape(ci)}; " if ci else "")
-        + r"\textit{fail}: the task failed (see the run log).}",
-        r"\label{tab:" + re.sub(r"[^A-Za-z0-9]+", "-", f"{metric}-{language}") + "}",
-        r"\end{table}",
-        "",
-    ]
-    return "\n".join(lines)
+    caption = (latex_escape(metric) + f" ({latex_escape(language)}): headline value per model and test. "
+               r"$^{*}$~$p<0.05$, $^{**}$~$p<0.01$, $^{***}$~$p<0.001$ (" + latex_escape(marks_text(mc)) + "); "
+               + (f"intervals (plots, results.parquet): {latex_escape(ci)}; " if ci else "")
+               + r"\textit{fail}: the task failed (see the run log).")
+    return latex_rows_table("l" + "r" * len(tests), ["Model", *(latex_escape(t) for t in short)], rows, caption,
+                            "tab:" + re.sub(r"[^A-Za-z0-9]+", "-", f"{metric}-{language}"))
 
 
 #: At most this many models in one plot, and this many panels (tests, categories) or heat-map
@@ -498,15 +509,13 @@ def breakdown_latex(bd: pd.DataFrame, metric: str, table: str, score: str, *, mo
     category's n when every model has the same (the usual case: one data set)."""
     sub = bd[bd["score"] == score]
     cats = sorted(dict.fromkeys(sub["category"]), key=natural_key)
-    rows = _order(sub["model"], model_order)
+    rows_models = _order(sub["model"], model_order)
     head = []
     for c in cats:
         n = _n_text(sub[sub["category"] == c]["n"])
         head.append(latex_escape(c) + (f" ({n})" if n else ""))
-    lines = ["\\begin{table}[ht]", "\\centering", "\\small",
-             f"\\begin{{tabular}}{{l{'r' * len(cats)}}}", "\\toprule",
-             "model & " + " & ".join(head) + " \\\\", "\\midrule"]
-    for m in rows:
+    rows = []
+    for m in rows_models:
         cells = []
         for c in cats:
             x = sub[(sub["model"] == m) & (sub["category"] == c)]
@@ -520,16 +529,14 @@ def breakdown_latex(bd: pd.DataFrame, metric: str, table: str, score: str, *, mo
             if pd.notna(n):
                 cell += f" n={int(n)}"
             cells.append(cell)
-        lines.append(latex_escape(m) + " & " + " & ".join(cells) + " \\\\")
+        rows.append(latex_escape(m) + " & " + " & ".join(cells))
     tests = ", ".join(sorted(dict.fromkeys(sub["test"])))
     methods = sorted({str(x) for x in sub["ci_method"].dropna() if str(x)}) if "ci_method" in sub.columns else []
     ci = (f"brackets: {', '.join(methods)} confidence interval" if methods else
           "brackets: confidence interval where the metric gives one")
-    lines += ["\\bottomrule", "\\end{tabular}",
-              f"\\caption{{{latex_escape(metric)}: {latex_escape(score)} by {latex_escape(table.replace('per_', ''))} "
-              f"({latex_escape(tests)}); {latex_escape(ci)}; n: items in the category.}}",
-              "\\end{table}", ""]
-    return "\n".join(lines)
+    caption = (f"{latex_escape(metric)}: {latex_escape(score)} by {latex_escape(table.replace('per_', ''))} "
+               f"({latex_escape(tests)}); {latex_escape(ci)}; n: items in the category.")
+    return latex_rows_table("l" + "r" * len(cats), ["model", *head], rows, caption)
 
 
 def _plot_breakdown(bd: pd.DataFrame, metric: str, table: str, score: str, path: Path,

@@ -254,3 +254,62 @@ def test_a_grown_sweep_replaces_its_earlier_plot_files(tmp_path):
     report.write_reports(big[big.metric == "weat"], tmp_path, mitigations={})
     assert sorted(p.name for p in (tmp_path / "plots").glob("effects_*")) == [
         "effects_weat_en_1of2.png", "effects_weat_en_2of2.png"]
+
+
+def _environments_balanced(tex: str) -> list[str]:
+    """The environments opened in ``tex``, outermost first, after checking every ``\\end`` closes
+    the innermost open ``\\begin`` and every group closes (LaTeX's own rule, without LaTeX)."""
+    import re
+
+    stack, opened = [], []
+    for kind, name in re.findall(r"\\(begin|end)(?:\{([^}]*)\}|group)", tex):
+        name = name or "group"
+        if kind == "begin":
+            stack.append(name)
+            opened.append(name)
+        else:
+            assert stack and stack.pop() == name, (kind, name, stack)
+    assert stack == []
+    depth = 0
+    for ch in re.sub(r"\\[{}]", "", tex):  # braces balance, never below zero
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        assert depth >= 0
+    assert depth == 0
+    return opened
+
+
+@pytest.mark.unit
+def test_latex_tables_of_192_models_break_across_pages_with_the_header_repeated():
+    """At 192 models the headline and breakdown tables are ``longtable`` s (a ``table`` float of
+    192 rows ran off the page): balanced environments and braces, every row once, the header on
+    the first page (``\\endfirsthead``) and repeated on every later one (``\\endhead``), the
+    caption and label kept; up to :data:`report.ROWS_PER_PAGE` models it stays a float."""
+    models = [f"ckpt-{i:03d}" for i in range(192)]
+    rows = [{"model": m, "language": "en", "test": f"en/weat{t}", "metric": "weat", "status": "finished",
+             "value": 0.01 * i + t, "effect_size": 0.01 * i + t, "p_value": 0.5, "key": f"{m}-{t}"}
+            for i, m in enumerate(models) for t in (1, 2)]
+    df = report.results_frame(rows)
+    tex = report.latex_table(df, "weat", "en", model_order=models)
+    assert _environments_balanced(tex) == ["group", "longtable"]
+    lines = tex.splitlines()
+    assert lines[2] == r"\begin{longtable}{lrr}" and r"\begin{table}[ht]" not in lines
+    header = r"Model & weat1 & weat2 \\"
+    assert lines.count(header) == 2
+    first, repeat, foot = lines.index(r"\endfirsthead"), lines.index(r"\endhead"), lines.index(r"\endlastfoot")
+    assert lines.index(header) < first < len(lines) - 1 - lines[::-1].index(header) < repeat < foot
+    body = [x for x in lines[foot + 1:] if x.startswith("ckpt-")]
+    assert len(body) == 192 and body[0] == r"ckpt-000 & 1.00 & 2.00 \\" and body[-1] == r"ckpt-191 & 2.91 & 3.91 \\"
+    assert lines[3].startswith(r"\caption{weat (en): headline value per model") and lines[3].endswith(
+        r"\label{tab:weat-en} \\")
+    # 40 models: one float, as before
+    small = report.latex_table(df[df["model"].isin(models[:40])], "weat", "en", model_order=models[:40])
+    assert _environments_balanced(small) == ["table", "tabular"] and "longtable" not in small
+
+    bd = pd.DataFrame([{"model": m, "test": "en/crows_pairs", "category": c, "score": "metric_score", "value": 50.0,
+                        "low": 40.0, "high": 60.0, "n": 10, "ci_method": "wilson"}
+                       for m in models for c in ("age", "race-color")])
+    btex = report.breakdown_latex(bd, "crows_pairs", "per_bias_type", "metric_score", model_order=models)
+    assert _environments_balanced(btex) == ["group", "longtable"]
+    blines = btex.splitlines()
+    assert blines.count(r"model & age (n=10) & race-color (n=10) \\") == 2
+    assert sum(x.startswith("ckpt-") for x in blines) == 192 and r"\endhead" in blines

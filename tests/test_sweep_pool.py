@@ -371,3 +371,4 @@ def test_prefetcher_keeps_within_its_window_and_disk_budget(monkeypatch):
     off = Prefetcher(order, snaps, ahead=0, disk_bytes=100, lister=lister, downloader=downloader)
     off.tick()
     assert not off.enabled and off.status("a") is None
+

@@ -797,3 +797,65 @@ def test_a_local_folder_the_run_could_not_load_is_not_submitted(tmp_path):
     assert rec.jobs == {} and r.exit_code == 1
     [e] = r.errors
     assert e.reason.startswith("invalid generated sweep: ") and "is a folder without config.json" in e.reason
+
+
+@pytest.mark.unit
+def test_a_busy_job_is_retried_at_the_next_poll_not_failed_nor_counted(tmp_path, capsys):
+    """A job that exits 5 (another driver holds the sweep's lease, it ran nothing) is ``busy``:
+    one line, submitted again as ``<id>-busy<k>`` at the poll that sees it, exit status 0, no
+    notification, and it does not use up ``max_attempts`` (1 here); a real failure after it still
+    gives up. While the other driver's sweep run is RUNNING, a busy job does not make it stale."""
+    from jobs.tracker import Tracker
+
+    root = tmp_path / "models"
+    write_vectors(root / "tiny" / "v1", 0, mtime=time.time() - 3600)
+    hook_out = tmp_path / "hook.jsonl"
+    hook = tmp_path / "hook.py"
+    hook.write_text("import json, sys\n"
+                    f"open({str(hook_out)!r}, 'a').write(json.dumps(json.load(sys.stdin)) + '\\n')\n", encoding="utf-8")
+    spec = load_watch_spec(write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}], max_attempts=1,
+                                       notify={"command": f"{sys.executable} {hook}"}))
+    rec = Recorder()
+    import io
+
+    def poll():
+        out = io.StringIO()
+        return Watcher(spec, submitter=rec, out=out).poll(), out.getvalue()
+
+    r, _ = poll()
+    [sid] = rec.jobs
+    rec.jobs[sid].update(status="FAILED", exit_code=5)
+    r, out = poll()
+    assert r.exit_code == 0 and r.failed == [] and not hook_out.exists()
+    assert sorted(rec.jobs) == [sid, sid + "-busy1"]
+    [busy] = [d for d in r.decisions if d.action == "busy"]
+    assert busy.reason == (f"job {sid} exited with status 5: another driver holds this sweep (it ran nothing); "
+                           f"submitting it again as {sid}-busy1, not counted towards max_attempts (1 of 1)")
+    assert [d.submission_id for d in r.submitted] == [sid + "-busy1"]
+    assert "1 busy" in r.summary()
+    assert len([x for x in out.splitlines() if x.startswith("watch w: busy ")]) == 1
+
+    # the other driver's sweep run is RUNNING in the store: in progress, not stale, nothing submitted
+    rec.jobs[sid + "-busy1"].update(status="FAILED", exit_code=5)
+    tr = Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
+    tr.start_parent(r.submitted[0].sweep, "id-other")
+    r, _ = poll()
+    assert [d.action for d in r.decisions if d.action != "found"] == ["skipped"]
+    assert r.decisions[-1].reason.startswith("in progress: sweep run ") and r.exit_code == 0
+    assert sorted(rec.jobs) == [sid, sid + "-busy1"]
+    tr.end_parent(failed=0, summary={"tasks_failed": 0})  # the other driver finished it
+    r, _ = poll()
+    assert r.decisions[-1].reason.startswith("already audited") and r.exit_code == 0
+
+    # without a store run: a busy chain is followed, and a real failure of the retry gives up (1 attempt)
+    write_vectors(root / "fresh" / "v1", 1, mtime=time.time() - 3600)
+    r, _ = poll()
+    [new] = [d.submission_id for d in r.submitted]
+    rec.jobs[new].update(status="FAILED", exit_code=5)
+    r, _ = poll()
+    rec.jobs[new + "-busy1"].update(status="FAILED", exit_code=1)
+    r, out = poll()
+    assert r.exit_code == 1 and [d.submission_id for d in r.failed] == [new + "-busy1"]
+    assert f"gave up: job {new}-busy1 FAILED (exit status 1) and max_attempts is 1" in out
+    assert sorted(rec.jobs) == sorted([sid, sid + "-busy1", new, new + "-busy1"])
+    assert [json.loads(x)["event"] for x in hook_out.read_text().splitlines()] == ["audit_gave_up"]

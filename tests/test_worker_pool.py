@@ -36,6 +36,7 @@ class FakeEdge:
         self.states: dict[int, str] = {}
         self.cancelled: list[Ref] = []
         self.killed: list[int] = []
+        self.snapshot = None  # (nodes, held, own, reserved) of jobs.contention.cluster_snapshot
 
     def start(self, opts):
         self.actors += 1
@@ -77,6 +78,9 @@ class FakeEdge:
 
     def pending_tasks(self):
         return None
+
+    def contention(self):
+        return self.snapshot
 
     def cluster_state(self):
         return "the cluster has {'CPU': 2} in all, nothing free now"
@@ -236,6 +240,29 @@ def test_a_busy_worker_waiting_to_restart_is_stuck_and_its_work_failed():
     assert len(edge.cancelled) == 2 and edge.killed == [1] and wp.measure_refs == {}
     settle(wp)  # b goes on with a new worker
     assert sorted(records) == list(range(6)) and records[3].status == "finished"
+
+
+def test_busy_is_told_from_stuck_before_the_timeout_and_said_once():
+    wp, edge, clock, records, said, _ = make_pool(models("a", "b"), timeout=600.0)
+    wp.fill()
+    # another job's actor holds both CPUs of the one 2-CPU node: busy, it runs when they free up
+    edge.snapshot = ([{"CPU": 2.0}], {"other-job": {"CPU": 2.0}}, "mine", {})
+    clock.t = 10.0
+    wp.watchdog(clock.t)  # not yet half the grace period (15 s) without progress
+    assert said == []
+    clock.t = 16.0
+    wp.watchdog(clock.t)
+    assert said == ["busy: waiting: needs 1 CPU, held by other jobs (other-job holds 2 CPU); it runs when they "
+                    "free up"]
+    clock.t = 40.0
+    wp.watchdog(clock.t)  # the same reason is not said again
+    assert len(said) == 1 and wp.stuck is None and records == {}  # informational: nothing failed early
+    # the other job ends, and a node that can never hold the worker is all that is left: stuck, said
+    edge.snapshot = ([{"CPU": 0.5}], {}, "mine", {})
+    clock.t = 60.0
+    wp.watchdog(clock.t)
+    assert said[-1].startswith("stuck: waiting: needs 1 CPU on one node and the cluster will never have it")
+    assert wp.stuck is None and records == {}  # failed only after ray.pending_timeout_s, as before
 
 
 def test_progress_restarts_the_stuck_clock():

@@ -12,7 +12,7 @@ from typing import TextIO
 
 #: Every action a decision can have.
 ACTIONS = ("found", "submitted", "skipped", "deferred", "stuck", "dry_run", "retry", "error", "failed", "regression",
-           "compared")
+           "compared", "busy")
 
 #: ``audit watch --once`` exit status when a poll found a regression (and recorded no error).
 REGRESSION_EXIT_CODE = 3
@@ -30,7 +30,10 @@ class Decision:
             per attempt, or the audit was given up after ``max_attempts``, told on every poll),
             ``regression`` (an audited revision is more biased
             than the one it was compared with: :mod:`jobs.watch.regression`), ``compared`` (an
-            audited revision was compared and did not regress, or had nothing to compare with).
+            audited revision was compared and did not regress, or had nothing to compare with),
+            ``busy`` (an audit's Ray job exited 5, :data:`jobs.lease.BUSY_EXIT_CODE`: another
+            driver held the sweep, so the job ran nothing; it is submitted again at the poll that
+            sees it, not counted towards ``max_attempts``, not a failure, no notification).
     """
 
     action: str
@@ -96,7 +99,7 @@ class PollReport:
         return (f"{self.count('found')} revision(s) seen: {self.count('submitted')} submitted, "
                 f"{self.count('skipped')} skipped, {self.count('dry_run')} to submit (dry run), "
                 f"{self.count('error')} error(s), {self.count('failed')} failed, {self.count('stuck')} stuck, "
-                f"{self.count('deferred')} deferred, "
+                f"{self.count('deferred')} deferred, {self.count('busy')} busy, "
                 f"{self.count('retry')} retried failure(s), {self.count('regression')} regression(s)")
 
 

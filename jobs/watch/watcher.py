@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, TextIO
 from filelock import FileLock, Timeout
 
 from audit.errors import AuditError
+from jobs.lease import BUSY_EXIT_CODE
 from jobs.tracker import driver_alive
 from jobs.uris import redact_uri, store_identity
 from jobs.watch.backoff import SourceUnavailable, retry
@@ -283,20 +284,34 @@ class Watcher:
         for attempt in range(1, self.spec.max_attempts + 1):
             sid = self._sid(rel, gen, attempt)
             try:
-                st = job_state(self.submitter, sid)
+                sid, st = self._latest(sid)
             except SubmitError:
                 return None
             if st is not None:
                 out.append((sid, st))
         return out
 
+    def _latest(self, sid: str) -> tuple[str, JobState | None]:
+        """The job of one attempt: ``sid``, or its newest busy retry (:func:`busy_retry_id`) when
+        ``sid`` exited busy, with its state (``None``: not submitted)."""
+        st = job_state(self.submitter, sid)
+        k, cur = 0, sid
+        while _busy(st):
+            k += 1
+            nxt = job_state(self.submitter, busy_retry_id(sid, k))
+            if nxt is None:
+                break
+            cur, st = busy_retry_id(sid, k), nxt
+        return cur, st
+
     def _stale(self, rec: SweepRecord, jobs: list[tuple[str, JobState]] | None) -> str | None:
         """Why a RUNNING parent run is not really running (its driver process is gone on this
         host, or none of the audit's Ray jobs is active any more), or ``None``."""
         if rec.driver and driver_alive(rec.driver) is False:
             return "driver-gone"
+        jobs = [(sid, st) for sid, st in jobs or () if not _busy(st)]  # a busy job never ran the sweep
         if not jobs:
-            return None  # no job known (or cannot tell): trust the store
+            return None  # no job known (or cannot tell), or only busy ones: trust the store
         if not any(st.status in ACTIVE_STATES for _, st in jobs):
             return "job-" + jobs[-1][1].status.lower()
         return None
@@ -306,6 +321,7 @@ class Watcher:
         """Why an ended sweep counts as stuck (its tag, or its last job's exit status 4), or ``None``."""
         if rec.stuck:
             return f"{rec.stuck_reason or 'its tasks waited too long for resources'} (sweep run {rec.run_id})"
+        jobs = [(sid, st) for sid, st in jobs or () if not _busy(st)]
         if jobs:
             sid, st = jobs[-1]
             if st.status == "FAILED" and st.exit_code == STUCK_EXIT_CODE:
@@ -349,8 +365,12 @@ class Watcher:
         env_vars[SPEC_ENV] = gen.text
         env["env_vars"] = {k: str(v) for k, v in env_vars.items()}
         resources = {"num_cpus": ray.entrypoint_num_cpus, "num_gpus": ray.entrypoint_num_gpus}
-        for attempt in range(first, self.spec.max_attempts + 1):
+        busy_k = 0
+        attempt = first
+        while attempt <= self.spec.max_attempts:
             sid = self._sid(rel, gen, attempt)
+            if busy_k:
+                sid = busy_retry_id(sid, busy_k)
             meta = {**self._metadata_scope(), "biasaudit.repo": rel.repo, "biasaudit.revision": rel.revision,
                     "biasaudit.sweep": gen.name, "biasaudit.attempt": str(attempt)}
             if ray.max_jobs is not None:
@@ -380,12 +400,24 @@ class Watcher:
                                           attempt=attempt, **base))
                     return
                 st = js.status if js is not None else None
+                if _busy(js):  # another driver held the sweep: this job ran nothing; not an attempt
+                    busy_k += 1
+                    nxt = busy_retry_id(self._sid(rel, gen, attempt), busy_k)
+                    if not self._exists(nxt):
+                        self._record(Decision("busy", f"job {sid} exited with status {BUSY_EXIT_CODE}: another "
+                                              f"driver holds this sweep (it ran nothing); submitting it again as "
+                                              f"{nxt}, not counted towards max_attempts ({attempt} of "
+                                              f"{self.spec.max_attempts})", submission_id=sid, attempt=attempt,
+                                              **base))
+                    why = f"re-submitted after busy job {sid}"
+                    continue
                 if st == "FAILED" and js.exit_code == STUCK_EXIT_CODE:
                     self._record(Decision("stuck", _stuck_job_reason(sid), submission_id=sid, attempt=attempt, **base))
                 if st in ("FAILED", "STOPPED") and attempt < self.spec.max_attempts:
                     self._failed(sid, "audit_failed", f"job {sid} {st}{_exit(js)}; submitting attempt {attempt + 1} "
                                  f"of {self.spec.max_attempts} (`ray job logs {sid}`)", base, submission_id=sid,
                                  attempt=attempt)
+                    attempt, busy_k = attempt + 1, 0
                     continue
                 if st in ("FAILED", "STOPPED"):
                     self._failed(f"{sid}-gave-up", "audit_gave_up", f"gave up: job {sid} {st}{_exit(js)} and "
@@ -439,9 +471,21 @@ def _exit(js: JobState | None) -> str:
     return f" ({'; '.join(bits)})" if bits else ""
 
 
+def busy_retry_id(sid: str, k: int) -> str:
+    """The submission id of the ``k``-th re-submission of job ``sid`` after it exited busy
+    (:data:`jobs.lease.BUSY_EXIT_CODE`): ``<sid>-busy<k>``. Ray refuses a repeated id, and a busy
+    job ran nothing, so its retry keeps the attempt number."""
+    return f"{sid}-busy{k}"
+
+
+def _busy(js: JobState | None) -> bool:
+    """Whether a job ended with the busy status (another driver held the sweep's lease)."""
+    return js is not None and js.status == "FAILED" and js.exit_code == BUSY_EXIT_CODE
+
+
 def _stuck_job_reason(sid: str) -> str:
     return (f"job {sid} exited with status {STUCK_EXIT_CODE}: its tasks waited too long for resources "
             f"(the pending demand is in `ray job logs {sid}`)")
 
 
-__all__ = ["Watcher"]
+__all__ = ["Watcher", "busy_retry_id"]
