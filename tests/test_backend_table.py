@@ -48,5 +48,5 @@ def test_every_backend_name_is_one_row_with_one_kind():
 
 @pytest.mark.unit
 def test_load_model_refuses_an_unknown_backend_in_one_line():
-    with pytest.raises(ModelError, match=r"^model 'x': unknown backend 'hf-foo'; known: static, fasttext"):
+    with pytest.raises(ModelError, match=r"^model 'x': unknown backend 'hf-foo'; known backends: static, fasttext"):
         load_model("x", backend="hf-foo")
