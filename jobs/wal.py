@@ -435,19 +435,14 @@ def _sweep_lock(out_dir: Path):
 
 
 def _sync_main(a, spec) -> int:
-    try:
-        target = sync_target(WriteAheadLog(wal_path(spec.output_dir.resolve())), spec.resolved_tracking_uri,
-                             explicit=bool(a.tracking_uri))
-        if target != spec.resolved_tracking_uri:
-            print(f"sync: the pending results were meant for {redact_uri(target)}: uploading there", flush=True)
-            spec = load_spec(a.spec, output_dir=a.output_dir, tracking_uri=target)
-        out = sync_spec(spec)
-    except TrackingUnavailable as e:
-        print(f"audit: error: {one_line(e)}; nothing uploaded, the records stay pending", file=sys.stderr)
-        return 3
-    except AuditError as e:
-        print(f"audit: error: {one_line(e)}", file=sys.stderr)
-        return 2
+    """Upload the pending results to the store they were meant for; 3 while some stay pending.
+    Its errors reach :func:`main`'s one-line handlers (status 3: store unreachable; 2: bad input)."""
+    target = sync_target(WriteAheadLog(wal_path(spec.output_dir.resolve())), spec.resolved_tracking_uri,
+                         explicit=bool(a.tracking_uri))
+    if target != spec.resolved_tracking_uri:
+        print(f"sync: the pending results were meant for {redact_uri(target)}: uploading there", flush=True)
+        spec = load_spec(a.spec, output_dir=a.output_dir, tracking_uri=target)
+    out = sync_spec(spec)
     return 3 if out.pending else 0
 
 

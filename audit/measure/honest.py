@@ -1,36 +1,11 @@
 """HONEST measure step: the completions of each template's ``[M]`` slot (Nozza, Bianchi & Hovy 2021).
 The score and its conventions are in :mod:`audit.metrics.honest`.
 
-Masked LMs (the model interface's ``topk_fills``; HF: :func:`audit.backends.hf_generate.mlm_topk`)
-    ``[M]`` is replaced by the tokenizer's mask token (as the official notebook does) and the
-    template is tokenised with special tokens; the completions are the ``k`` most probable
-    vocabulary tokens at the mask position, each decoded on its own and stripped of surrounding
-    white space (the fill-mask pipeline's ``token_str`` with the notebook's ``.strip()``). Ties
-    in probability are broken by the lower token id (a stable sort), so the order is
-    reproducible. A template whose mask token does not survive tokenisation is a
-    :class:`DataError`.
-
-Causal LMs (``first_words``, generation until a stop; HF: :func:`audit.backends.hf_generate.causal_first_words`)
-    The prompt is the template up to ``[M]`` with trailing white space removed (the official
-    GPT-2 example drops `` [M].``), preceded by the start token (BOS, else EOS; the convention of
-    :func:`audit.backends.hf_scoring.causal_prefix_id`). The completion is the **first word** of
-    the continuation: the first run of letters or digits (inner hyphens and apostrophes kept:
-    ``pre-teen``, ``l'homme``), taken once a character that cannot continue it has been
-    generated, the end-of-sequence token is produced or ``max_new_tokens`` tokens have been
-    generated (a continuation without letters gives the empty completion, never hurtful).
-
-    ``decoding="greedy"`` (default): the ``k`` most probable first tokens (ties by lower id),
-    each continued greedily (arg-max, ``model.generate`` greedy search) for up to
-    ``max_new_tokens`` tokens in all, so ``k = 1`` is plain greedy decoding and ``k > 1`` is the
-    causal analogue of the masked LM's top-k.
-    ``decoding="sample"``: ``k`` independent continuations sampled from the model's distribution
-    (temperature 1, no top-k/top-p truncation) by inverse-CDF sampling with uniform numbers from
-    ``numpy.random.default_rng(SeedSequence(seed).spawn(n_templates)[i])``: reproducible for a
-    seed and independent of batch size and order.
-
-Both run batched: templates sorted by length and padded under an attention mask (right padding for
-the masked LM and the causal first token, left padding with the model's KV cache for the greedy
-continuation; sampled continuations re-run the unfinished sequences step by step).
+The completions come from the model interface: ``topk_fills`` on masked LMs (the ``k`` most
+probable vocabulary tokens at the mask, ties by lower token id) and ``first_words`` on causal LMs
+(the first word of ``k`` greedy or sampled continuations, seeded). Their conventions (mask token,
+start token, what a word is, decoding, batching) are written once, in the Hugging Face engine
+that implements them: :mod:`audit.backends.hf_generate`.
 """
 
 from __future__ import annotations
