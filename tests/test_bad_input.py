@@ -28,30 +28,10 @@ pytestmark = pytest.mark.unit
 
 WILD = "‹*›"
 
-WORDS = {"X": ["rose", "tulip", "daisy", "lily"], "Y": ["ant", "wasp", "flea", "moth"],
-         "A": ["love", "peace", "joy"], "B": ["hate", "war", "pain"]}
-ALL = [w for ws in WORDS.values() for w in ws]
 
-TEST = """name: small
-language: en
-provenance: made up
-licence: CC0
-targets:
-- {name: flowers, words: [rose, tulip, daisy, lily]}
-- {name: insects, words: [ant, wasp, flea, moth]}
-attributes:
-- {name: pleasant, words: [love, peace, joy]}
-- {name: unpleasant, words: [hate, war, pain]}
-"""
 
-SPEC = """name: s
-output_dir: out
-languages: [en]
-tests: [weat1]
-metrics: [weat]
-models:
-  - ref: ok.vec
-"""
+
+from cli_inputs import ALL, SPEC, TEST, WORDS  # noqa: E402
 
 LPBS = Path(__file__).resolve().parents[2] / "shared" / "data" / "bias-framework" / "en" / "LPBS" / "LPBS_1.jsonl"
 CROWS = Path(__file__).resolve().parents[2] / "shared" / "data" / "crows-pairs" / "crows_pairs_anonymized.csv"

@@ -3,8 +3,6 @@ word sets, with one line naming the set and the words found (``audit score``: ex
 
 from __future__ import annotations
 
-import contextlib
-import io
 
 import numpy as np
 import pytest
@@ -12,7 +10,7 @@ import pytest
 from audit import registry
 from audit.errors import DataError
 from audit.metrics.sets import check_set_sizes
-from jobs import cli
+from cli_inputs import run_cli
 
 TEST = """name: tiny
 language: en
@@ -28,14 +26,7 @@ attributes:
 WORDS = "rose tulip daisy lily ant wasp flea moth love peace joy hate war pain".split()
 
 
-def _run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(argv)
-        except SystemExit as e:
-            code = e.code
-    return code, out.getvalue(), err.getvalue()
+_run = run_cli
 
 
 @pytest.fixture

@@ -30,27 +30,8 @@ import pytest
 from jobs import cli
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = {"X": ["rose", "tulip", "daisy", "lily"], "Y": ["ant", "wasp", "flea", "moth"],
-         "A": ["love", "peace", "joy"], "B": ["hate", "war", "pain"]}
-TEST = """name: small
-language: en
-provenance: made up
-licence: CC0
-targets:
-- {name: flowers, words: [rose, tulip, daisy, lily]}
-- {name: insects, words: [ant, wasp, flea, moth]}
-attributes:
-- {name: pleasant, words: [love, peace, joy]}
-- {name: unpleasant, words: [hate, war, pain]}
-"""
-SPEC = """name: s
-output_dir: out
-languages: [en]
-tests: [weat1]
-metrics: [weat]
-models:
-  - ref: ok.vec
-"""
+from cli_inputs import SPEC, TEST, WORDS  # noqa: E402
+
 WATCH = """name: w
 output_dir: wout
 audit: {spec: SPEC_PATH}

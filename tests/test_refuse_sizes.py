@@ -4,8 +4,6 @@ memory is refused with one line naming the parameter and the size, before any mo
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import time
 
@@ -14,7 +12,7 @@ import pytest
 
 from audit import runner, stats
 from audit.errors import ParameterError
-from jobs import cli
+from cli_inputs import run_cli
 
 TEST = """name: tiny
 language: en
@@ -31,14 +29,7 @@ WORDS = ("rose tulip daisy lily iris aster poppy lotus ant wasp flea moth gnat t
          "love peace joy hate war pain").split()
 
 
-def _run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(argv)
-        except SystemExit as e:
-            code = e.code
-    return code, out.getvalue(), err.getvalue()
+_run = run_cli
 
 
 @pytest.fixture

@@ -1,0 +1,47 @@
+"""Shared inputs of the command-line tests (tests/test_bad_input.py, test_fuzz_cli.py,
+test_degenerate_sets.py, test_refuse_sizes.py, test_reader_rules.py): one small WEAT test, its
+words, a one-model sweep spec, and ``run_cli``, the in-process ``audit`` call."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from jobs import cli
+
+#: The small test's sets (flowers/insects x pleasant/unpleasant).
+WORDS = {"X": ["rose", "tulip", "daisy", "lily"], "Y": ["ant", "wasp", "flea", "moth"],
+         "A": ["love", "peace", "joy"], "B": ["hate", "war", "pain"]}
+ALL = [w for ws in WORDS.values() for w in ws]
+
+TEST = """name: small
+language: en
+provenance: made up
+licence: CC0
+targets:
+- {name: flowers, words: [rose, tulip, daisy, lily]}
+- {name: insects, words: [ant, wasp, flea, moth]}
+attributes:
+- {name: pleasant, words: [love, peace, joy]}
+- {name: unpleasant, words: [hate, war, pain]}
+"""
+
+SPEC = """name: s
+output_dir: out
+languages: [en]
+tests: [weat1]
+metrics: [weat]
+models:
+  - ref: ok.vec
+"""
+
+
+def run_cli(argv) -> tuple[int | str | None, str, str]:
+    """``(exit status, stdout, stderr)`` of ``audit ARGV`` run in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as e:
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
