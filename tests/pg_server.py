@@ -11,6 +11,7 @@ database runs as the ``postgres`` user (``runuser``), which owns the temporary d
 from __future__ import annotations
 
 import glob
+import http.client
 import os
 import pwd
 import shutil
@@ -26,10 +27,18 @@ from pathlib import Path
 PG_USER = "postgres"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports: all bound at once, so two calls cannot return the same
+    port (a closed socket's port may be handed out again at once: the MLflow server then failed
+    to bind and the health check reached PostgreSQL)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def pg_bin(name: str) -> str | None:
@@ -47,7 +56,7 @@ class PostgresMlflow:
 
     def __init__(self, root: Path | None = None):
         self.root = Path(root or tempfile.mkdtemp(prefix="biasaudit-pg-"))
-        self.pg_port, self.port = free_port(), free_port()
+        self.pg_port, self.port = free_ports(2)
         self.uri = f"http://127.0.0.1:{self.port}"
         self.db_uri = f"postgresql+psycopg2://{PG_USER}@127.0.0.1:{self.pg_port}/mlflow"
         self.pg: subprocess.Popen | None = None
@@ -106,7 +115,7 @@ class PostgresMlflow:
             try:
                 with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
                     break
-            except OSError:
+            except (OSError, http.client.HTTPException):  # not up yet, or another server on the port
                 if time.monotonic() - t1 > timeout:
                     raise TimeoutError("mlflow server did not answer: "
                                        + (self.root / "mlflow.log").read_text()[-3000:]) from None
