@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+from pathlib import Path
+
+import numpy as np
 
 from jobs import cli
+
+ROOT = Path(__file__).resolve().parent.parent
 
 #: The small test's sets (flowers/insects x pleasant/unpleasant).
 WORDS = {"X": ["rose", "tulip", "daisy", "lily"], "Y": ["ant", "wasp", "flea", "moth"],
@@ -45,3 +51,22 @@ def run_cli(argv) -> tuple[int | str | None, str, str]:
         except SystemExit as e:
             code = e.code
     return code, out.getvalue(), err.getvalue()
+
+
+def write_vectors(path, words, *, seed: int = 0, dim: int = 5) -> None:
+    """A word2vec-text file (no header) of seeded standard-normal vectors for ``words``."""
+    rng = np.random.default_rng(seed)
+    lines = [w + " " + " ".join(f"{x:.5f}" for x in rng.normal(size=dim)) for w in words]
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def subprocess_env(**set_vars: str) -> dict[str, str]:
+    """The environment of an ``audit``/``python -m jobs.cli`` subprocess: this checkout first on
+    ``PYTHONPATH``, no token authentication on the loopback Ray head, no inherited MLflow store;
+    ``set_vars`` on top."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.update(set_vars)
+    return env

@@ -10,19 +10,9 @@ import pytest
 from audit import registry
 from audit.errors import DataError
 from audit.metrics.sets import check_set_sizes
-from cli_inputs import run_cli
+from cli_inputs import TEST, run_cli, write_vectors
 
-TEST = """name: tiny
-language: en
-provenance: made up
-licence: CC0
-targets:
-- {name: flowers, words: [rose, tulip, daisy, lily]}
-- {name: insects, words: [ant, wasp, flea, moth]}
-attributes:
-- {name: pleasant, words: [love, peace, joy]}
-- {name: unpleasant, words: [hate, war, pain]}
-"""
+TEST = TEST.replace("name: small", "name: tiny")
 WORDS = "rose tulip daisy lily ant wasp flea moth love peace joy hate war pain".split()
 
 
@@ -31,9 +21,7 @@ _run = run_cli
 
 @pytest.fixture
 def files(tmp_path, monkeypatch):
-    rng = np.random.default_rng(0)
-    lines = [w + " " + " ".join(f"{x:.5f}" for x in rng.normal(size=5)) for w in WORDS]
-    (tmp_path / "ok.vec").write_text("\n".join(lines) + "\n")
+    write_vectors(tmp_path / "ok.vec", WORDS)
     # one flower only: the other three are not in the test, so look-up keeps one word
     (tmp_path / "one.yaml").write_text(TEST.replace("[rose, tulip, daisy, lily]", "[rose]"))
     monkeypatch.chdir(tmp_path)
@@ -87,9 +75,7 @@ def test_a_sweep_fails_only_the_degenerate_task_with_the_reason(tmp_path, local_
 
     one = tmp_path / "one.yaml"
     one.write_text(TEST.replace("[rose, tulip, daisy, lily]", "[rose]").replace("name: tiny", "name: one"))
-    rng = np.random.default_rng(0)
-    lines = [w + " " + " ".join(f"{x:.5f}" for x in rng.normal(size=5)) for w in WORDS]
-    (tmp_path / "ok.vec").write_text("\n".join(lines) + "\n")
+    write_vectors(tmp_path / "ok.vec", WORDS)
     two = tmp_path / "two.yaml"
     two.write_text(TEST.replace("name: tiny", "name: two"))
     spec_text = f"""

@@ -23,6 +23,7 @@ from jobs.lease import BUSY_EXIT_CODE, Busy, Lease
 from jobs.spec import load_spec
 from jobs.tracker import Tracker
 
+from cli_inputs import subprocess_env
 from test_sweep_service import write_spec, write_vec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,11 +31,7 @@ TESTS4 = ["weat1", "weat2", "weat6", "weat7"]
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("RAY_AUTH_MODE", "disabled")
-    env["HF_HUB_OFFLINE"] = "1"
-    return env
+    return subprocess_env(HF_HUB_OFFLINE="1")
 
 
 def _spec(tmp_path: Path, uri: str | None):

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import time
 
-import numpy as np
 import pytest
 
 from audit import runner, stats
 from audit.errors import ParameterError
-from cli_inputs import run_cli
+from cli_inputs import run_cli, write_vectors
 
 TEST = """name: tiny
 language: en
@@ -34,9 +33,7 @@ _run = run_cli
 
 @pytest.fixture
 def files(tmp_path, monkeypatch):
-    rng = np.random.default_rng(0)
-    lines = [w + " " + " ".join(f"{x:.5f}" for x in rng.normal(size=5)) for w in WORDS]
-    (tmp_path / "ok.vec").write_text("\n".join(lines) + "\n")
+    write_vectors(tmp_path / "ok.vec", WORDS)
     (tmp_path / "t.yaml").write_text(TEST)
     monkeypatch.chdir(tmp_path)
     return tmp_path

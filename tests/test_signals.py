@@ -7,7 +7,6 @@ tracking store) and the printed command resumes the sweep without redoing them."
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import signal
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_inputs import subprocess_env
 from test_sweep_service import write_spec, write_vec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,11 +25,7 @@ TESTS4 = ["weat1", "weat2", "weat6", "weat7"]
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("RAY_AUTH_MODE", "disabled")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return env
+    return subprocess_env()
 
 
 def _wal_records(out: Path) -> list[dict]:

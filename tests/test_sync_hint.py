@@ -7,7 +7,6 @@ with the right URI found 0 pending)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -20,17 +19,14 @@ from audit.errors import ParameterError
 from jobs.wal import WriteAheadLog, sync_target
 
 from pg_server import PostgresMlflow
+from cli_inputs import subprocess_env
 from test_sweep_service import write_spec, write_vec
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("RAY_AUTH_MODE", "disabled")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return env
+    return subprocess_env()
 
 
 def _audit(*args: str) -> subprocess.CompletedProcess:
