@@ -13,15 +13,12 @@ paired-metric regression (a missing word drops its partner: GloVe on ``en/weat1`
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from jobs import cli
 from audit.datasets import datasets_root
 
 pytestmark = pytest.mark.unit
@@ -31,7 +28,7 @@ WILD = "‹*›"
 
 
 
-from cli_inputs import ALL, SPEC, TEST, WORDS  # noqa: E402
+from cli_inputs import ALL, SPEC, TEST, WORDS, run_cli  # noqa: E402
 
 LPBS = Path(__file__).resolve().parents[2] / "shared" / "data" / "bias-framework" / "en" / "LPBS" / "LPBS_1.jsonl"
 CROWS = Path(__file__).resolve().parents[2] / "shared" / "data" / "crows-pairs" / "crows_pairs_anonymized.csv"
@@ -152,14 +149,6 @@ def fill(s: str, fills: dict) -> str:
     return s
 
 
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(argv)
-        except SystemExit as e:  # argparse
-            code = e.code
-    return code, out.getvalue(), err.getvalue()
 
 
 def matches(message: str, expected: str) -> bool:

@@ -15,8 +15,6 @@ classes are crossed with every command.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import signal
 import subprocess
@@ -30,7 +28,7 @@ import pytest
 from jobs import cli
 
 REPO = Path(__file__).resolve().parents[1]
-from cli_inputs import SPEC, TEST, WORDS  # noqa: E402
+from cli_inputs import SPEC, TEST, WORDS, run_cli  # noqa: E402
 
 WATCH = """name: w
 output_dir: wout
@@ -188,14 +186,6 @@ CASES: list[tuple[str, list[str], int]] = [
 ]
 
 
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(argv)
-        except SystemExit as e:  # argparse
-            code = e.code
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.mark.unit
