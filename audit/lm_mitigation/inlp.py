@@ -1,0 +1,130 @@
+"""Iterative nullspace projection (INLP) on sentence representations.
+
+Reference: Ravfogel, Elazar, Gonen, Twiton & Goldberg (2020), "Null It Out", ACL; implementation
+as bias-bench (McGill-NLP/bias-bench at 291426a, ``bias_bench/debias/inlp/debias.py`` and
+``context_nullspace_projection.py``), itself from shauli-ravfogel/nullspace_projection.
+
+Algorithm (autoregressive, bias-bench's settings): for ``i = 1..n_classifiers`` train a linear
+classifier (``LinearSVC(fit_intercept=False, class_weight=None, dual=False, random_state=0)``) to
+predict the protected label from the current (projected) training vectors; its weight rows ``W_i``
+span a rowspace with orthogonal projection ``P_R(W_i) = B B^T`` (``B = scipy.linalg.orth(W_i^T)``;
+all-zero ``W``: zero); the projection onto the intersection of the nullspaces found so far is
+``P = I - P_R(sum_j P_R(W_j))`` (Ben-Israel 2013); the training and dev vectors are re-projected
+from the originals, ``X <- X P^T`` (``P`` is symmetric). The result is the final ``P``; a
+representation ``x`` (row vector) is debiased as ``x P^T`` (bias-bench's hook: ``P @ x``).
+Classifiers whose dev accuracy is below ``min_accuracy`` (bias-bench: 0) are skipped.
+
+Data (bias-bench): gender uses three classes, male 1 / female 0 / neutral -1; other bias types two
+(bias 1 / neutral 0). Features are the mean of the last hidden layer over all tokens of one
+sentence, special tokens included, encoded one sentence at a time without padding
+(:func:`mean_last_hidden`). The split is ``train_test_split(test_size=0.3, random_state=0)`` twice
+(train+dev / test, then train / dev).
+
+Documented difference: bias-bench fixes ``input_dim=768``; here it is the vectors' width.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import scipy.linalg
+
+from audit.errors import ParameterError
+
+__all__ = ["rowspace_projection", "nullspace_intersection", "inlp_projection", "split_dataset",
+           "labels_for", "mean_last_hidden", "apply_projection"]
+
+
+def rowspace_projection(W: np.ndarray) -> np.ndarray:
+    """Orthogonal projection onto the row space of ``W`` (``k x d``): ``B B^T`` with ``B`` an
+    orthonormal basis of ``W^T``'s columns (``scipy.linalg.orth``); zeros when ``W`` is (close to) 0."""
+    W = np.asarray(W, dtype=np.float64)
+    if np.allclose(W, 0):
+        return np.zeros((W.shape[1], W.shape[1]))
+    B = scipy.linalg.orth(W.T)
+    return B @ B.T
+
+
+def nullspace_intersection(rowspace_projections: Sequence[np.ndarray], dim: int) -> np.ndarray:
+    """Projection onto ``N(w_1) ∩ ... ∩ N(w_n) = N(sum_i P_R(w_i))`` (Ben-Israel 2013):
+    ``I - P_R(sum_i P_R(w_i))``."""
+    Q = np.sum(rowspace_projections, axis=0) if len(rowspace_projections) else np.zeros((dim, dim))
+    return np.eye(dim) - rowspace_projection(Q)
+
+
+def labels_for(n_per_class: Sequence[int], *, gender: bool) -> np.ndarray:
+    """bias-bench's labels for stacked classes: gender ``(male, female, neutral)`` -> ``1, 0, -1``;
+    otherwise ``(bias, neutral)`` -> ``1, 0``."""
+    values = (1, 0, -1) if gender else (1, 0)
+    if len(n_per_class) != len(values):
+        raise ParameterError(f"INLP {'gender' if gender else 'binary'} data needs {len(values)} classes, "
+                             f"got {len(n_per_class)}")
+    return np.concatenate([np.full(n, v, dtype=int) for n, v in zip(n_per_class, values)])
+
+
+def split_dataset(X: np.ndarray, y: np.ndarray, seed: int = 0):
+    """``(X_train, X_dev, X_test, Y_train, Y_dev, Y_test)`` as bias-bench: 30 % test, then 30 % of
+    the rest as dev, ``random_state=seed`` (bias-bench: 0)."""
+    from sklearn.model_selection import train_test_split
+
+    X_td, X_test, y_td, y_test = train_test_split(X, y, test_size=0.3, random_state=seed)
+    X_train, X_dev, y_train, y_dev = train_test_split(X_td, y_td, test_size=0.3, random_state=seed)
+    return X_train, X_dev, X_test, y_train, y_dev, y_test
+
+
+def inlp_projection(X_train: np.ndarray, Y_train: np.ndarray, X_dev: np.ndarray, Y_dev: np.ndarray, *,
+                    n_classifiers: int = 80, min_accuracy: float = 0.0, random_state: int = 0
+                    ) -> tuple[np.ndarray, list[np.ndarray], list[float]]:
+    """INLP's final projection ``P`` (``d x d``, float64), the classifiers' weights ``W_i`` and
+    their dev accuracies (see the module docstring)."""
+    from sklearn.svm import LinearSVC
+
+    if not isinstance(n_classifiers, int) or n_classifiers < 1:
+        raise ParameterError(f"n_classifiers must be a positive integer, got {n_classifiers!r}")
+    X_train = np.asarray(X_train, dtype=np.float64)
+    X_dev = np.asarray(X_dev, dtype=np.float64)
+    if not (np.isfinite(X_train).all() and np.isfinite(X_dev).all()):
+        raise ParameterError("INLP representations contain NaN or infinite values")
+    if len(np.unique(Y_train)) < 2:
+        raise ParameterError("INLP needs at least two classes in the training labels")
+    dim = X_train.shape[1]
+    Xt, Xd = X_train.copy(), X_dev.copy()
+    rowspaces: list[np.ndarray] = []
+    Ws: list[np.ndarray] = []
+    accs: list[float] = []
+    for _ in range(n_classifiers):
+        clf = LinearSVC(fit_intercept=False, class_weight=None, dual=False, random_state=random_state)
+        clf.fit(Xt, Y_train)
+        acc = float(clf.score(Xd, Y_dev))
+        accs.append(acc)
+        if acc < min_accuracy:
+            continue
+        W = np.atleast_2d(clf.coef_)
+        Ws.append(W)
+        rowspaces.append(rowspace_projection(W))
+        P = nullspace_intersection(rowspaces, dim)
+        Xt = (P @ X_train.T).T
+        Xd = (P @ X_dev.T).T
+    return nullspace_intersection(rowspaces, dim), Ws, accs
+
+
+def apply_projection(X: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """Rows of ``X`` projected: ``x -> P x`` for every row (``X P^T``)."""
+    return np.asarray(X) @ np.asarray(P).T
+
+
+def mean_last_hidden(model: Any, tokenizer: Any, sentences: Sequence[str]) -> np.ndarray:
+    """bias-bench's INLP features: per sentence (one at a time, special tokens added, no padding),
+    the mean over all positions of the base model's last hidden state. float32 ``(n, dim)``."""
+    import torch
+
+    base = getattr(model, "base_model", model)
+    out = []
+    with torch.no_grad():
+        for s in sentences:
+            enc = tokenizer(s, add_special_tokens=True, truncation=True, return_tensors="pt")
+            h = base(**{k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+                     )["last_hidden_state"]
+            out.append(h.mean(dim=1).squeeze(0).cpu().numpy())
+    return np.asarray(out, dtype=np.float32)
