@@ -43,6 +43,7 @@ from audit.measure.bbq import CHOICES
 from audit.measure.crows_pairs import PAIR_SCORES
 from audit.measure.honest import COMPLETIONS
 from audit.measure.lpbs import LPBS_SCORES
+from audit.measure.perplexity import PERPLEXITY, perplexity_metric
 from audit.measure.sentences import SEAT_SENTENCES
 from audit.measure.words import ASSOCIATION
 from audit.metrics.bbq import bbq_metric
@@ -321,6 +322,20 @@ _ENTRIES: tuple[Metric, ...] = (
         breakdowns=(("per_category", ("s_amb", "s_dis", "acc_amb", "acc_disamb")),),
         properties={**_SIGNED, "seed": "seeded: ci, cis, per_category.*.ci, seed_used",
                     "min_set_size": _NO_SETS.format("multiple-choice questions")},
+    ),
+    Metric(
+        name="perplexity", family=PERPLEXITY, no_bias=1.0,
+        analyse=lambda m, **p: perplexity_metric(m.table, variant=m.info.get("variant", "perplexity")),
+        params={},
+        headline="language-modelling ability on a held-out text: perplexity exp(-sum ll / sum n_tokens) (causal "
+                 "LMs) or pseudo-perplexity (masked LMs); not a bias score (lower = better model)",
+        reference="Salazar, Liang, Nguyen & Kirchhoff (2020), Masked Language Model Scoring, ACL (pseudo-perplexity); "
+                  "Meade, Poole-Dayan & Reddy (2022), ACL (LM ability beside debiasing, bias-bench)",
+        result_names={"mlm": "pseudo_perplexity"},
+        items="one row per sentence: its log-likelihood (or PLL) and scored tokens",
+        properties={**_HOLDS, "group_swap": "n/a: no groups (a held-out text, not a bias test)",
+                    "scale": "n/a: the numbers are log-likelihoods of a model, no vectors to scale",
+                    "min_set_size": _NO_SETS.format("sentences")},
     ),
 )
 

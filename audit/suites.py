@@ -175,6 +175,15 @@ class OptionItems(TableTest):
 
 
 @dataclasses.dataclass(frozen=True)
+class HeldOutText(TableTest):
+    """A held-out text for language-modelling ability (perplexity, pseudo-perplexity): one row per
+    sentence (:mod:`audit.measure.perplexity`).
+
+    table: columns ``sentence`` and ``line`` (its line in the file, from 1).
+    """
+
+
+@dataclasses.dataclass(frozen=True)
 class UnreadableTest:
     """A registered test whose file could not be read (a malformed template file, a BBQ row whose
     label is out of range, ...). A sweep plans its tasks as usual and each of them fails with
@@ -229,5 +238,6 @@ for _t in (TestType("words", WordTest, "word-set tests"),
            TestType("pairs", SentencePairs, "sentence-pair tests (CrowS-Pairs)", "pairs"),
            TestType("completion", CompletionTemplates, "completion-template tests (HONEST)", "templates"),
            TestType("multiple_choice", MultipleChoice, "multiple-choice tests (BBQ)", "items"),
-           TestType("options", OptionItems, "scored-option tests", "items")):
+           TestType("options", OptionItems, "scored-option tests", "items"),
+           TestType("text", HeldOutText, "held-out texts (perplexity)", "sentences")):
     register_test_type(_t)

@@ -31,6 +31,7 @@ from audit.measure.bbq import CHOICES
 from audit.measure.crows_pairs import PAIR_SCORES
 from audit.measure.honest import COMPLETIONS
 from audit.measure.lpbs import LPBS_SCORES
+from audit.measure.perplexity import PERPLEXITY
 from audit.measure.sentences import SEAT_SENTENCES
 from audit.measure.words import ASSOCIATION
 from audit.metrics.sets import MIN_SET_SIZE
@@ -95,6 +96,14 @@ def pair_table(e: Metric, rng: np.random.Generator, n: int = 30) -> Measurement:
         "bias_type": np.where(rng.random(n) < 0.5, "gender", "race-color")}))
 
 
+def text_table(e: Metric, rng: np.random.Generator, n: int = 20) -> Measurement:
+    """A held-out text's per-sentence log-likelihoods and token counts (perplexity)."""
+    nt = rng.integers(3, 12, size=n)
+    return Measurement(family=e.family.name, info={"variant": "perplexity"}, table=pd.DataFrame({
+        "sentence": [f"s{i}" for i in range(n)], "line": np.arange(1, n + 1),
+        "ll": -nt * (2 + rng.random(n)), "n_tokens": nt}))
+
+
 _LEXICON = ("id\tpos\tcategory\tstereotype\tlemma\tlevel\n"
             "1\tn\tpr\tno\tbad\tconservative\n2\tn\tan\tno\tvile\tconservative\n"
             "3\tn\tps\tno\tawful\tinclusive\n")
@@ -145,6 +154,7 @@ BUILDERS: dict[str, Builder] = {
     PAIR_SCORES.name: Builder(pair_table),
     COMPLETIONS.name: Builder(completion_table, _lexicon),
     CHOICES.name: Builder(choice_table),
+    PERPLEXITY.name: Builder(text_table),
 }
 
 
@@ -192,7 +202,8 @@ def spoil(e: Metric, m: Measurement, bad: float) -> Measurement:
         targets[0][1, 2] = bad
         return dataclasses.replace(m, targets=targets)
     t = m.table.copy()
-    col = {"lpbs": "ilp", "sentence_pairs": "sent_less_score", "multiple_choice": "score1"}.get(e.family.name)
+    col = {"lpbs": "ilp", "sentence_pairs": "sent_less_score", "multiple_choice": "score1",
+           "perplexity": "ll"}.get(e.family.name)
     if col is None:
         t.at[3, "completions"] = (*t.at[3, "completions"][:2], bad, *t.at[3, "completions"][3:])
     else:
