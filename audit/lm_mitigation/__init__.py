@@ -23,13 +23,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from audit.errors import ParameterError
+from audit.measure.bbq import CHOICES
+from audit.measure.crows_pairs import PAIR_SCORES
+from audit.measure.honest import COMPLETIONS
+from audit.measure.lpbs import LPBS_SCORES
+from audit.measure.sentences import SEAT_SENTENCES
+from audit.measure.words import ASSOCIATION
 
 __all__ = ["Technique", "TECHNIQUES", "check_applicable"]
 
 #: Families that read representations (``embed``): a projection applies where they are read.
-REPRESENTATION_FAMILIES = ("association", "sentences")
+REPRESENTATION_FAMILIES = (ASSOCIATION.name, SEAT_SENTENCES.name)
 #: Families that read the output distribution (scores, completions).
-SCORING_FAMILIES = ("sentence_pairs", "lpbs", "completions", "multiple_choice")
+SCORING_FAMILIES = (PAIR_SCORES.name, LPBS_SCORES.name, COMPLETIONS.name, CHOICES.name)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from audit.errors import ParameterError
 from audit.lm_mitigation.pairs import AttributePairs, with_punctuation
 
 __all__ = ["swap_map", "counterfactual", "augment_corpus"]
@@ -40,7 +41,6 @@ def swap_map(pairs: AttributePairs | Sequence[Sequence[str]], *, punctuation: bo
     out: dict[str, str] = {}
     for row in rows:
         if len(row) != 2:
-            from audit.errors import ParameterError
             raise ParameterError(f"CDA swaps word pairs; got a {len(row)}-word entry {tuple(row)!r}")
         m, f = row
         out[m] = f

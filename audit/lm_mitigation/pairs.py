@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from audit.datasets._common import datasets_root
+from audit.datasets.registry import _scan, read_registered
 from audit.errors import DataError, ParameterError
+from audit.suites import WordTest
 
 __all__ = ["AttributePairs", "derive_pairs", "load_pairs", "with_punctuation", "PUNCTUATION"]
 
@@ -65,10 +68,6 @@ def derive_pairs(language: str, bias_type: str = "gender", *, root: str | os.Pat
     """Gender pairs ``(male, female)`` of ``language`` from its registered word tests (see the
     module docstring for the rule). Raises :class:`ParameterError` for another bias type or a
     language whose tests have no paired gender terms."""
-    from audit.datasets.registry import _scan, read_registered
-    from audit.datasets._common import datasets_root
-    from audit.suites import WordTest
-
     if bias_type != "gender":
         raise ParameterError(f"bias_type {bias_type!r}: only 'gender' pairs can be derived from the shipped "
                              "tests (no other paired group terms); pass a pairs file (load_pairs) instead")

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from audit.datasets.external import register_format
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ModelError
 from audit.result import MetricOutput
@@ -119,10 +120,4 @@ PERPLEXITY = Family(
 )
 
 
-def _register() -> None:
-    from audit.datasets.external import register_format
-
-    register_format(FORMAT, read_text, "text")
-
-
-_register()
+register_format(FORMAT, read_text, "text")
