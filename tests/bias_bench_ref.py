@@ -14,6 +14,7 @@ arguments, ``device`` fixed to CPU, tqdm removed, ``tokenizer.batch_encode_plus(
   ``bias_bench/debias/inlp/context_nullspace_projection.py``: _split_gender_dataset,
   _apply_nullspace_projection (with input_dim passed instead of 768), _extract_gender_features;
 * ``bias_bench/dataset/sentence_debias.py``: _gender_augment_func, _replace_word_in_text;
+* ``bias_bench/dataset/inlp.py``: load_inlp_data + _load_gender_data (lines passed in);
 * ``bias_bench/debias/sentence_debias.py``: compute_gender_subspace;
 * ``experiments/run_mlm.py``: _create_bias_attribute_words (reading a dict instead of the file),
   the word-level loop of gender_counterfactual_augmentation (on decoded text, without the
@@ -485,3 +486,83 @@ def mlm_get_token_logits_self_debiasing(model, tokenizer, input_ids, debiasing_p
             lm_logits[:, idx, :] = logits_processor(input_ids=None, scores=lm_logits[:, idx, :])
 
     return lm_logits[mask_positions][0]
+
+
+# ---------------------------------------------------------------- dataset/inlp.py
+def _load_gender_data(lines, attribute_words, n_sentences=10000, seed=0):
+    """load_inlp_data + _load_gender_data: the file read replaced by ``lines``, nltk.sent_tokenize
+    by one sentence per line, n_sentences (10000 in bias-bench) a parameter, prints removed."""
+    import random
+
+    random.seed(seed)
+    male_biased_token_set = set([words[0] for words in attribute_words])
+    female_biased_token_set = set([words[1] for words in attribute_words])
+
+    male_sentences = []
+    female_sentences = []
+
+    male_sentences_clipped = []
+    female_sentences_clipped = []
+    neutral_sentences_clipped = []
+
+    count_male_sentences = 0
+    count_female_sentences = 0
+    count_neutral_sentences = 0
+
+    lines = list(lines)
+    random.shuffle(lines)
+
+    for line in lines:
+        sentences = [line]
+
+        for sentence in sentences:
+            male_flag = False
+            female_flag = False
+
+            idx = -1
+            tokens = sentence.split(" ")
+
+            tokens = [token.lower() for token in tokens]
+
+            if len(tokens) < 5:
+                continue
+
+            for token in tokens:
+                if token in male_biased_token_set:
+                    male_flag = True
+                    idx = tokens.index(token)
+
+                if token in female_biased_token_set:
+                    female_flag = True
+                    idx = tokens.index(token)
+
+                if male_flag and female_flag:
+                    break
+
+            if not male_flag and not female_flag and count_neutral_sentences < n_sentences:
+                index = random.randint(4, len(tokens))
+                neutral_sentences_clipped.append(" ".join(tokens[:index]))
+                count_neutral_sentences += 1
+                continue
+
+            if male_flag and female_flag:
+                continue
+
+            if male_flag and count_male_sentences < n_sentences:
+                if sentence not in male_sentences:
+                    male_sentences.append(sentence)
+                    index = random.randint(idx, len(tokens))
+                    male_sentences_clipped.append(" ".join(tokens[: index + 1]))
+                    count_male_sentences += 1
+
+            if female_flag and count_female_sentences < n_sentences:
+                if sentence not in female_sentences:
+                    female_sentences.append(sentence)
+                    index = random.randint(idx, len(tokens))
+                    female_sentences_clipped.append(" ".join(tokens[: index + 1]))
+                    count_female_sentences += 1
+
+        if count_male_sentences == count_female_sentences == count_neutral_sentences == n_sentences:
+            break
+
+    return {"male": male_sentences_clipped, "female": female_sentences_clipped, "neutral": neutral_sentences_clipped}

@@ -19,6 +19,10 @@ Conventions (bias-bench's, kept token for token):
   without any attribute word yields nothing (``keep_unmatched=False``, bias-bench: the mapped
   dataset holds only the augmented examples) or itself (``keep_unmatched=True``).
 
+Limit (of word-for-word CDA, not of this implementation): in languages with grammatical gender the
+words around a swapped noun do not follow (``Der Vater`` -> ``Der Mutter``); the corpus then holds
+ungrammatical counterfactuals, as Zmigrod et al. (2019) discuss for Spanish and Hebrew.
+
 Documented difference: bias-bench augments the decoded 128-token chunks of the tokenised,
 grouped corpus; biasaudit augments the user's corpus line by line (one sentence per line), before
 tokenisation, so a swap never changes where a chunk ends.

@@ -33,7 +33,7 @@ import scipy.linalg
 from audit.errors import ParameterError
 
 __all__ = ["rowspace_projection", "nullspace_intersection", "inlp_projection", "split_dataset",
-           "labels_for", "mean_last_hidden", "apply_projection"]
+           "labels_for", "mean_last_hidden", "apply_projection", "gender_sentences"]
 
 
 def rowspace_projection(W: np.ndarray) -> np.ndarray:
@@ -128,3 +128,56 @@ def mean_last_hidden(model: Any, tokenizer: Any, sentences: Sequence[str]) -> np
                      )["last_hidden_state"]
             out.append(h.mean(dim=1).squeeze(0).cpu().numpy())
     return np.asarray(out, dtype=np.float32)
+
+
+def gender_sentences(lines: Sequence[str], pairs: Sequence[Sequence[str]], *, n_sentences: int = 10000,
+                     seed: int = 0) -> dict[str, list[str]]:
+    """bias-bench's INLP training sentences (``bias_bench/dataset/inlp.py`` ``_load_gender_data``),
+    from ``lines`` (one sentence per line: bias-bench splits Wikipedia paragraphs with
+    ``nltk.sent_tokenize``, biasaudit reads the user's corpus one sentence per line).
+
+    The lines are shuffled (``random.Random(seed)``, the same sequence as bias-bench's
+    ``random.seed(seed)``); each sentence is split on single spaces and lower-cased; sentences of
+    fewer than 5 tokens are skipped; a sentence with male words only (first elements of the pairs)
+    is *male*, female only *female*, neither *neutral*, both skipped; a male/female sentence is
+    clipped after a random token between the (last found) attribute word and the end
+    (``tokens[:randint(idx, len) + 1]``), a neutral one to ``tokens[:randint(4, len)]``; duplicates of
+    male/female sentences are skipped; at most ``n_sentences`` per class.
+    The attribute words are lower-cased too (a no-op for bias-bench's all-lower-case English list;
+    German nouns such as ``Mann`` would otherwise never match the lower-cased tokens).
+    Returns ``{"male": [...], "female": [...], "neutral": [...]}``."""
+    import random
+
+    rng = random.Random(seed)
+    male_set = {p[0].lower() for p in pairs}
+    female_set = {p[1].lower() for p in pairs}
+    lines = list(lines)
+    rng.shuffle(lines)
+    out: dict[str, list[str]] = {"male": [], "female": [], "neutral": []}
+    seen: dict[str, set[str]] = {"male": set(), "female": set()}
+    for sentence in lines:
+        tokens = [t.lower() for t in sentence.split(" ")]
+        if len(tokens) < 5:
+            continue
+        male = female = False
+        idx = -1
+        for token in tokens:
+            if token in male_set:
+                male, idx = True, tokens.index(token)
+            if token in female_set:
+                female, idx = True, tokens.index(token)
+            if male and female:
+                break
+        if not male and not female:
+            if len(out["neutral"]) < n_sentences:
+                out["neutral"].append(" ".join(tokens[:rng.randint(4, len(tokens))]))
+            continue
+        if male and female:
+            continue
+        cls = "male" if male else "female"
+        if len(out[cls]) < n_sentences and sentence not in seen[cls]:
+            seen[cls].add(sentence)
+            out[cls].append(" ".join(tokens[:rng.randint(idx, len(tokens)) + 1]))
+        if all(len(v) == n_sentences for v in out.values()):
+            break
+    return out

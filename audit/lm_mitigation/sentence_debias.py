@@ -12,8 +12,9 @@ Conventions (bias-bench's):
   split on single spaces; for each attribute pair ``(a, b)`` in order, if ``a`` is one of its
   words one example ``(sentence, sentence with every a -> b)`` is added, then if ``b`` is one of
   its words ``(sentence with every b -> a, sentence)``; each example is ``(side 0, side 1)`` where
-  side 0 holds the pair's first word (bias-bench's gender file lists male first; its code calls
-  side 0 ``female_example`` after unpacking ``(female_word, male_word)``, a naming slip with no
+  side 0 holds the pair's first word (the pairs are lower-cased like the sentences: a no-op for
+  bias-bench's all-lower-case list, needed for German nouns; bias-bench's gender file lists male
+  first, its code calls side 0 ``female_example`` after unpacking ``(female_word, male_word)``, a naming slip with no
   effect, the subspace being symmetric in the two sides);
 * embeddings (:func:`mean_pooled`): batches of ``batch_size`` (32), padded to ``max_length``
   (128) and truncated there, mean of the last hidden state over attended positions, then unit L2
@@ -53,7 +54,7 @@ def counterfactual_pairs(sentences: Sequence[str], pairs: AttributePairs | Seque
         for row in rows:
             if len(row) != 2:
                 raise ParameterError(f"SentenceDebias pairs need two words each, got {tuple(row)!r}")
-            a, b = row
+            a, b = row[0].lower(), row[1].lower()
             if a in words:
                 out.append((text, _replace(a, b, words)))
             if b in words:

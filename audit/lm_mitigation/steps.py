@@ -1,0 +1,179 @@
+"""The LM debiasing techniques as fit/transform steps with their parameters and provenance.
+
+Each step is fitted on a model (Hugging Face model + tokenizer), a corpus (sentences, one per
+line of the user's file) and attribute pairs (:mod:`audit.lm_mitigation.pairs`), and records
+``provenance_``: the technique, its reference, its parameters, the pairs (language, bias type,
+provenance, digest), the corpus digest and what was fitted (so that a sweep can key a fitted
+step on model revision + parameters + corpus digest and never refit).
+
+* :class:`INLP` -- ``fit`` learns the projection ``P`` (:mod:`.inlp`); ``transform(hidden)``
+  returns ``hidden P^T`` (applied to the last hidden state, where the representation is read);
+* :class:`SentenceDebias` -- ``fit`` learns the bias direction (:mod:`.sentence_debias`);
+  ``transform(hidden)`` projects it out;
+* :class:`SelfDebias` -- nothing to fit; ``logprobs`` gives the rescaled distribution
+  (:mod:`.self_debias`);
+* :class:`CDA` -- ``transform(corpus)`` gives the two-sided augmented corpus (:mod:`.cda`), the
+  training data of further pre-training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from typing import Any, Sequence
+
+import numpy as np
+
+from audit.errors import ParameterError
+from audit.lm_mitigation import TECHNIQUES
+from audit.lm_mitigation.cda import augment_corpus
+from audit.lm_mitigation.inlp import (
+    apply_projection,
+    gender_sentences,
+    inlp_projection,
+    labels_for,
+    mean_last_hidden,
+    split_dataset,
+)
+from audit.lm_mitigation.pairs import AttributePairs
+from audit.lm_mitigation.self_debias import DEBIASING_PREFIXES, causal_logprobs, masked_logprobs
+from audit.lm_mitigation.sentence_debias import bias_direction, counterfactual_pairs, mean_pooled, project_out
+
+__all__ = ["CDA", "INLP", "SelfDebias", "SentenceDebias", "corpus_digest", "pairs_digest"]
+
+
+def corpus_digest(sentences: Sequence[str]) -> str:
+    """``sha256:`` of the sentences, newline-joined, UTF-8."""
+    return "sha256:" + hashlib.sha256("\n".join(sentences).encode("utf-8")).hexdigest()
+
+
+def pairs_digest(pairs: AttributePairs) -> str:
+    """``sha256:`` of the pairs (tab-joined words, one tuple per line)."""
+    return "sha256:" + hashlib.sha256("\n".join("\t".join(p) for p in pairs.pairs).encode("utf-8")).hexdigest()
+
+
+class _Step:
+    name = ""
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        return [p.name for p in inspect.signature(cls.__init__).parameters.values() if p.kind == p.KEYWORD_ONLY]
+
+    def get_params(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._param_names()}
+
+    def _provenance(self, pairs: AttributePairs, corpus: Sequence[str] | None, **fitted: Any) -> dict[str, Any]:
+        t = TECHNIQUES[self.name]
+        out = {"technique": self.name, "reference": t.reference, "params": self.get_params(),
+               "pairs": {"language": pairs.language, "bias_type": pairs.bias_type, "n": len(pairs.pairs),
+                         "digest": pairs_digest(pairs), **pairs.provenance}}
+        if corpus is not None:
+            out["corpus"] = {"digest": corpus_digest(corpus), "n_sentences": len(corpus)}
+        out.update(fitted)
+        return out
+
+    def _need_fit(self, attr: str) -> Any:
+        v = getattr(self, attr, None)
+        if v is None:
+            raise ParameterError(f"{self.name}: call fit before transform")
+        return v
+
+
+class INLP(_Step):
+    """Iterative nullspace projection (bias-bench's settings: 80 classifiers, gender 3 classes)."""
+
+    name = "inlp"
+
+    def __init__(self, *, n_classifiers: int = 80, n_sentences: int = 10000, seed: int = 0):
+        for k, v in (("n_classifiers", n_classifiers), ("n_sentences", n_sentences)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ParameterError(f"inlp: {k} must be a positive integer, got {v!r}")
+        self.n_classifiers, self.n_sentences, self.seed = n_classifiers, n_sentences, seed
+        self.projection_: np.ndarray | None = None
+
+    def fit(self, model: Any, tokenizer: Any, corpus: Sequence[str], pairs: AttributePairs) -> INLP:
+        if pairs.bias_type != "gender":
+            raise ParameterError(f"inlp: only gender pairs are supported here, got {pairs.bias_type!r}")
+        data = gender_sentences(corpus, pairs.pairs, n_sentences=self.n_sentences, seed=self.seed)
+        empty = [k for k, v in data.items() if not v]
+        if empty:
+            raise ParameterError(f"inlp: the corpus has no {', '.join(empty)} sentences (of 5+ tokens) for the "
+                                 f"{pairs.language} pairs")
+        X = np.concatenate([mean_last_hidden(model, tokenizer, data[k]) for k in ("male", "female", "neutral")])
+        y = labels_for([len(data[k]) for k in ("male", "female", "neutral")], gender=True)
+        Xtr, Xdev, _, ytr, ydev, _ = split_dataset(X, y, seed=0)
+        self.projection_, Ws, accs = inlp_projection(Xtr, ytr, Xdev, ydev, n_classifiers=self.n_classifiers)
+        self.provenance_ = self._provenance(pairs, corpus, n_train={k: len(v) for k, v in data.items()},
+                                            dev_accuracy_first=accs[0], dev_accuracy_last=accs[-1],
+                                            rank_removed=int(round(X.shape[1] - np.trace(self.projection_))))
+        return self
+
+    def transform(self, hidden: np.ndarray) -> np.ndarray:
+        return apply_projection(hidden, self._need_fit("projection_"))
+
+
+class SentenceDebias(_Step):
+    """SentenceDebias (bias-bench: first PCA component, batches of 32 padded to 128)."""
+
+    name = "sentence_debias"
+
+    def __init__(self, *, n_components: int = 1, batch_size: int = 32, max_length: int = 128,
+                 drop_last: bool = False):
+        for k, v in (("n_components", n_components), ("batch_size", batch_size), ("max_length", max_length)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ParameterError(f"sentence_debias: {k} must be a positive integer, got {v!r}")
+        self.n_components, self.batch_size, self.max_length, self.drop_last = (n_components, batch_size,
+                                                                                max_length, drop_last)
+        self.directions_: np.ndarray | None = None
+
+    def fit(self, model: Any, tokenizer: Any, corpus: Sequence[str], pairs: AttributePairs) -> SentenceDebias:
+        ex = counterfactual_pairs(corpus, pairs)
+        if not ex:
+            raise ParameterError(f"sentence_debias: no corpus sentence contains a {pairs.language} attribute word")
+        kw = {"batch_size": self.batch_size, "max_length": self.max_length, "drop_last": self.drop_last}
+        a = mean_pooled(model, tokenizer, [e[1] for e in ex], **kw)
+        b = mean_pooled(model, tokenizer, [e[0] for e in ex], **kw)
+        self.directions_ = bias_direction(a, b, self.n_components)
+        self.provenance_ = self._provenance(pairs, corpus, n_examples=len(ex), n_encoded=len(a))
+        return self
+
+    def transform(self, hidden: np.ndarray) -> np.ndarray:
+        return project_out(hidden, self._need_fit("directions_"))
+
+
+class SelfDebias(_Step):
+    """Self-Debias with bias-bench's CrowS-Pairs prompt of ``bias_type`` unless ``prefixes`` given."""
+
+    name = "self_debias"
+
+    def __init__(self, *, bias_type: str = "gender", prefixes: Sequence[str] | None = None,
+                 decay_constant: float = 50.0, epsilon: float = 0.01):
+        if prefixes is None and bias_type not in DEBIASING_PREFIXES:
+            raise ParameterError(f"self_debias: no prompt for bias_type {bias_type!r}; known: "
+                                 f"{', '.join(DEBIASING_PREFIXES)} (or pass prefixes)")
+        self.bias_type, self.decay_constant, self.epsilon = bias_type, decay_constant, epsilon
+        self.prefixes = list(prefixes) if prefixes is not None else [DEBIASING_PREFIXES[bias_type]]
+
+    def logprobs(self, model: Any, tokenizer: Any, input_ids: Sequence[int], *, kind: str):
+        """Causal: ``(len(ids), V)`` next-token log-probabilities; mlm: ``(V,)`` at the mask."""
+        f = {"causal": causal_logprobs, "mlm": masked_logprobs}.get(kind)
+        if f is None:
+            raise ParameterError(f"self_debias applies to causal and masked LMs, not kind={kind!r}")
+        return f(model, tokenizer, input_ids, self.prefixes, decay_constant=self.decay_constant,
+                 epsilon=self.epsilon)
+
+
+class CDA(_Step):
+    """Two-sided counterfactual augmentation of a corpus (bias-bench's word list and loop)."""
+
+    name = "cda"
+
+    def __init__(self, *, punctuation: bool = True, keep_unmatched: bool = False, lower: bool = False):
+        self.punctuation, self.keep_unmatched, self.lower = punctuation, keep_unmatched, lower
+
+    def transform(self, corpus: Sequence[str], pairs: AttributePairs) -> list[str]:
+        out = augment_corpus(corpus, pairs, punctuation=self.punctuation, keep_unmatched=self.keep_unmatched,
+                             lower=self.lower)
+        self.provenance_ = self._provenance(pairs, corpus, augmented={"digest": corpus_digest(out),
+                                                                      "n_sentences": len(out)})
+        return out
