@@ -1,12 +1,14 @@
 """A faithful transcription of bias-bench's debiasing code, the reference of tests/test_lm_debias.py.
 
 Source: https://github.com/McGill-NLP/bias-bench, commit 291426aab926f78ecfc7bd040b531429ee8123e0
-(MIT licence, Copyright (c) 2021 McGill NLP). bias-bench cannot be imported as-is (it imports
+(the repository has no licence file at this commit: this transcription is kept under tests/ only,
+for cross-checking, and is not part of the package; see docs/mitigation.md). bias-bench cannot be imported as-is (it imports
 ``transformers.generation_utils``, removed from current transformers, moves models to CUDA, and
 reads its data from a ``persistent_dir``), so the functions below are copied from these files with
 only the changes listed in each docstring (module state such as ``self._model`` passed as
 arguments, ``device`` fixed to CPU, tqdm removed, ``tokenizer.batch_encode_plus(...)`` written
-``tokenizer(...)``: transformers 5 removed the former, the latter is its documented equivalent). Nothing here is biasaudit code.
+``tokenizer(...)``: transformers 5 removed the former, the latter is its documented equivalent).
+Nothing here is biasaudit code.
 
 * ``bias_bench/debias/inlp/debias.py``: get_rowspace_projection,
   get_projection_to_intersection_of_nullspaces, get_debiasing_projection;
@@ -369,7 +371,9 @@ class SelfDebiasingLogitsProcessor:
         return scores
 
     def _get_bias_indices(self, regular_sentence_idx, batch_size):
-        return [regular_sentence_idx + (prefix_idx + 1) * batch_size for prefix_idx in range(self.num_debiasing_prefixes)]
+        return [
+            regular_sentence_idx + (prefix_idx + 1) * batch_size for prefix_idx in range(self.num_debiasing_prefixes)
+        ]
 
     def _debias_scores(self, scores, regular_sent_idx, bias_indices):
         logits_biased = [scores[bias_idx] for bias_idx in bias_indices]

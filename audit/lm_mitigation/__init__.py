@@ -79,5 +79,6 @@ def check_applicable(technique: str, kind: str, family: str) -> None:
         raise ParameterError(f"{technique} does not apply to {kind} models (it changes {t.changes.split(':')[0]}; "
                              f"model kinds: {', '.join(t.kinds)})")
     if family not in t.families:
-        raise ParameterError(f"{technique} does not apply to the {family} family: it changes {t.changes.split(':')[0]}, "
+        what = t.changes.split(":")[0]
+        raise ParameterError(f"{technique} does not apply to the {family} family: it changes {what}, "
                              f"which {family} does not read (families: {', '.join(t.families)})")

@@ -69,7 +69,8 @@ def read_text(path: Path, stub: Any) -> HeldOutText:
     return t
 
 
-def sentence_scores(handle: Any, sentences: list[str], *, batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def sentence_scores(handle: Any, sentences: list[str], *, batch_size: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """``(ll float64, n_tokens int64)`` per sentence: causal log-likelihood or masked PLL."""
     kind = getattr(handle, "kind", None)
     if kind == "causal":
