@@ -283,3 +283,33 @@ def test_self_debias_and_cda_steps():
     # word-for-word swaps: the article does not follow (a known limit of CDA in gendered languages)
     assert out == ["Der Mutter und die Söhne .", "Der Vater und die Töchter ."]
     assert step.provenance_["augmented"]["n_sentences"] == 2 and step.provenance_["pairs"]["language"] == "de"
+
+
+# ------------------------------------------------------------------------------ CDA / Dropout training
+def test_cda_and_dropout_further_pretraining(corpora):
+    import torch
+
+    from audit.lm_mitigation.training import further_pretrain, set_dropout
+    from audit.lm_mitigation.steps import CDA
+    aug = CDA().transform(corpora["en"], derive_pairs("en"))
+
+    def run(seed):
+        model, tok = tiny_models.load_tiny("bert")
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        losses = further_pretrain(model, tok, aug, kind="mlm", steps=3, batch_size=4, seed=seed)
+        return model, before, losses
+
+    m1, before, l1 = run(0)
+    m2, _, l2 = run(0)
+    assert len(l1) == 3 and all(np.isfinite(l1)) and l1 == l2  # seeded: identical runs
+    assert not m1.training
+    w = "bert.embeddings.word_embeddings.weight"
+    assert not torch.equal(m1.state_dict()[w], before[w])
+    assert all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
+    g, gtok = tiny_models.load_tiny("gpt2")
+    assert set_dropout(g.config) == {"resid_pdrop": 0.15, "embd_pdrop": 0.15, "attn_pdrop": 0.15}
+    assert set_dropout(m1.config)["hidden_dropout_prob"] == 0.20
+    lg = further_pretrain(g, gtok, corpora["de"], kind="causal", steps=2, batch_size=4, seed=1)
+    assert len(lg) == 2 and all(np.isfinite(lg))
+    with pytest.raises(ParameterError, match="steps must be a positive integer"):
+        further_pretrain(g, gtok, corpora["de"], kind="causal", steps=0)
