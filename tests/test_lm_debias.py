@@ -313,3 +313,35 @@ def test_cda_and_dropout_further_pretraining(corpora):
     assert len(lg) == 2 and all(np.isfinite(lg))
     with pytest.raises(ParameterError, match="steps must be a positive integer"):
         further_pretrain(g, gtok, corpora["de"], kind="causal", steps=0)
+
+
+# ------------------------------------------------------------------------------ a debiased model in an audit
+def test_projection_debiased_model_runs_seat_beside_the_original(corpora):
+    from audit import runner
+    from audit.errors import ModelError
+    from audit.lm_mitigation.models import debiased
+    from audit.lm_mitigation.steps import SentenceDebias
+    base = runner.load_model(str(tiny_models.tiny_model_dir("bert")))
+    model, tok = tiny_models.load_tiny("bert")
+    step = SentenceDebias(batch_size=16).fit(model, tok, corpora["en"][:300], derive_pairs("en"))
+    deb = debiased(base, step)
+    assert deb.ref.endswith("+sentence_debias") and deb.revision.startswith(base.revision + "+sentence_debias:")
+    sents = ["the man is here .", "the woman is here ."]
+    e0 = base.handle.embed(sents, method="mean")
+    e1 = deb.handle.embed(sents, method="mean")
+    np.testing.assert_allclose(e1, project_out(e0, step.directions_), atol=1e-5)
+    # pooling the projected token vectors (bias-bench's hook) equals projecting the pooled vector
+    import torch
+    enc = tok(sents[:1], return_tensors="pt")
+    with torch.no_grad():
+        h = model.base_model(**enc)["last_hidden_state"][0].numpy()
+    np.testing.assert_allclose(project_out(h, step.directions_).mean(0), project_out(h.mean(0), step.directions_),
+                               atol=1e-5)
+    r0 = runner.score(base, "weat7", "seat", {"n_bootstrap": 20})
+    r1 = runner.score(deb, "weat7", "seat", {"n_bootstrap": 20})
+    assert np.isfinite(r0.value) and np.isfinite(r1.value) and r0.value != r1.value
+    assert r1.provenance["revision"] == deb.revision
+    with pytest.raises(ModelError, match="sentence_debias debiases representations; pair_pll reads the output"):
+        deb.handle.pair_pll([("a", "b")])
+    with pytest.raises(ModelError, match="layer=0 is not debiased"):
+        deb.handle.embed(sents, layer=0)
