@@ -121,7 +121,10 @@ BBQ_LIMIT_SCOPE = "per category and context condition (ambiguous, disambiguated)
 
 def _with_limit(out: MetricOutput, m: Measurement) -> MetricOutput:
     """A BBQ result with the ``limit`` it was measured with and what it counts (``n_items``
-    stays the number of items scored, ``n_amb`` + ``n_disamb``)."""
+    stays the number of items scored, ``n_amb`` + ``n_disamb``), and the measurement's
+    ``protocol`` and ``start_token`` rule (:mod:`audit.measure.bbq`)."""
+    out.fields["protocol"] = m.info.get("protocol", "item_options")
+    out.fields["start_token"] = m.info.get("start_token", "always")
     limit = m.info.get("limit")
     out.fields["limit"] = limit
     out.fields["limit_scope"] = BBQ_LIMIT_SCOPE if limit is not None else None

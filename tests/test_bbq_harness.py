@@ -164,6 +164,30 @@ def test_harness_protocol_equals_lm_eval_tasks(model, tmp_path, monkeypatch):
             != bbq_metric(harness, n_bootstrap=0).items["prediction"]).sum() > 0
 
 
+@needs
+def test_protocol_recorded_in_result_and_key(model):
+    from audit import runner
+    from audit.runner import LoadedModel
+
+    hm, _ = model
+    lm = LoadedModel(ref="tiny-qwen2", kind="causal", backend="hf-causal", revision="x", handle=hm)
+    plain = runner.score(lm, "en/bbq", "bbq", {"limit": 2, "n_bootstrap": 0}, seed=1)
+    harn = runner.score(lm, "en/bbq", "bbq", {"limit": 2, "n_bootstrap": 0, "protocol": "harness"}, seed=1)
+    assert (plain.fields["protocol"], plain.fields["start_token"]) == ("item_options", "always")
+    assert (harn.fields["protocol"], harn.fields["start_token"], harn.fields["harness_task"]) == (
+        "harness", "harness", "bbq")
+    assert plain.provenance["key"] != harn.provenance["key"]
+    assert "harness" not in plain.fields and set(harn.fields["harness"]) == {
+        "acc", "accuracy_amb", "accuracy_disamb", "amb_bias_score", "disamb_bias_score"}
+    assert {"esbbq_bias_amb", "esbbq_bias_disamb"} <= set(plain.fields)
+    with pytest.raises(ParameterError, match="protocol: harness: lm-evaluation-harness has BBQ tasks for en"):
+        runner.score(lm, "de/bbq", "bbq", {"limit": 2, "protocol": "harness"})
+    with pytest.raises(ParameterError, match="protocol: must be one of item_options, harness, got 'harnes'"):
+        runner.score(lm, "en/bbq", "bbq", {"limit": 2, "protocol": "harnes"})
+    with pytest.raises(ParameterError, match="prompt: protocol harness uses the harness task's own prompt"):
+        runner.score(lm, "en/bbq", "bbq", {"limit": 2, "protocol": "harness", "prompt": "{context} {question}"})
+
+
 # --------------------------------------------------------------------------- EsBBQ/CaBBQ's own scores
 
 

@@ -294,7 +294,8 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
                              "n_truncated": int((table["words_cut"] > 0).sum()),
                              "format": test.extra.get("format", ""),
                              "variant": variant(model.kind), "protocol": protocol, "harness_task": task,
-                             "start_token": "harness" if protocol == "harness" else "always"})
+                             "start_token": ("harness" if protocol == "harness" else
+                                             "always" if model.kind == "causal" else "n/a")})
 
 
 def _method(kind: str, params: Mapping[str, Any]) -> str:
