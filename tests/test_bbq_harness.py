@@ -291,3 +291,25 @@ def test_harness_prediction_refuses_length_norm():
     with pytest.raises(ParameterError, match="length_norm: protocol harness predicts by raw log-likelihood"):
         bbq_metric(t, n_bootstrap=0, length_norm="chars")
     assert harness_scores(t, bbq_counts(t, np.array([0])), "bbq")["amb_bias_score"] == 1.0
+
+
+def test_wordings_and_prompts_are_the_harness_tasks():
+    """:data:`HARNESS_UNKNOWN` and the prompts are those of the YAML and utils the harness ships
+    (``bbq``, ``esbbq``, ``cabbq``)."""
+    import re
+
+    import lm_eval
+    from lm_eval.tasks.bbq import utils as bbq_utils
+
+    src = Path(lm_eval.__file__).parent / "tasks"
+    assert list(mbbq.HARNESS_UNKNOWN["bbq"]) == bbq_utils.UNKNOWN_RESPONSES
+    bbq_yaml = (src / "bbq" / "bbq_multiple_choice.yaml").read_text(encoding="utf-8")
+    assert 'doc_to_text: "{{context}}\\n\\nQ: {{question}}\\nA:"' in bbq_yaml
+    assert mbbq.default_prompt("en") == "{context}\n\nQ: {question}\nA:"
+    for task, lang in (("esbbq", "es"), ("cabbq", "ca")):
+        text = (src / task / f"_{task}_common_yaml").read_text(encoding="utf-8")
+        choice = re.search(r"doc_to_choice: \"\{\{\[ans0, ans1, (.*)\]\}\}\"", text).group(1)
+        assert [w.strip().strip("'") for w in choice.split("',")] == list(mbbq.HARNESS_UNKNOWN[task])
+        prompt = re.search(r'doc_to_text: "(.*)"', text).group(1).replace("\\n", "\n")
+        assert mbbq.default_prompt(lang) == prompt.replace("{{context}}", "{context}").replace("{{question}}",
+                                                                                              "{question}")
