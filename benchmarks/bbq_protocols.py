@@ -12,7 +12,7 @@ on the tiny causal model of ``audit/tiny_models.py``:
 * ``harness``: lm-evaluation-harness's choices, prompt and start-token rule (protocol ``harness``).
 
 Prints, per language and protocol: the number of predictions that differ from ``item_options``,
-s_AMB, s_DIS and EsBBQ/CaBBQ's own bias scores (:mod:`audit.metrics.bbq`).
+the share of items answered "unknown", s_AMB, s_DIS and EsBBQ/CaBBQ's own bias scores (:mod:`audit.metrics.bbq`).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def main() -> None:
         for k, o in outs.items():
             changed = int((o.items["prediction"].to_numpy() != base).sum())
             f = o.fields
-            print(f"{lang} {k:28s} items={len(items)} changed={changed} s_amb={f['s_amb']:+.3f} s_dis={f['s_dis']:+.3f} "
+            unk = float(o.items["predicted_unknown"].mean())
+            print(f"{lang} {k:28s} items={len(items)} changed={changed} unknown={unk:.2f} s_amb={f['s_amb']:+.3f} s_dis={f['s_dis']:+.3f} "
                   f"esbbq_bias_amb={f['esbbq_bias_amb']:+.3f} esbbq_bias_disamb={f['esbbq_bias_disamb']:+.3f}",
                   flush=True)
 

@@ -180,6 +180,12 @@ def test_protocol_recorded_in_result_and_key(model):
     assert "harness" not in plain.fields and set(harn.fields["harness"]) == {
         "acc", "accuracy_amb", "accuracy_disamb", "amb_bias_score", "disamb_bias_score"}
     assert {"esbbq_bias_amb", "esbbq_bias_disamb"} <= set(plain.fields)
+    from jobs.tracker import result_metrics  # the MLflow child run's metrics, beside s_amb / s_dis
+
+    m = result_metrics(harn)
+    assert {"s_amb", "s_dis", "esbbq_bias_amb", "esbbq_bias_disamb", "harness.acc", "harness.amb_bias_score",
+            "per_category.Age.esbbq_bias_amb"} <= set(m)
+    assert m["harness.acc"] == harn.fields["harness"]["acc"]
     with pytest.raises(ParameterError, match="protocol: harness: lm-evaluation-harness has BBQ tasks for en"):
         runner.score(lm, "de/bbq", "bbq", {"limit": 2, "protocol": "harness"})
     with pytest.raises(ParameterError, match="protocol: must be one of item_options, harness, got 'harnes'"):
