@@ -314,7 +314,8 @@ _ENTRIES: tuple[Metric, ...] = (
                     "scale": "n/a: the measurement holds words (completions), no numbers"},
     ),
     Metric(
-        name="bbq", family=CHOICES, analyse=lambda m, **p: _with_limit(bbq_metric(m.table, harness_task=m.info.get("harness_task"), **p), m),
+        name="bbq", family=CHOICES,
+        analyse=lambda m, **p: _with_limit(bbq_metric(m.table, harness_task=m.info.get("harness_task"), **p), m),
         params={"length_norm": "none", "n_bootstrap": 1000, "confidence": 0.95, "seed": None},
         headline="BBQ ambiguous-context bias score s_AMB = (1 - acc_amb) * (2 n_biased / n_non_unknown - 1); also "
                  "accuracies and s_DIS, overall and per category, bootstrap CIs",

@@ -63,8 +63,9 @@ def main() -> None:
             changed = int((o.items["prediction"].to_numpy() != base).sum())
             f = o.fields
             unk = float(o.items["predicted_unknown"].mean())
-            print(f"{lang} {k:28s} items={len(items)} changed={changed} unknown={unk:.2f} s_amb={f['s_amb']:+.3f} s_dis={f['s_dis']:+.3f} "
-                  f"esbbq_bias_amb={f['esbbq_bias_amb']:+.3f} esbbq_bias_disamb={f['esbbq_bias_disamb']:+.3f}",
+            print(f"{lang} {k:28s} items={len(items)} changed={changed} unknown={unk:.2f} s_amb={f['s_amb']:+.3f} "
+                  f"s_dis={f['s_dis']:+.3f} esbbq_bias_amb={f['esbbq_bias_amb']:+.3f} "
+                  f"esbbq_bias_disamb={f['esbbq_bias_disamb']:+.3f}",
                   flush=True)
 
 

@@ -43,7 +43,8 @@ from audit.metrics.bbq import bbq_counts, bbq_metric, esbbq_scores, harness_scor
 from lm_eval_compat import harness_lm  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq"
-needs = pytest.mark.skipif(not all((DATA / x).is_dir() for x in ("en", "es", "ca")), reason=f"BBQ data absent at {DATA}")
+needs = pytest.mark.skipif(not all((DATA / x).is_dir() for x in ("en", "es", "ca")),
+                           reason=f"BBQ data absent at {DATA}")
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
 
@@ -121,7 +122,6 @@ def _run_harness(tmp: Path, lm, docs: dict[str, list[dict]]) -> dict:
 def test_harness_protocol_equals_lm_eval_tasks(model, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
     hm, lm = model
-    items, docs = {}, {}
     en = _fits(hm, select_items(read_bbq(DATA / "en", language="en").table, None, LIMIT["en"]), "bbq")
     es_table, es_docs = _es("es")
     es = _fits(hm, select_items(es_table, None, LIMIT["es"]), "esbbq")

@@ -202,8 +202,8 @@ def harness_choices(table: pd.DataFrame, task: str) -> tuple[list[list[str]], li
             known = [i for i in range(N_OPTIONS) if i != u]
         else:
             if u != 2:
-                raise DataError(f"item {row.item}: the harness {task} task takes ans2 as the unknown answer; this item's "
-                                f"is ans{u}")
+                raise DataError(f"item {row.item}: the harness {task} task takes ans2 as the unknown answer; "
+                                f"this item's is ans{u}")
             known = [0, 1]
         choices.append([answers[i] for i in known] + list(unk))
         owner.append(known + [u] * len(unk))
@@ -215,8 +215,9 @@ def harness_option_scores(hf_model: Any, table: pd.DataFrame, *, task: str, batc
     """The measurement table of protocol ``harness`` (module docstring): :data:`TABLE_COLUMNS`
     plus ``words_cut``, ``harness_choice``, ``unknown_scores``, ``unknown_choice``."""
     if getattr(hf_model, "kind", None) != "causal":
-        raise ModelError(f"protocol harness: lm-evaluation-harness's {task} task scores causal LMs; model "
-                         f"{getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={getattr(hf_model, 'kind', None)!r}")
+        ref, kind = getattr(hf_model, "ref", hf_model), getattr(hf_model, "kind", None)
+        raise ModelError(f"protocol harness: lm-evaluation-harness's {task} task scores causal LMs; model {ref!r} is "
+                         f"loaded as kind={kind!r}")
     if truncation not in TRUNCATIONS:
         raise ParameterError(f"truncation: must be one of {', '.join(TRUNCATIONS)}, got {truncation!r}")
     prompts = item_prompts(table, default_prompt({v: k for k, v in HARNESS_TASKS.items()}[task]))
