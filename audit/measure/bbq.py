@@ -151,14 +151,14 @@ def fit_prompts(model: Any, prompts: Sequence[str], options: Sequence[Sequence[s
 
 
 def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_size: int | None = None,
-                      truncation: str = "none") -> pd.DataFrame:
+                      truncation: str = "none", start: str = "always") -> pd.DataFrame:
     """The measurement table (:data:`TABLE_COLUMNS`, plus ``words_cut``) of the items of
     ``table`` (a :class:`MultipleChoice` table) on a masked or causal LM.
 
     ``truncation="none"`` (default): an item longer than the model accepts is a
     :class:`DataError`; ``"left"``: its prompt loses leading words until it fits (lm-evaluation-
     harness keeps the last tokens of an over-long causal input the same way), counted in
-    ``words_cut``."""
+    ``words_cut``. ``start``: the causal start-token rule (:func:`audit.measure.options.score_options`)."""
     kind = getattr(hf_model, "kind", None)
     if kind not in KINDS:
         raise ModelError(f"model {getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={kind!r}; BBQ needs a "
@@ -170,7 +170,8 @@ def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_
     cut = np.zeros(len(prompts), dtype=np.int64)
     if truncation == "left":
         prompts, cut = fit_prompts(hf_model, prompts, options)
-    sc, nt = score_options(hf_model, prompts, options, delimiter=DELIMITER, batch_size=batch_size, what="BBQ")
+    sc, nt = score_options(hf_model, prompts, options, delimiter=DELIMITER, batch_size=batch_size, what="BBQ",
+                           start=start)
     sc, nt = sc.reshape(len(prompts), N_OPTIONS), nt.reshape(len(prompts), N_OPTIONS)
     meta = table[["item", "category", "subcategory", "question_polarity", "context_condition", "label", "unknown",
                   "target", "biased"]]
@@ -285,8 +286,9 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
                                       truncation=mp["truncation"])
     else:
         prompt = mp["prompt"] or default_prompt(test.language)
+        start = mp.get("start_token", "always")  # the causal families' start-token option, where the family has it
         table = bbq_option_scores(model.handle, items, prompt=prompt, batch_size=mp["batch_size"],
-                                  truncation=mp["truncation"])
+                                  truncation=mp["truncation"], start=start)
         if "question_type" in items.columns:
             table["question_type"] = items["question_type"].to_numpy()
     return Measurement(family=CHOICES.name, table=table,
@@ -296,7 +298,7 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
                              "format": test.extra.get("format", ""),
                              "variant": variant(model.kind), "protocol": protocol, "harness_task": task,
                              "start_token": ("harness" if protocol == "harness" else
-                                             "always" if model.kind == "causal" else "n/a")})
+                                             mp.get("start_token", "always") if model.kind == "causal" else "n/a")})
 
 
 def _method(kind: str, params: Mapping[str, Any]) -> str:
