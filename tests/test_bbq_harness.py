@@ -287,6 +287,13 @@ def test_harness_choices_and_refusals():
         mbbq.harness_choices(t, "esbbq")
     ch, own = mbbq.harness_choices(t.iloc[[1]], "cabbq")
     assert ch[0][:3] == ["x", "y", "No hi ha prou informació"] and len(ch[0]) == 11
+    from types import SimpleNamespace
+
+    from audit.errors import ModelError
+
+    with pytest.raises(ModelError, match="protocol harness: lm-evaluation-harness's bbq task scores causal LMs; "
+                                         "model 'bert' is loaded as kind='mlm'"):
+        mbbq.harness_option_scores(SimpleNamespace(kind="mlm", ref="bert"), t, task="bbq")
 
 
 def test_harness_prediction_refuses_length_norm():
