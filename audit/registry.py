@@ -122,7 +122,10 @@ BBQ_LIMIT_SCOPE = "per category and context condition (ambiguous, disambiguated)
 
 def _with_limit(out: MetricOutput, m: Measurement) -> MetricOutput:
     """A BBQ result with the ``limit`` it was measured with and what it counts (``n_items``
-    stays the number of items scored, ``n_amb`` + ``n_disamb``)."""
+    stays the number of items scored, ``n_amb`` + ``n_disamb``), and the measurement's
+    ``protocol`` and ``start_token`` rule (:mod:`audit.measure.bbq`)."""
+    out.fields["protocol"] = m.info.get("protocol", "item_options")
+    out.fields["start_token"] = m.info.get("start_token", "always")
     limit = m.info.get("limit")
     out.fields["limit"] = limit
     out.fields["limit_scope"] = BBQ_LIMIT_SCOPE if limit is not None else None
@@ -312,7 +315,8 @@ _ENTRIES: tuple[Metric, ...] = (
                     "scale": "n/a: the measurement holds words (completions), no numbers"},
     ),
     Metric(
-        name="bbq", family=CHOICES, analyse=lambda m, **p: _with_limit(bbq_metric(m.table, **p), m),
+        name="bbq", family=CHOICES,
+        analyse=lambda m, **p: _with_limit(bbq_metric(m.table, harness_task=m.info.get("harness_task"), **p), m),
         params={"length_norm": "none", "n_bootstrap": 1000, "confidence": 0.95, "seed": None},
         headline="BBQ ambiguous-context bias score s_AMB = (1 - acc_amb) * (2 n_biased / n_non_unknown - 1); also "
                  "accuracies and s_DIS, overall and per category, bootstrap CIs",

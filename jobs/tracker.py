@@ -94,7 +94,7 @@ HEADLINE_FIELDS = ("effect_size", "p_value", "statistic")
 #: which interval (``ci_method``: ``targets``/``targets_attributes``), how the p-value was
 #: obtained and what it counts, which side held the protected groups and who said so.
 RESULT_STRING_FIELDS = ("ci_method", "p_method", "p_convention", "p_note", "p_value_counts", "groups",
-                        "groups_source")
+                        "groups_source", "protocol", "start_token", "harness_task")
 
 #: Numeric result fields that are settings or bookkeeping (seeds, random streams, bootstrap size,
 #: confidence level, rounding, iteration counts), not numbers a user compares: a child run

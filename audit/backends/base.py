@@ -89,7 +89,8 @@ class LanguageModel(Protocol):
     revision: str
     kind: str
 
-    def loglikelihood(self, requests: Sequence[tuple[str, str]], *, batch_size: int | None = None): ...
+    def loglikelihood(self, requests: Sequence[tuple[str, str]], *, batch_size: int | None = None,
+                      start: str = "always"): ...
 
     def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None): ...
 

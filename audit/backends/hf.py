@@ -278,13 +278,14 @@ class HFModel:
 
         return hf_scoring.token_spans(self.tokenizer, text, spans)[1]
 
-    def loglikelihood(self, requests: Sequence[tuple[str, str]], *, batch_size: int | None = None
-                      ) -> tuple[Any, Any]:
+    def loglikelihood(self, requests: Sequence[tuple[str, str]], *, batch_size: int | None = None,
+                      start: str = "always") -> tuple[Any, Any]:
         """Score of each ``(context, continuation)``: ``(scores float64, n_tokens int64)``.
 
         Causal LMs: ``log P(continuation | context)``
-        (:func:`audit.backends.hf_scoring.continuation_loglik`); masked LMs: the pseudo-log-likelihood
-        of the continuation's tokens given everything else (:func:`audit.backends.hf_scoring.span_pll`)."""
+        (:func:`audit.backends.hf_scoring.continuation_loglik`, its ``start`` rule: ``"always"`` or
+        ``"harness"``); masked LMs: the pseudo-log-likelihood of the continuation's tokens given
+        everything else (:func:`audit.backends.hf_scoring.span_pll`; ``start`` does not apply)."""
         import numpy as np
 
 
@@ -293,7 +294,7 @@ class HFModel:
             return hf_scoring.span_pll(self.model, self.tokenizer, requests, batch_size=batch_size,
                                        device=self.device)
         ll, n = hf_scoring.continuation_loglik(self.model, self.tokenizer, list(requests), batch_size=batch_size,
-                                               device=self.device)
+                                               device=self.device, start=start)
         return np.asarray(ll, dtype=np.float64), np.asarray(n, dtype=np.int64)
 
     def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None

@@ -41,6 +41,9 @@ Layouts (auto-detected from the fields of the first record of each file)
     datasets' lm-evaluation-harness tasks (Spanish ``No hay suficiente información``, Catalan
     ``No hi ha prou informació``). *Groups*: the ``answer_info`` group (its last element), split
     at commas (``m, árabe`` -> ``m``, ``árabe``), as the EsBBQ harness task reads it.
+    *Question type*: the ``question_type`` column (``pro-stereo``/``anti-stereo``, disambiguated
+    items only) is kept: EsBBQ/CaBBQ's disambiguated bias score reads it
+    (:func:`audit.metrics.bbq.esbbq_scores`); the other layouts leave it empty.
 
 Labels are compared case-insensitively with white space removed (``low SES`` = ``lowSES``).
 An answer is a *target* when one of its groups is among the item's stereotyped groups; the
@@ -92,7 +95,7 @@ _PLACEHOLDER = "unknown"
 
 TABLE_COLUMNS = ("item", "category", "subcategory", "question_polarity", "context_condition", "context", "question",
                  "ans0", "ans1", "ans2", "label", "unknown", "groups0", "groups1", "groups2",
-                 "stereotyped_groups", "target", "biased", "where")
+                 "stereotyped_groups", "target", "biased", "question_type", "where")
 
 _POLARITY = {"neg": "neg", "nonneg": "nonneg", "negative": "neg", "non_negative": "nonneg"}
 _CONDITION = {"ambig": "ambig", "disambig": "disambig", "ambiguous_context": "ambig",
@@ -322,7 +325,9 @@ def _item(layout: str, rec: dict[str, Any], where: str, language: str) -> dict[s
             "context_condition": _mapped(_field(rec, "context_condition", where), _CONDITION, where, "context_condition"),
             "answers": [_text_field(rec, f"ans{i}", where) for i in range(N_OPTIONS)],
             "group_fields": raw_groups, "unknown_key": "answer_info", "stereo": stereo,
+            "question_type": str(rec.get("question_type") or "").strip(),
         }
+    row.setdefault("question_type", "")
     row["context"] = _text_field(rec, "context", where)
     row["question"] = _text_field(rec, "question", where)
     row["label"] = _label(_field(rec, "label", where), where)

@@ -58,14 +58,16 @@ def _check_model(model: Any, what: str) -> str:
 
 def score_options(model: Any, contexts: Sequence[str], options: Sequence[Sequence[str]], *,
                   gold: Sequence[int] | None = None, delimiter: str = " ", batch_size: int | None = None,
-                  what: str = "scored options") -> tuple[np.ndarray, np.ndarray]:
+                  what: str = "scored options", start: str = "always") -> tuple[np.ndarray, np.ndarray]:
     """Score option ``j`` of item ``i`` (``options[i][j]``) given ``contexts[i]``: ``(scores, n_tokens)``,
     float64 and int64 arrays of shape ``(n_items, n_options)`` (module docstring for the conventions).
 
     Every item has the same number of options (>= 2); the contexts are all empty (whole-sentence
     options) or all non-empty. ``gold`` (per item, the index of the gold or stereotyped option) orders
     the two sentences of a masked-LM pair (default: option 0 first). ``what`` names the benchmark in
-    errors."""
+    errors. ``start``: the causal start-token rule of options with a context
+    (:func:`audit.backends.hf_scoring.continuation_loglik`: ``"always"``, or ``"harness"`` as
+    lm-evaluation-harness); passed to the model only when it is not the default."""
     kind = _check_model(model, what)
     n = len(options)
     if len(contexts) != n:
@@ -84,7 +86,7 @@ def score_options(model: Any, contexts: Sequence[str], options: Sequence[Sequenc
                         "sentence options) or all non-empty")
     if not empty[0]:
         reqs = [(str(contexts[i]), delimiter + opts[i][j]) for i in range(n) for j in range(k)]
-        sc, nt = model.loglikelihood(reqs, batch_size=batch_size)
+        sc, nt = model.loglikelihood(reqs, batch_size=batch_size, **({"start": start} if start != "always" else {}))
         return (np.asarray(sc, dtype=np.float64).reshape(n, k),
                 np.asarray(nt).astype(np.int64).reshape(n, k))
     elif kind == "causal":
