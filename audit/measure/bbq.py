@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
 from audit.datasets.bbq import N_OPTIONS, select_items
 from audit.entries import Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
@@ -150,14 +151,15 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
     """Option scores of the selected items (``categories``, ``limit`` per category)."""
     items = select_items(test.table, mp["categories"], mp["limit"])
     prompt = mp["prompt"] or default_prompt(test.language)
-    table = bbq_option_scores(model.handle, items, prompt=prompt, batch_size=mp["batch_size"],
+    handle = chat_handle(model.handle, mp)
+    table = bbq_option_scores(handle, items, prompt=prompt, batch_size=mp["batch_size"],
                               truncation=mp["truncation"])
     return Measurement(family=CHOICES.name, table=table,
                        info={"language": test.language, "kind": model.kind, "prompt": prompt,
                              "truncation": mp["truncation"], "limit": mp["limit"],
                              "n_truncated": int((table["words_cut"] > 0).sum()),
                              "format": test.extra.get("format", ""),
-                             "variant": variant(model.kind)})
+                             "variant": variant(model.kind), **chat_info(handle)})
 
 
 def _method(kind: str, params: Mapping[str, Any]) -> str:
@@ -168,7 +170,7 @@ def _method(kind: str, params: Mapping[str, Any]) -> str:
 #: prompt as context): causal log-likelihood or masked PLL.
 CHOICES = options_family(
     "multiple_choice", "multiple_choice", measure_bbq,
-    {"batch_size": None, "categories": None, "limit": None, "prompt": None, "truncation": "none"},
+    {"batch_size": None, "categories": None, "limit": None, "prompt": None, "truncation": "none", **CHAT_PARAMS},
     "score of each answer option given the prompt: log-likelihood (causal LMs) or pseudo-log-likelihood of the "
     "answer's tokens (masked LMs)", method=_method,
 )
