@@ -39,15 +39,20 @@ def test_with_and_without_the_template_in_one_sweep_then_compared(tmp_path, loca
     by = {(c.data.tags["audit.model"], c.data.tags["audit.metric"]): c for c in children}
     chat = by[("tiny-instruct-chat", "crows_pairs_causal")].data.params
     plain = by[("tiny-instruct", "crows_pairs_causal")].data.params
-    assert chat["param.chat_template"] == "True" and "param.chat_template" not in plain
+    assert chat["param.chat_template"] == "true" and "param.chat_template" not in plain
     assert by[("tiny-instruct-chat", "crows_pairs_causal")].data.tags["audit.key"] != \
         by[("tiny-instruct", "crows_pairs_causal")].data.tags["audit.key"]
+    recorded = {**by[("tiny-instruct-chat", "bbq")].data.params, **by[("tiny-instruct-chat", "bbq")].data.tags}
+    assert recorded["chat_template_digest"].startswith("sha256:") and json.loads(
+        recorded["param.system_instruction"]) == "Answer the question with one of the options."
+    assert "chat_template_digest" not in by[("tiny-instruct", "bbq")].data.params
     gen = by[("tiny-instruct-chat", "bbq_generate")].data.metrics
-    assert gen["n_unparseable"] + gen["n_non_unknown_amb"] + gen["n_non_unknown_disamb"] <= gen["n_items"] == 8
+    assert gen["n_unparseable"] + gen["n_non_unknown_amb"] + gen["n_non_unknown_disamb"] <= gen["n_items"] == 4
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     args = ["compare", f"run:{parent}", f"run:{parent}", "--model-a", "tiny-instruct", "--model-b",
             "tiny-instruct-chat", "--tracking-uri", uri, "--experiment", "biasaudit-chat-template", "--format", "json"]
+    capsys.readouterr()  # the sweep's own output
     assert jobs_cli.main(args) == 0
     doc = json.loads(capsys.readouterr().out)
     rows = {(c["test"], c["metric"]): c for c in doc["comparisons"]}
