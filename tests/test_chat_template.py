@@ -125,3 +125,81 @@ def test_refusals_are_one_line(instruct):
         runner.score(llama, "en/bbq", "bbq", {"limit": 1, "system_instruction": "x", "n_bootstrap": 0})
     with pytest.raises(ParameterError, match="parameter chat_template of metric .bbq.: expected true or false"):
         runner.score(llama, "en/bbq", "bbq", {"limit": 1, "chat_template": "yes", "n_bootstrap": 0})
+
+
+# --------------------------------------------------------------------------- generative BBQ
+
+
+def _harness_docs():
+    import glob
+    import json
+    from pathlib import Path
+
+    import datasets
+    from lm_eval.tasks.bbq import utils
+
+    datasets.disable_progress_bars()
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq" / "en"
+    docs = [json.loads(line) for f in sorted(glob.glob(str(data / "*.jsonl"))) for line in open(f)]
+    return utils, list(utils.process_docs(datasets.Dataset.from_list(docs)))
+
+
+def test_answer_parsing_equals_the_harness_item_by_item():
+    """Our parse of a generated answer gives the harness's acc / n_biased / n_non_unknown per item
+    (its process_results_generate_until on its own processed docs), on generations that name an
+    answer, a group, an unknown phrasing, nothing, or several of them. The one documented
+    difference: the group fallback reads the reader's canonical groups (spaces removed), so a
+    multi-word group written as one word ("pregnantperson", "nondisabled") is matched here and never
+    by the harness; every mismatch is such a case."""
+    from audit.measure.bbq_generate import UNKNOWN_RESPONSES_ALL, parse_answer
+    from audit.metrics.bbq_generate import _counts
+
+    utils, docs = _harness_docs()
+    assert tuple(utils.UNKNOWN_RESPONSES_ALL) == UNKNOWN_RESPONSES_ALL
+    table = load_test("en/bbq").table
+    pick = np.random.default_rng(0).choice(len(table), 150, replace=False)
+    preds, refs, hows, multi = [], [], [], []
+    for i in pick:
+        row, doc = table.iloc[i], docs[i]
+        assert doc["ans0"] == row["ans0"] and doc["question"] == row["question"]
+        other = [j for j in range(3) if j != row["unknown"]]
+        g = list(row[f"groups{other[1]}"])
+        harness_groups = {w for gs in utils._doc_to_choice_groups(doc) for w in gs}
+        gens = [f"The answer is {row[f'ans{other[0]}']}.", f"{row['ans' + str(other[1])]}", "I do not know.",
+                f"Probably the {g[0]} one", "Hmm, hard to say!", f"{row[f'ans{other[0]}']} or Unknown",
+                f"It's {g[-1]}", "the"]
+        for text in gens:
+            p, how = parse_answer(text, [row["ans0"], row["ans1"], row["ans2"]], int(row["unknown"]),
+                                  unknown_phrases=UNKNOWN_RESPONSES_ALL,
+                                  groups=[row["groups0"], row["groups1"], row["groups2"]])
+            preds.append(p)
+            hows.append(how)
+            refs.append(utils.process_results_generate_until(doc, [text])["disamb_bias_score"][:3])
+            multi.append(how == "group" and not any(w in harness_groups for w in text.lower().split(" ")))
+    t = table.iloc[np.repeat(pick, 8)].reset_index(drop=True).assign(prediction=preds)
+    c = _counts(t)
+    got = c[["correct", "biased", "non_unknown"]].to_numpy(dtype=float)
+    differ = ~(got == np.array(refs, dtype=float)).all(axis=1)
+    assert {h: hows.count(h) for h in ("answer", "unknown", "group", "none")} == \
+        {"answer": 100, "unknown": 275, "group": 475, "none": 350}
+    multi = np.array(multi)
+    assert differ.sum() == 57 and not (differ & ~multi).any()  # every difference is a multi-word group
+
+
+def test_generative_bbq_counts_unparseable_answers(instruct):
+    """The tiny instruct model writes no parseable answer: every item is unparseable, counted, wrong,
+    and outside the bias terms (s_DIS = 0 by the no-non-unknown rule, s_AMB = 0)."""
+    model = runner.load_model(str(tiny_models.tiny_model_dir("instruct")))
+    p = {"categories": ["Age"], "limit": 2, "max_new_tokens": 8, "n_bootstrap": 0}
+    for chat in (False, True):
+        r = runner.score(model, "en/bbq", "bbq_generate", {**p, "chat_template": chat})
+        assert r.fields["n_unparseable"] == r.fields["n_items"] == 4
+        assert r.fields["acc"] == 0.0 and r.fields["s_dis"] == 0.0 and r.value == 0.0
+        assert r.fields["per_category"]["Age"]["n_unparseable"] == 4
+        assert (r.items["prediction"] == -1).all() and r.items["unparseable"].all()
+    from audit.metrics.bbq_generate import bbq_generate_metric
+
+    t = r.items.copy()
+    t["prediction"] = t["label"]  # every answer right: acc 1, and the unknowns are not counted as biased
+    out = bbq_generate_metric(t, n_bootstrap=0)
+    assert out.fields["acc"] == 1.0 and out.fields["n_unparseable"] == 0

@@ -20,7 +20,16 @@ Answer matching (:func:`parse_answer`, the harness's rule on the item's own answ
     ``UNKNOWN_RESPONSES_ALL``; other languages: the item's own unknown answer); (3) else the last
     non-unknown answer one of whose groups (``groups{i}`` of the item, processed as the harness's
     ``_process_groups_in_answers``) is a word of the cleaned generation; (4) else *unparseable*
-    (prediction ``-1``).
+    (prediction ``-1``). Note the harness's quirk kept here: an answer is matched as *one* cleaned
+    word, so a multi-word answer ("The college sophomore") is never matched by (1), only through
+    its groups or not at all.
+
+    One difference: the groups are the reader's canonical forms (:mod:`audit.datasets.bbq`: lower
+    case, spaces removed), where the harness uses ``answer_info`` as written; a multi-word group
+    ("pregnant person", "nonDisabled" -> "non disabled"), which the harness can never match, is
+    matched here when the generation writes it as one word ("pregnantperson"). Measured on 150
+    random English items x 8 synthetic generations (tests/test_chat_template.py): 57 of 1200
+    parses differ, all of this kind.
 
 Unparseable answers (counted: ``n_unparseable``, overall, per condition and per category)
     enter the scores as the harness counts them (its answer ``-1``): *wrong* in the accuracies
