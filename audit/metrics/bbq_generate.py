@@ -25,7 +25,12 @@ __all__ = ["bbq_generate_metric"]
 
 
 def _counts(t: pd.DataFrame) -> pd.DataFrame:
-    pred = t["prediction"].to_numpy(dtype=np.int64)
+    raw = pd.to_numeric(t["prediction"], errors="coerce").to_numpy(dtype=np.float64)
+    bad = np.flatnonzero(~np.isin(raw, (-1, 0, 1, 2)))
+    if len(bad):
+        raise DataError(f"generative BBQ table: item {t['item'].iloc[bad[0]]}: prediction must be an option index "
+                        f"0..2 or -1 (unparseable), got {t['prediction'].iloc[bad[0]]!r}")
+    pred = raw.astype(np.int64)
     c = bbq_counts(t, pred)
     c["non_unknown"] = c["non_unknown"] * (pred >= 0)  # unparseable: not a non-unknown answer (harness)
     return c
@@ -52,7 +57,7 @@ def bbq_generate_metric(table: pd.DataFrame, *, n_bootstrap: int = 1000, confide
     seed_used = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2 ** 63))
     t = table.reset_index(drop=True)
     counts = _counts(t)
-    unp = (t["prediction"].to_numpy(dtype=np.int64) < 0)
+    unp = (t["prediction"].to_numpy() < 0)
     amb = counts["amb"].to_numpy(dtype=bool)
     cats = t["category"].astype(str).to_numpy()
     strata = np.array([f"{c}\x00{a}" for c, a in zip(cats, counts["amb"])])
