@@ -12,8 +12,8 @@ when a sweep audited several models, by the model chosen with ``--model-a``/``--
 each matched pair the per-item tables (``items.json`` of each child run, the exact text
 :meth:`mlflow.MlflowClient.log_table` writes) are compared with the metric's comparer
 (:func:`audit.registry.comparer`; the parameters that say how the model is used,
-``chat_template`` and ``system_instruction``, do not enter the matching): WEAT/SEAT with :func:`audit.compare.compare_weat_items`
-(swap of the standardised per-target scores; the attribute sets of each model conditioned
+``chat_template`` and ``system_instruction``, do not enter the matching): WEAT/SEAT with
+:func:`audit.compare.compare_weat_items` (swap of the standardised per-target scores; the attribute sets of each model conditioned
 on, since the vectors are not stored), LPBS with :func:`audit.compare.compare_lpbs`,
 CrowS-Pairs with :func:`audit.compare.compare_crows_pairs` (exact McNemar), the per-item-mean
 metrics with :func:`audit.compare.compare_item_means`. Items present in one run only (a word

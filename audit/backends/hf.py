@@ -285,7 +285,8 @@ class HFModel:
         Causal LMs: ``log P(continuation | context)``
         (:func:`audit.backends.hf_scoring.continuation_loglik`); masked LMs: the pseudo-log-likelihood
         of the continuation's tokens given everything else (:func:`audit.backends.hf_scoring.span_pll`).
-        ``start``: the causal start-token rule (``always`` | ``harness``, :func:`~audit.backends.hf_scoring.encode_requests`)."""
+        ``start``: the causal start-token rule (``always`` | ``harness``,
+        :func:`~audit.backends.hf_scoring.encode_requests`)."""
         import numpy as np
 
 

@@ -172,7 +172,8 @@ def options_family(name: str, test_type: str, measure: Callable[..., Measurement
 
 #: Scores of the options of any :class:`audit.suites.OptionItems` test.
 OPTIONS = options_family(
-    "scored_options", "options", measure_option_items, {"batch_size": None, "limit": None, "delimiter": " ", **CHAT_PARAMS},
+    "scored_options", "options", measure_option_items,
+    {"batch_size": None, "limit": None, "delimiter": " ", **CHAT_PARAMS},
     "score of each option of each item given its context: log-likelihood (causal LMs) or pseudo-log-likelihood "
     "(masked LMs), audit.measure.options")
 
