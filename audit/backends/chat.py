@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 from audit.errors import ModelError, ParameterError
 
 __all__ = ["CHAT_PARAMS", "template_text", "template_digest", "render_user_turns", "check_chat_params",
-           "ChatModel", "chat_handle"]
+           "ChatModel", "chat_handle", "chat_info"]
 
 #: The measure parameters of every LM family that takes a chat template, with their defaults (off).
 CHAT_PARAMS = {"chat_template": False, "system_instruction": None}
@@ -114,6 +114,8 @@ class ChatModel:
             raise ModelError(f"chat_template: model {model.ref!r} has no chat template in its tokenizer")
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_model":  # copy/pickle probe a half-built object
+            raise AttributeError(name)
         return getattr(self._model, name)
 
     def render(self, texts: Sequence[str]) -> list[str]:
