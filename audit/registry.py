@@ -40,6 +40,7 @@ from audit.entries import Family, Measurement, Metric, check_count
 from audit.errors import DataError, ModelError, ParameterError, suggest
 from audit.stats import check_resample_memory
 from audit.measure.bbq import CHOICES
+from audit.measure.bbq_generate import GENERATED
 from audit.measure.crows_pairs import PAIR_SCORES
 from audit.measure.honest import COMPLETIONS
 from audit.measure.lpbs import LPBS_SCORES
@@ -47,6 +48,7 @@ from audit.measure.perplexity import PERPLEXITY, perplexity_metric
 from audit.measure.sentences import SEAT_SENTENCES
 from audit.measure.words import ASSOCIATION
 from audit.metrics.bbq import bbq_metric
+from audit.metrics.bbq_generate import bbq_generate_metric
 from audit.metrics.crows_pairs import crows_pairs_metric
 from audit.metrics.honest import honest_metric
 from audit.metrics.lpbs import lpbs_metric
@@ -340,6 +342,20 @@ _ENTRIES: tuple[Metric, ...] = (
         properties={**_HOLDS, "group_swap": "n/a: no groups (a held-out text, not a bias test)",
                     "scale": "n/a: the numbers are log-likelihoods of a model, no vectors to scale",
                     "min_set_size": _NO_SETS.format("sentences")},
+    ),
+    Metric(
+        name="bbq_generate", family=GENERATED,
+        analyse=lambda m, **p: _with_limit(bbq_generate_metric(m.table, **p), m),
+        params={"n_bootstrap": 1000, "confidence": 0.95, "seed": None},
+        headline="generative BBQ s_AMB from the model's parsed answers (unparseable answers wrong and outside the "
+                 "bias terms, counted in n_unparseable); also accuracies and s_DIS, overall and per category",
+        reference="Parrish et al. (2022), BBQ, Findings of ACL; lm-evaluation-harness bbq_generate (generation, "
+                  "answer matching)",
+        items="one row per item: the generated answer, the parsed option (-1: unparseable), correct / biased",
+        breakdowns=(("per_category", ("s_amb", "s_dis", "acc_amb", "acc_disamb")),),
+        properties={**_SIGNED, "seed": "seeded: ci, cis, per_category.*.ci, seed_used",
+                    "min_set_size": _NO_SETS.format("multiple-choice questions"),
+                    "scale": "n/a: the measurement holds generated texts, no numbers"},
     ),
 )
 

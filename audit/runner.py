@@ -267,6 +267,8 @@ def make_result(
             metric=metric_name, params=registry.key_params(metric, params), seed=seed, load=model.load,
         ),
     }
+    if meas.info.get("chat_template") == "applied":  # audit.backends.chat: the template's digest, system turn
+        prov.update({k: meas.info.get(k) for k in ("chat_template", "chat_template_digest", "system_instruction")})
     if meas.subword and any(meas.subword.values()):
         prov["subword"] = meas.subword
     if isinstance(test, SentencePairs):  # how the file was read: detected encoding, rows dropped

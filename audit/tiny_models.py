@@ -56,6 +56,8 @@ __all__ = [
     "build_tiny_llama",
     "build_tiny_qwen2",
     "build_tiny_mistral",
+    "build_tiny_instruct",
+    "INSTRUCT_CHAT_TEMPLATE",
     "CAUSAL_FAMILIES",
     "CAUSAL_KINDS",
     "tiny_corpus",
@@ -63,7 +65,7 @@ __all__ = [
     "load_tiny",
 ]
 
-KINDS = ("bert", "roberta", "gpt2", "distilbert", "llama", "qwen2", "mistral")
+KINDS = ("bert", "roberta", "gpt2", "distilbert", "llama", "qwen2", "mistral", "instruct")
 
 HIDDEN = 32
 LAYERS = 2
@@ -427,6 +429,28 @@ CAUSAL_MAX_POSITIONS = 256
 _CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
                   "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
+#: The instruct-style tiny model's template (:func:`build_tiny_instruct`): ChatML with a default
+#: system turn when the conversation has none (as Qwen2.5-Instruct's template does).
+INSTRUCT_CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _chat_corpus(corpus: list[str], template: str) -> list[str]:
+    """The instruct model's chat-formatted training texts: each sentence's first half as the user
+    turn, the rest as the assistant's answer, rendered with ``template`` (jinja2, as transformers does)."""
+    import jinja2
+
+    tpl = jinja2.Environment().from_string(template)
+    out = []
+    for text in corpus:
+        words = text.split(" ")
+        h = max(1, len(words) // 2)
+        msgs = [{"role": "user", "content": " ".join(words[:h])}, {"role": "assistant", "content": " ".join(words[h:])}]
+        out.append(tpl.render(messages=msgs, add_generation_prompt=False))
+    return out
+
 
 def _causal_corpus(languages) -> list[str]:
     """The English tiny corpus, or (``languages`` given) the natural-text corpus that
@@ -500,13 +524,14 @@ def _train_causal(model, tokenizer, corpus: list[str]) -> None:
 
 
 def build_tiny_causal(directory: str | os.PathLike, family: str = "llama", *, train: bool = True,
-                      languages=None, vocab_size: int | None = None) -> Path:
+                      languages=None, vocab_size: int | None = None, chat_template: str | None = None) -> Path:
     """Write a tiny decoder-only model of ``family`` (``llama``: ``LlamaForCausalLM``,
     ``qwen2``: ``Qwen2ForCausalLM``, ``mistral``: ``MistralForCausalLM``) with a byte-level BPE
     tokenizer trained on the tiny corpus (``languages``: on those languages' shipped-test text
     too, :func:`_causal_corpus`). Rotary positions (:data:`CAUSAL_MAX_POSITIONS`), no token type
     ids, grouped-query attention (2 query heads, 1 key/value head); Qwen2 ties its input and output
-    embeddings."""
+    embeddings. ``chat_template``: the tokenizer's template instead of the family's, and the model
+    trained on the corpus rendered as chats too (:func:`_chat_corpus`)."""
     import transformers
 
     if family not in CAUSAL_FAMILIES:
@@ -516,6 +541,9 @@ def build_tiny_causal(directory: str | os.PathLike, family: str = "llama", *, tr
     corpus = _causal_corpus(languages)
     size = vocab_size or (900 if not languages else 1600)
     tokenizer, vocab = _causal_tokenizer(corpus, family, size)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+        corpus = corpus + _chat_corpus(corpus, chat_template)
     common = dict(
         vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=1,
@@ -548,11 +576,17 @@ def build_tiny_mistral(directory: str | os.PathLike, *, train: bool = True, lang
     return build_tiny_causal(directory, "mistral", train=train, languages=languages)
 
 
+def build_tiny_instruct(directory: str | os.PathLike, *, train: bool = True) -> Path:
+    """An instruct-style tiny model: :func:`build_tiny_causal` of the ``qwen2`` family with
+    :data:`INSTRUCT_CHAT_TEMPLATE` (a default system turn), trained on plain and chat-formatted text."""
+    return build_tiny_causal(directory, "qwen2", train=train, chat_template=INSTRUCT_CHAT_TEMPLATE)
+
+
 _BUILDERS = {"bert": build_tiny_bert, "roberta": build_tiny_roberta, "gpt2": build_tiny_gpt2,
              "distilbert": build_tiny_distilbert, "llama": build_tiny_llama, "qwen2": build_tiny_qwen2,
-             "mistral": build_tiny_mistral}
+             "mistral": build_tiny_mistral, "instruct": build_tiny_instruct}
 #: The causal kinds (loaded with ``AutoModelForCausalLM``).
-CAUSAL_KINDS = ("gpt2", "llama", "qwen2", "mistral")
+CAUSAL_KINDS = ("gpt2", "llama", "qwen2", "mistral", "instruct")
 _MEMO: dict[tuple[str, str], Path] = {}
 
 

@@ -97,7 +97,8 @@ def _build_hf(kind: str, out: Path, params: dict[str, Any] | None = None) -> Non
         langs = [lang] if isinstance(lang, str) else (list(lang) if lang else None)
         tm.build_tiny_causal(out, kind, languages=langs)
         return
-    builder = {"bert": tm.build_tiny_bert, "roberta": tm.build_tiny_roberta, "gpt2": tm.build_tiny_gpt2}[kind]
+    builder = {"bert": tm.build_tiny_bert, "roberta": tm.build_tiny_roberta, "gpt2": tm.build_tiny_gpt2,
+               "instruct": tm.build_tiny_instruct}[kind]
     builder(out)
 
 

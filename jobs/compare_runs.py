@@ -11,8 +11,9 @@ any experiment). Its FINISHED child runs are matched by (language, test, metric,
 when a sweep audited several models, by the model chosen with ``--model-a``/``--model-b``. For
 each matched pair the per-item tables (``items.json`` of each child run, the exact text
 :meth:`mlflow.MlflowClient.log_table` writes) are compared with the metric's comparer
-(:func:`audit.registry.comparer`): WEAT/SEAT with :func:`audit.compare.compare_weat_items`
-(swap of the standardised per-target scores; the attribute sets of each model conditioned
+(:func:`audit.registry.comparer`; the parameters that say how the model is used,
+``chat_template`` and ``system_instruction``, do not enter the matching): WEAT/SEAT with
+:func:`audit.compare.compare_weat_items` (swap of the standardised per-target scores; the attribute sets of each model conditioned
 on, since the vectors are not stored), LPBS with :func:`audit.compare.compare_lpbs`,
 CrowS-Pairs with :func:`audit.compare.compare_crows_pairs` (exact McNemar), the per-item-mean
 metrics with :func:`audit.compare.compare_item_means`. Items present in one run only (a word
@@ -86,9 +87,15 @@ def find_parent(client, ref: str, *, experiment: str | None = None):
     raise ParameterError(f"{ref!r}: a finished sweep is run:<parent run id> or sweep:<name>")
 
 
+#: Parameters that say how the model is used (a chat template and its system turn,
+#: audit.backends.chat), not what is measured: left out of the matching, so a model audited
+#: with and without its template is compared task by task.
+MODEL_USE_PARAMS = ("chat_template", "system_instruction")
+
+
 def _identity(run) -> tuple[str, str, str, str]:
     p, t = run.data.params, run.data.tags
-    params = {k[6:]: v for k, v in p.items() if k.startswith("param.")}
+    params = {k[6:]: v for k, v in p.items() if k.startswith("param.") and k[6:] not in MODEL_USE_PARAMS}
     return (t.get("audit.language", ""), t.get("audit.test", ""), t.get("audit.metric", ""),
             json.dumps(params, sort_keys=True))
 

@@ -53,7 +53,8 @@ def built_path(output_dir: str | Path, name: str, kind: str | None = None) -> Pa
 
 
 _KIND_OF_BUILD = {"fasttext": "static", "bert": "mlm", "roberta": "mlm", "gpt2": "causal",
-                  "llama": "causal", "qwen2": "causal", "mistral": "causal", "mitigation": "static"}
+                  "llama": "causal", "qwen2": "causal", "mistral": "causal", "instruct": "causal",
+                  "mitigation": "static"}
 
 
 def resolve_ref(ref: str, *, output_dir: Path | None = None, build: dict | None = None) -> str:

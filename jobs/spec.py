@@ -91,7 +91,7 @@ ISO_639_1 = frozenset(
 BACKENDS = backend_table.names()
 
 #: Kinds of tiny models the spec can build on demand (``models[i].build.kind``).
-BUILD_KINDS = ("fasttext", "bert", "roberta", "gpt2", "llama", "qwen2", "mistral")
+BUILD_KINDS = ("fasttext", "bert", "roberta", "gpt2", "llama", "qwen2", "mistral", "instruct")
 #: Build kinds that take a training ``language`` (one code; the causal kinds also a list: one
 #: multilingual model).
 _LANGUAGE_BUILDS = {"fasttext": False, "llama": True, "qwen2": True, "mistral": True}

@@ -732,6 +732,8 @@ def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None
     }
     if res is not None:
         params["dataset_digest"] = res.provenance.get("dataset_digest", "")
+        if res.provenance.get("chat_template_digest"):  # audit.backends.chat: the template applied
+            params["chat_template_digest"] = res.provenance["chat_template_digest"]
         for k in RESULT_STRING_FIELDS:  # how the numbers were obtained: the interval, the groups' side ...
             v = (res.fields or {}).get(k)
             if isinstance(v, str) and v:

@@ -28,6 +28,7 @@ from audit import registry
 from audit.entries import PROPERTIES, Measurement, Metric
 from audit.errors import AuditError
 from audit.measure.bbq import CHOICES
+from audit.measure.bbq_generate import GENERATED
 from audit.measure.crows_pairs import PAIR_SCORES
 from audit.measure.honest import COMPLETIONS
 from audit.measure.lpbs import LPBS_SCORES
@@ -133,6 +134,15 @@ def choice_table(e: Metric, rng: np.random.Generator, n: int = 40) -> Measuremen
         "score2": scores[:, 2]}))
 
 
+def generated_table(e: Metric, rng: np.random.Generator, n: int = 40) -> Measurement:
+    """A generative-BBQ table: parsed answers (option 2 'unknown', -1 unparseable), leaning biased."""
+    t = choice_table(e, rng, n).table
+    pred = np.argmax(t[["score0", "score1", "score2"]].to_numpy(), axis=1)
+    pred[rng.random(n) < 0.1] = -1
+    return Measurement(family=e.family.name, info={"limit": None},
+                       table=t.drop(columns=["score0", "score1", "score2"]).assign(prediction=pred))
+
+
 @dataclasses.dataclass(frozen=True)
 class Builder:
     """How this file makes, permutes, swaps, scales and spoils a family's measurement."""
@@ -155,6 +165,7 @@ BUILDERS: dict[str, Builder] = {
     COMPLETIONS.name: Builder(completion_table, _lexicon),
     CHOICES.name: Builder(choice_table),
     PERPLEXITY.name: Builder(text_table),
+    GENERATED.name: Builder(generated_table),
 }
 
 
@@ -179,7 +190,7 @@ def swap_groups(e: Metric, m: Measurement) -> Measurement:
     if e.family is PAIR_SCORES:
         return dataclasses.replace(m, table=t.assign(sent_more_score=t["sent_less_score"],
                                                      sent_less_score=t["sent_more_score"]))
-    if e.family is CHOICES:  # the biased answer becomes the other group's (non-unknown) answer
+    if e.family in (CHOICES, GENERATED):  # the biased answer becomes the other group's (non-unknown) answer
         return dataclasses.replace(m, table=t.assign(biased=[[1 - b[0]] for b in t["biased"]]))
     assert m.table is None, f"no group swap for family {e.family.name}"
     labels = dict(m.labels, target0=m.labels["target1"], target1=m.labels["target0"])
@@ -203,10 +214,12 @@ def spoil(e: Metric, m: Measurement, bad: float) -> Measurement:
         return dataclasses.replace(m, targets=targets)
     t = m.table.copy()
     col = {"lpbs": "ilp", "sentence_pairs": "sent_less_score", "multiple_choice": "score1",
-           "perplexity": "ll"}.get(e.family.name)
+           "perplexity": "ll", "generated_answers": "prediction"}.get(e.family.name)
     if col is None:
         t.at[3, "completions"] = (*t.at[3, "completions"][:2], bad, *t.at[3, "completions"][3:])
     else:
+        if col == "prediction":
+            t[col] = t[col].astype(float)
         t.at[3, col] = bad
     return dataclasses.replace(m, table=t)
 

@@ -78,6 +78,13 @@ class LanguageModel(Protocol):
     * ``topk_fills(templates, k, slot)`` -> ``(words, logprobs)`` (HONEST, masked).
     * ``first_words(prompts, k, decoding, seed, max_new_tokens)`` -> ``(words, logprobs)``:
       generation until the first word ends (HONEST, causal).
+    * ``generate_until(prompts, until, max_new_tokens)`` -> the greedy continuation of each prompt,
+      cut before the first stop string (generative BBQ).
+    * ``render_chat(texts, system_instruction)`` -> each text as a user turn rendered by the
+      tokenizer's chat template, the assistant turn opened; ``chat_template_digest``. A family
+      given ``chat_template: true`` measures on :class:`audit.backends.chat.ChatModel`, which
+      routes ``loglikelihood``, ``loglikelihood_rolling``, ``first_words`` and ``generate_until``
+      through it (``start="harness"``: the start token only where the tokenizer adds it).
     * ``embed(sentences, method, spans, layer)`` -> float32 ``(n, dim)`` pooled embeddings of
       sentences or of character spans in them (SEAT, word metrics on contextual models).
     * ``count_tokens(texts)``, ``token_positions(text, spans)``, ``is_unknown_word(word)``: the
@@ -102,6 +109,11 @@ class LanguageModel(Protocol):
 
     def first_words(self, prompts: Sequence[str], k: int, *, decoding: str = "greedy", seed: int = 0,
                     max_new_tokens: int = 8, batch_size: int | None = None): ...
+
+    def generate_until(self, prompts: Sequence[str], *, until: Sequence[str] = (), max_new_tokens: int = 256,
+                       batch_size: int | None = None) -> list[str]: ...
+
+    def render_chat(self, texts: Sequence[str], *, system_instruction: str | None = None) -> list[str]: ...
 
     def embed(self, sentences: Sequence[str], *, method: str | None = None, spans: Sequence | None = None,
               layer: int = -1, batch_size: int | None = 32, padding_side: str = "right"): ...

@@ -37,8 +37,8 @@ GPUs) is passed to Transformers as given; dtype, device and device map are recor
 (:meth:`HFModel.load_info`).
 
 Causal LMs: tokenizers without a pad token are used as they are (the scorers build padded
-batches themselves, :mod:`audit.backends.hf_scoring`); a chat template is never applied, only
-recorded as present.
+batches themselves, :mod:`audit.backends.hf_scoring`); a chat template is applied only when a
+family's ``chat_template`` parameter asks for it (:mod:`audit.backends.chat`), else recorded as present.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from audit.backends import hf_embed, hf_generate, hf_scoring
+from audit.backends import chat, hf_embed, hf_generate, hf_scoring
 from audit.backends.batching import AUTO_BATCH_CPU, AUTO_BATCH_CUDA, default_batch_size, run_batched
 from audit.errors import ModelError, ParameterError, UnsafeModelError
 from audit.retry import Backoff, call_with_retry, first_line, http_status, transient_reason
@@ -213,8 +213,8 @@ class HFModel:
                   <sha>``, ``offline: main resolved to <sha> from the cache``; local folders:
                   ``local directory``).
     device_map:   the ``device_map`` the model was loaded with (``None``: one device).
-    chat_template: whether the tokenizer ships a chat template (never applied: biasaudit scores
-                  and embeds the text as given; recorded so that results say so).
+    chat_template: whether the tokenizer ships a chat template (applied only by families given
+                  ``chat_template: true``, :mod:`audit.backends.chat`; recorded so that results say so).
     """
 
     ref: str
@@ -284,7 +284,7 @@ class HFModel:
 
         Causal LMs: ``log P(continuation | context)``
         (:func:`audit.backends.hf_scoring.continuation_loglik`, its ``start`` rule: ``"always"`` or
-        ``"harness"``); masked LMs: the pseudo-log-likelihood of the continuation's tokens given
+        ``"harness"``, :func:`~audit.backends.hf_scoring.encode_requests`); masked LMs: the pseudo-log-likelihood of the continuation's tokens given
         everything else (:func:`audit.backends.hf_scoring.span_pll`; ``start`` does not apply)."""
         import numpy as np
 
@@ -334,14 +334,35 @@ class HFModel:
         return words, lp
 
     def first_words(self, prompts: Sequence[str], k: int, *, decoding: str = "greedy", seed: int = 0,
-                    max_new_tokens: int = 8, batch_size: int | None = None) -> tuple[list[list[str]], Any]:
+                    max_new_tokens: int = 8, batch_size: int | None = None, start: str = "always"
+                    ) -> tuple[list[list[str]], Any]:
         """Causal LMs: ``k`` continuations of each prompt generated until the first word ends
         (:func:`audit.backends.hf_generate.causal_first_words`)."""
 
         self._need("causal", what="generation")
         return hf_generate.causal_first_words(self.model, self.tokenizer, prompts, k, decoding=decoding, seed=seed,
                                               max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                              device=self.device)
+                                              device=self.device, start=start)
+
+    def generate_until(self, prompts: Sequence[str], *, until: Sequence[str] = (), max_new_tokens: int = 256,
+                       batch_size: int | None = None, start: str = "always") -> list[str]:
+        """Causal LMs: the greedy continuation of each prompt, cut at the first stop string
+        (:func:`audit.backends.hf_generate.causal_generate_until`)."""
+
+        self._need("causal", what="generation")
+        return hf_generate.causal_generate_until(self.model, self.tokenizer, prompts, until=until,
+                                                 max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                                 device=self.device, start=start)
+
+    @property
+    def chat_template_digest(self) -> str | None:
+        """``sha256:`` of the tokenizer's chat template, ``None`` without one (:mod:`audit.backends.chat`)."""
+        return chat.template_digest(self.tokenizer)
+
+    def render_chat(self, texts: Sequence[str], *, system_instruction: str | None = None) -> list[str]:
+        """Each text as a user turn rendered by the tokenizer's chat template, the assistant turn
+        opened (:func:`audit.backends.chat.render_user_turns`)."""
+        return chat.render_user_turns(self.tokenizer, texts, system_instruction=system_instruction, ref=self.ref)
 
     def embed(self, sentences: Sequence[str], *, method: str | None = None,
               spans: Sequence[tuple[int, int]] | None = None, layer: int = -1, batch_size: int | None = 32,

@@ -44,16 +44,18 @@ import numpy as np
 
 from audit.backends.batching import run_batched
 from audit.backends.hf_scoring import (
+    START_MODES,
     causal_prefix_id,
     default_batch_size,
     max_sequence_length,
     model_device,
     pad_token_id,
     split_verified,
+    tokenizer_adds_start,
 )
 from audit.errors import DataError, ModelError, ParameterError
 
-__all__ = ["DECODINGS", "first_word", "check_k", "mlm_topk", "causal_first_words"]
+__all__ = ["DECODINGS", "first_word", "check_k", "mlm_topk", "causal_first_words", "causal_generate_until"]
 
 DECODINGS = ("greedy", "sample")
 #: The slot a template marks for :func:`mlm_topk` to fill (HONEST's ``[M]``).
@@ -168,13 +170,91 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
 # --------------------------------------------------------------------------- causal LMs
 
 
+def _prefixes(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int, start: str
+              ) -> list[list[int]]:
+    """The token ids of each prompt (no special tokens) with the start token first -- ``start="always"``:
+    always; ``"harness"``: only where the tokenizer adds it itself (lm-evaluation-harness) -- never
+    doubled; a prompt that leaves no room for ``max_new_tokens`` is a :class:`DataError`."""
+    if start not in START_MODES:
+        raise ParameterError(f"start: {start!r} is not one of {', '.join(START_MODES)}")
+    sid = causal_prefix_id(tokenizer)
+    prepend = start == "always" or tokenizer_adds_start(tokenizer)
+    limit = max_sequence_length(model, tokenizer)
+    out: list[list[int]] = []
+    for p in prompts:
+        ids = list(tokenizer(p, add_special_tokens=False)["input_ids"])
+        if not ids or (prepend and ids[0] != sid):
+            ids = [sid] + ids
+        if len(ids) + max_new_tokens > limit:
+            raise DataError(f"prompt {p!r} has {len(ids)} tokens; with {max_new_tokens} new tokens the model's limit "
+                            f"of {limit} is exceeded")
+        out.append(ids)
+    return out
+
+
+def _greedy(model: Any, seqs: list[list[int]], max_new_tokens: int, *, pad: int, eos: int | None, dev: Any
+            ) -> list[list[int]]:
+    """``max_new_tokens`` greedy tokens after each sequence (``model.generate``, left padding, KV cache)."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad, dtype=torch.long)
+    att = torch.zeros((len(seqs), L), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, L - len(s):] = torch.tensor(s, dtype=torch.long)
+        att[r, L - len(s):] = 1
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # generate's padding advice: the attention mask is passed
+    try:
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new_tokens,
+                                 do_sample=False, num_beams=1, pad_token_id=pad, eos_token_id=eos, temperature=None,
+                                 top_k=None, top_p=None)
+    finally:
+        hf_logging.set_verbosity(level)
+    return [row[L:].tolist() for row in out.cpu()]
+
+
+def causal_generate_until(model: Any, tokenizer: Any, prompts: Sequence[str], *, until: Sequence[str] = (),
+                          max_new_tokens: int = 256, batch_size: int | None = None, device: Any = None,
+                          start: str = "always") -> list[str]:
+    """The greedy continuation of each prompt (lm-evaluation-harness ``generate_until`` with its
+    default generation kwargs: greedy, ``max_gen_toks`` 256), decoded without special tokens and
+    cut before the first of the ``until`` strings; generation also stops at the end-of-sequence
+    token (the harness adds the EOS text to ``until``). ``start`` as :func:`causal_first_words`.
+    Batched by length, left padding; the result does not depend on the batch size."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ParameterError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
+    if isinstance(until, str) or not all(isinstance(u, str) and u for u in until):
+        raise ParameterError(f"until: must be a list of non-empty strings, got {until!r}")
+    prefixes = _prefixes(model, tokenizer, prompts, max_new_tokens, start)
+    dev = model_device(model, device)
+    pad, eos = pad_token_id(tokenizer), getattr(tokenizer, "eos_token_id", None)
+    order = sorted(range(len(prefixes)), key=lambda i: (-len(prefixes[i]), i))
+    bs = default_batch_size(dev) if batch_size is None else batch_size
+    res = run_batched(lambda b: _greedy(model, [prefixes[i] for i in b], max_new_tokens, pad=pad, eos=eos, dev=dev),
+                      order, bs, device=dev)
+    out: list[str] = [""] * len(prefixes)
+    for i, g in zip(order, res):
+        if eos is not None and eos in g:
+            g = g[: g.index(eos)]
+        text = tokenizer.decode(g, skip_special_tokens=True)
+        cut = min((text.find(u) for u in until if u in text), default=len(text))
+        out[i] = text[:cut]
+    return out
+
+
 def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *, decoding: str = "greedy",
                        seed: int = 0, max_new_tokens: int = 8, batch_size: int | None = None,
-                       device: Any = None) -> tuple[list[list[str]], np.ndarray]:
+                       device: Any = None, start: str = "always") -> tuple[list[list[str]], np.ndarray]:
     """``k`` first-word completions of each prompt under a causal LM (module docstring).
 
     Returns ``(words, logprobs)``: per prompt the ``k`` words and the log-probability of each
     completion's first token (float64, shape ``(n, k)``; greedy: most probable first).
+
+    ``start``: ``"always"`` (default) puts the start token first; ``"harness"`` only where the
+    tokenizer adds it itself (:func:`_prefixes`; used on chat-rendered prompts).
 
     Greedy branches are continued with ``model.generate`` (greedy search, KV cache, left padding)
     for ``max_new_tokens - 1`` further tokens; sampled ones step by step (see the module
@@ -189,21 +269,11 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
         raise ParameterError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
     if decoding == "sample" and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
         raise ParameterError(f"seed: must be a non-negative integer, got {seed!r}")
-    start = causal_prefix_id(tokenizer)
     eos = getattr(tokenizer, "eos_token_id", None)
-    limit = max_sequence_length(model, tokenizer)
     dev = model_device(model, device)
     pad = pad_token_id(tokenizer)
     bs = default_batch_size(dev) if batch_size is None else batch_size
-    prefixes: list[list[int]] = []
-    for p in prompts:
-        ids = list(tokenizer(p, add_special_tokens=False)["input_ids"])
-        if not ids or ids[0] != start:
-            ids = [start] + ids
-        if len(ids) + max_new_tokens > limit:
-            raise DataError(f"prompt {p!r} has {len(ids)} tokens; with {max_new_tokens} new tokens the model's limit "
-                            f"of {limit} is exceeded")
-        prefixes.append(ids)
+    prefixes = _prefixes(model, tokenizer, prompts, max_new_tokens, start)
     n = len(prefixes)
 
     def batched(fn, seqs: list[list[int]]) -> list[Any]:

@@ -57,6 +57,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
 from audit.datasets.bbq import N_OPTIONS, select_items
 from audit.entries import Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
@@ -273,6 +274,7 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
         raise ParameterError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     items = select_items(test.table, mp["categories"], mp["limit"])
     task = None
+    handle = chat_handle(model.handle, mp)
     if protocol == "harness":
         task = HARNESS_TASKS.get(test.language)
         if task is None:
@@ -282,12 +284,12 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
         if mp["prompt"] is not None:
             raise ParameterError("prompt: protocol harness uses the harness task's own prompt; leave prompt unset")
         prompt = default_prompt(test.language)
-        table = harness_option_scores(model.handle, items, task=task, batch_size=mp["batch_size"],
+        table = harness_option_scores(handle, items, task=task, batch_size=mp["batch_size"],
                                       truncation=mp["truncation"])
     else:
         prompt = mp["prompt"] or default_prompt(test.language)
         start = mp.get("start_token", "always")  # the causal families' start-token option, where the family has it
-        table = bbq_option_scores(model.handle, items, prompt=prompt, batch_size=mp["batch_size"],
+        table = bbq_option_scores(handle, items, prompt=prompt, batch_size=mp["batch_size"],
                                   truncation=mp["truncation"], start=start)
         if "question_type" in items.columns:
             table["question_type"] = items["question_type"].to_numpy()
@@ -298,7 +300,9 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
                              "format": test.extra.get("format", ""),
                              "variant": variant(model.kind), "protocol": protocol, "harness_task": task,
                              "start_token": ("harness" if protocol == "harness" else
-                                             mp.get("start_token", "always") if model.kind == "causal" else "n/a")})
+                                             "harness" if handle is not model.handle else
+                                             mp.get("start_token", "always") if model.kind == "causal" else "n/a"),
+                             **chat_info(handle)})
 
 
 def _method(kind: str, params: Mapping[str, Any]) -> str:
@@ -310,7 +314,7 @@ def _method(kind: str, params: Mapping[str, Any]) -> str:
 CHOICES = options_family(
     "multiple_choice", "multiple_choice", measure_bbq,
     {"batch_size": None, "categories": None, "limit": None, "prompt": None, "truncation": "none",
-     "protocol": "item_options"},
+     "protocol": "item_options", **CHAT_PARAMS},
     "score of each answer option given the prompt: log-likelihood (causal LMs) or pseudo-log-likelihood of the "
     "answer's tokens (masked LMs)", method=_method,
 )

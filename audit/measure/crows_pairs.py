@@ -11,6 +11,7 @@ import pandas as pd
 from audit.datasets.crows_pairs import REQUIRED_COLUMNS, select_pairs
 from audit.entries import Measurement, Metric
 from audit.errors import DataError, ModelError
+from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
 from audit.measure.options import KINDS, options_family, score_options, variant
 from audit.suites import SentencePairs
 
@@ -76,14 +77,15 @@ def measure_pairs(model, test: SentencePairs, metric: Metric, mp: Mapping[str, A
                   ap: Mapping[str, Any]) -> Measurement:
     """Sentence scores of the selected pairs (:func:`crows_pairs_scores`)."""
     df = select_pairs(test.table, mp["bias_types"] or None, mp["limit"] or None)
-    table = crows_pairs_scores(model.handle, df, batch_size=mp["batch_size"])
-    return Measurement(family=PAIR_SCORES.name, table=table)
+    handle = chat_handle(model.handle, mp)
+    table = crows_pairs_scores(handle, df, batch_size=mp["batch_size"])
+    return Measurement(family=PAIR_SCORES.name, table=table, info=chat_info(handle))
 
 
 #: Per-sentence scores of sentence pairs (the scored-options step, two options and no context): masked-LM
 #: pseudo-log-likelihood or causal log-likelihood.
 PAIR_SCORES = options_family(
-    "sentence_pairs", "pairs", measure_pairs, {"batch_size": None, "limit": None, "bias_types": None},
+    "sentence_pairs", "pairs", measure_pairs, {"batch_size": None, "limit": None, "bias_types": None, **CHAT_PARAMS},
     "score of each sentence of a pair: pseudo-log-likelihood (masked LMs, Salazar et al. 2020 as in Nangia et al. "
     "2020) or log-likelihood (causal LMs)",
 )

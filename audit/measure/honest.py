@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
 from audit.backends.hf_generate import DECODINGS, check_k, first_word
 from audit.datasets.honest import SLOT_MASK
 from audit.entries import Family, Measurement, Metric
@@ -80,14 +81,15 @@ def measure_honest(model, test: CompletionTemplates, metric: Metric, mp: Mapping
     """The completions of every distinct template of the test (:func:`honest_completions`), as
     many as the largest ``k`` of the analysis asks."""
     k = _needed_k(ap)
-    table = honest_completions(model.handle, test.table, k, decoding=mp["decoding"], seed=mp["seed"],
+    handle = chat_handle(model.handle, mp)
+    table = honest_completions(handle, test.table, k, decoding=mp["decoding"], seed=mp["seed"],
                                max_new_tokens=mp["max_new_tokens"], batch_size=mp["batch_size"])
     method = "masked top-k" if model.kind == "mlm" else f"causal first word ({mp['decoding']})"
     return Measurement(family=COMPLETIONS.name, table=table,
                        info={"language": test.language, "kind": model.kind, "method": method, "top_k": k,
                              "decoding": mp["decoding"] if model.kind == "causal" else None,
                              "seed": mp["seed"] if model.kind == "causal" and mp["decoding"] == "sample" else None,
-                             "n_template_rows": len(test.table)})
+                             "n_template_rows": len(test.table), **chat_info(handle)})
 
 
 def _method(kind: str, params: Mapping[str, Any]) -> str:
@@ -100,7 +102,7 @@ COMPLETIONS = Family(
     kinds=("mlm", "causal"),
     test_type="completion",
     measure=measure_honest,
-    params={"batch_size": None, "decoding": "greedy", "seed": 0, "max_new_tokens": 8},
+    params={"batch_size": None, "decoding": "greedy", "seed": 0, "max_new_tokens": 8, **CHAT_PARAMS},
     method=_method,
     needs=lambda test: None,
     description="completions of the [M] slot of each template: the top-k tokens of a masked LM, the first "

@@ -54,6 +54,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
 from audit.datasets.bias import parse_bias_lpbs
 from audit.datasets.templates import LPBS_USE, fill_lpbs, number_forms
 from audit.entries import Family, Measurement, Metric
@@ -378,8 +379,9 @@ def _masked_scores(hf_model: Any, rows: pd.DataFrame, batch_size: int | None) ->
 
 def measure_lpbs(model, test, metric: Metric, mp: Mapping[str, Any], ap: Mapping[str, Any]) -> Measurement:
     """The LPBS table of a test (:func:`lpbs_scores`)."""
-    table = lpbs_scores(model.handle, test, batch_size=mp["batch_size"], forms=mp["forms"])
-    return Measurement(family=LPBS_SCORES.name, table=table, set_names=set_names(test))
+    handle = chat_handle(model.handle, mp)
+    table = lpbs_scores(handle, test, batch_size=mp["batch_size"], forms=mp["forms"])
+    return Measurement(family=LPBS_SCORES.name, table=table, set_names=set_names(test), info=chat_info(handle))
 
 
 def _needs_lpbs(test: WordTest) -> str | None:
@@ -398,7 +400,7 @@ LPBS_SCORES = Family(
     kinds=("mlm", "causal"),
     test_type="words",
     measure=measure_lpbs,
-    params={"batch_size": None, "forms": None},
+    params={"batch_size": None, "forms": None, **CHAT_PARAMS},
     method=_method,
     needs=_needs_lpbs,
     description="masked LMs: log P(target | template with target masked) minus the prior with the "

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
 
@@ -150,11 +151,13 @@ def measure_option_items(model, test, metric: Metric, mp: Mapping[str, Any], ap:
         t = t.head(limit)
     options = t[cols].astype(str).values.tolist()
     contexts = t["context"].fillna("").astype(str).tolist()
-    sc, nt = score_options(model.handle, contexts, options, gold=t["gold"].to_numpy(dtype=np.int64),
+    handle = chat_handle(model.handle, mp, delimiter=mp["delimiter"])
+    sc, nt = score_options(handle, contexts, options, gold=t["gold"].to_numpy(dtype=np.int64),
                            delimiter=mp["delimiter"], batch_size=mp["batch_size"], what=test.name)
     meta = t[[c for c in t.columns if c not in cols and c != "context"]]
     return Measurement(family=OPTIONS.name, table=option_table(meta, options, sc, nt),
-                       info={"n_options": k, "variant": variant(model.kind), "language": test.language})
+                       info={"n_options": k, "variant": variant(model.kind), "language": test.language,
+                             **chat_info(handle)})
 
 
 def options_family(name: str, test_type: str, measure: Callable[..., Measurement], params: Mapping[str, Any],
@@ -171,7 +174,8 @@ def options_family(name: str, test_type: str, measure: Callable[..., Measurement
 
 #: Scores of the options of any :class:`audit.suites.OptionItems` test.
 OPTIONS = options_family(
-    "scored_options", "options", measure_option_items, {"batch_size": None, "limit": None, "delimiter": " "},
+    "scored_options", "options", measure_option_items,
+    {"batch_size": None, "limit": None, "delimiter": " ", **CHAT_PARAMS},
     "score of each option of each item given its context: log-likelihood (causal LMs) or pseudo-log-likelihood "
     "(masked LMs), audit.measure.options")
 

@@ -1,0 +1,164 @@
+"""Chat templates: a family's requests rendered as lm-evaluation-harness renders them with
+``--apply_chat_template`` (lm-eval 0.4.13: ``lm_eval/api/task.py`` ``fewshot_context`` and
+``construct_requests``, ``lm_eval/models/huggingface.py`` ``HFLM.apply_chat_template``).
+
+Rendering (:func:`render_user_turns`)
+    The context of a request becomes one user turn, preceded by a system turn when a
+    ``system_instruction`` is given, rendered by the tokenizer's own Jinja template
+    (``tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``): the
+    text ends with the opening of the assistant turn. Zero-shot there is one user turn, so the
+    harness's ``--fewshot_as_multiturn`` (few-shot examples as separate user/assistant turns)
+    changes nothing and has no counterpart here.
+
+Continuations (:class:`ChatModel`)
+    The scored continuation is appended to the rendered context, inside the assistant turn,
+    *without* the target delimiter (the harness sets ``target_delimiter = ""`` under a chat
+    template when the task has no ``gen_prefix``; no biasaudit family has one): BBQ's
+    ``(prompt, " " + answer)`` is scored as ``(render(prompt), answer)``. A whole-sentence score
+    (CrowS-Pairs on a causal LM, the harness's ``doc_to_text: ""``) is the sentence after the
+    rendered empty user turn. Generation (HONEST, generative BBQ) continues the rendered text.
+    The engine's other conventions are unchanged (trailing white space of the rendered context
+    moves to the continuation, the harness's rule), except the start token: the rendered text is
+    fed as it is, with the start token only where the tokenizer adds one itself and never
+    doubled (the harness's ``tok_encode`` on a rendered context; ``start="harness"`` of
+    :func:`audit.backends.hf_scoring.encode_requests`).
+
+Differences from the harness
+    A template that rejects a system turn is refused (:class:`ModelError`) instead of the harness's
+    silent retry without it. A model whose tokenizer has no chat template is refused before any
+    work.
+
+Identity
+    :func:`template_digest` (``sha256:`` of the template text) is recorded with every result;
+    the template is part of the model's files, so the model's revision in ``audit.key`` already
+    fixes it, and ``chat_template``/``system_instruction`` enter the key as parameters when given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping, Sequence
+
+from audit.errors import ModelError, ParameterError
+
+__all__ = ["CHAT_PARAMS", "template_text", "template_digest", "render_user_turns", "check_chat_params",
+           "ChatModel", "chat_handle", "chat_info"]
+
+#: The measure parameters of every LM family that takes a chat template, with their defaults (off).
+CHAT_PARAMS = {"chat_template": False, "system_instruction": None}
+
+
+def template_text(tokenizer: Any) -> str | None:
+    """The tokenizer's chat template (a named-template dict as canonical JSON), ``None`` if none."""
+    t = getattr(tokenizer, "chat_template", None)
+    if isinstance(t, dict):
+        return json.dumps(t, sort_keys=True, ensure_ascii=False) if t else None
+    return t if isinstance(t, str) and t.strip() else None
+
+
+def template_digest(tokenizer: Any) -> str | None:
+    """``sha256:<hex>`` of :func:`template_text`, ``None`` when the tokenizer has no template."""
+    t = template_text(tokenizer)
+    return None if t is None else "sha256:" + hashlib.sha256(t.encode("utf-8")).hexdigest()
+
+
+def render_user_turns(tokenizer: Any, texts: Sequence[str], *, system_instruction: str | None = None,
+                      ref: str = "the model") -> list[str]:
+    """Each text as a user turn (after a system turn when ``system_instruction`` is given),
+    rendered with the tokenizer's template and the assistant turn opened (module docstring).
+    Identical texts are rendered once."""
+    if template_text(tokenizer) is None:
+        raise ModelError(f"chat_template: model {ref!r} has no chat template in its tokenizer")
+    head = [{"role": "system", "content": system_instruction}] if system_instruction is not None else []
+    out: dict[str, str] = {}
+    for t in dict.fromkeys(texts):
+        try:
+            out[t] = tokenizer.apply_chat_template(head + [{"role": "user", "content": t}], tokenize=False,
+                                                   add_generation_prompt=True)
+        except Exception as e:  # jinja2 TemplateError and the template's raise_exception
+            what = "with a system turn " if head else ""
+            raise ModelError(f"chat_template: model {ref!r}: its template fails {what}({e})") from None
+    return [out[t] for t in texts]
+
+
+def check_chat_params(mp: Mapping[str, Any]) -> tuple[bool, str | None]:
+    """``(chat_template, system_instruction)`` of a family's parameters, checked."""
+    on, system = mp.get("chat_template", False), mp.get("system_instruction")
+    if not isinstance(on, bool):
+        raise ParameterError(f"chat_template: must be true or false, got {on!r}")
+    if system is not None and not isinstance(system, str):
+        raise ParameterError(f"system_instruction: must be a string, got {system!r}")
+    if system is not None and not on:
+        raise ParameterError("system_instruction: given without chat_template: true (it is only used in a chat)")
+    return on, system
+
+
+class ChatModel:
+    """A model of the interface (:class:`audit.backends.base.LanguageModel`) whose text operations
+    go through its chat template (module docstring); every other attribute is the model's.
+
+    ``delimiter``: the target delimiter the family puts before a continuation, dropped."""
+
+    def __init__(self, model: Any, *, system_instruction: str | None = None, delimiter: str = " "):
+        if getattr(model, "kind", None) != "causal":
+            raise ModelError(f"chat_template: model {getattr(model, 'ref', model)!r} is loaded as "
+                             f"kind={getattr(model, 'kind', None)!r}; a chat template needs a causal LM")
+        if not hasattr(model, "render_chat"):
+            raise ModelError(f"chat_template: the {getattr(model, 'backend', '?')} engine cannot render chat templates")
+        self._model = model
+        self.system_instruction = system_instruction
+        self.delimiter = delimiter
+        self.digest = model.chat_template_digest  # refuses a model without a template before any work
+        if self.digest is None:
+            raise ModelError(f"chat_template: model {model.ref!r} has no chat template in its tokenizer")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_model":  # copy/pickle probe a half-built object
+            raise AttributeError(name)
+        return getattr(self._model, name)
+
+    def render(self, texts: Sequence[str]) -> list[str]:
+        return self._model.render_chat(list(texts), system_instruction=self.system_instruction)
+
+    def info(self) -> dict[str, Any]:
+        """What a result records: the template's digest and the system instruction."""
+        return {"chat_template": "applied", "chat_template_digest": self.digest,
+                "system_instruction": self.system_instruction}
+
+    def _cont(self, c: str) -> str:
+        return c[len(self.delimiter):] if self.delimiter and c.startswith(self.delimiter) else c
+
+    def loglikelihood(self, requests: Sequence[tuple[str, str]], *, batch_size: int | None = None,
+                      start: str | None = None):
+        """``start`` is accepted for the interface and not used: a rendered turn follows the harness's
+        start-token rule (module docstring)."""
+        ctx = self.render([c for c, _ in requests])
+        return self._model.loglikelihood([(r, self._cont(c)) for r, (_, c) in zip(ctx, requests)],
+                                         batch_size=batch_size, start="harness")
+
+    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None):
+        empty = self.render([""])[0]
+        return self._model.loglikelihood([(empty, s) for s in sentences], batch_size=batch_size, start="harness")
+
+    def first_words(self, prompts: Sequence[str], k: int, **kw: Any):
+        return self._model.first_words(self.render(prompts), k, start="harness", **kw)
+
+    def generate_until(self, prompts: Sequence[str], **kw: Any):
+        return self._model.generate_until(self.render(prompts), start="harness", **kw)
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens of each text rendered as a user turn (an upper bound of the context plus continuation)."""
+        return self._model.count_tokens(self.render(texts))
+
+
+def chat_handle(model: Any, mp: Mapping[str, Any], *, delimiter: str = " ") -> Any:
+    """The model a family measures on: ``model`` itself (``chat_template`` off, the default) or
+    the :class:`ChatModel` of it."""
+    on, system = check_chat_params(mp)
+    return ChatModel(model, system_instruction=system, delimiter=delimiter) if on else model
+
+
+def chat_info(model: Any) -> dict[str, Any]:
+    """The chat fields a measurement records (``{}`` without a template)."""
+    return model.info() if isinstance(model, ChatModel) else {}

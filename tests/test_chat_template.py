@@ -1,0 +1,224 @@
+"""Chat templates (audit/backends/chat.py) against lm-evaluation-harness 0.4.13's own rendering
+and scoring with ``--apply_chat_template`` on an instruct-style tiny model (audit.tiny_models
+``instruct``: ChatML with a default system turn).
+
+The harness's requests are built with its own code: ``Message`` turns, ``multiturn_to_singleturn``
+(what ``fewshot_context`` does zero-shot) and ``HFLM.apply_chat_template``; the continuation has no
+target delimiter (``construct_requests`` under a chat template); the numbers are
+``HFLM.loglikelihood`` / ``HFLM.generate_until``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lm_eval_compat import harness_lm, loglikelihood  # noqa: E402
+
+from audit import registry, runner, tiny_models  # noqa: E402
+from audit.backends.chat import ChatModel, render_user_turns, template_digest  # noqa: E402
+from audit.backends.hf import load_hf_model  # noqa: E402
+from audit.datasets import load_test  # noqa: E402
+from audit.datasets.bbq import select_items  # noqa: E402
+from audit.errors import ModelError, ParameterError  # noqa: E402
+from audit.measure.bbq import bbq_option_scores, default_prompt, item_prompts  # noqa: E402
+
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
+
+SYSTEM = "Answer with one of the options."
+
+
+@pytest.fixture(scope="module")
+def instruct():
+    return load_hf_model(tiny_models.tiny_model_dir("instruct"), kind="causal")
+
+
+@pytest.fixture(scope="module")
+def hflm(instruct):
+    return harness_lm(instruct.model, instruct.tokenizer, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def items():
+    return select_items(load_test("en/bbq").table, ["Age"], 3)
+
+
+def harness_context(lm, text: str, system: str | None) -> str:
+    """lm-eval's zero-shot context under --apply_chat_template (Task.fewshot_context)."""
+    from lm_eval.api.utils import Message, multiturn_to_singleturn
+
+    msgs = ([Message("system", system)] if system else []) + [Message("user", text, " ")]
+    return lm.apply_chat_template(multiturn_to_singleturn(msgs), add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("system", [None, SYSTEM])
+def test_rendering_equals_the_harness_and_the_tokenizer(instruct, hflm, system):
+    texts = ["Q: who was late?\nA:", "", "Der Arzt"]
+    ours = render_user_turns(instruct.tokenizer, texts, system_instruction=system)
+    assert ours == [harness_context(hflm, t, system) for t in texts]
+    head = [{"role": "system", "content": system}] if system else []
+    direct = [instruct.tokenizer.apply_chat_template(head + [{"role": "user", "content": t}], tokenize=False,
+                                                     add_generation_prompt=True) for t in texts]
+    assert ours == direct
+    default_system = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    assert ours[0].startswith(default_system) == (system is None)
+    assert ours[0].endswith("<|im_start|>user\nQ: who was late?\nA:<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("system", [None, SYSTEM])
+def test_bbq_option_scores_equal_the_harness(instruct, hflm, items, system):
+    prompts = item_prompts(items, default_prompt("en"))
+    ours = bbq_option_scores(ChatModel(instruct, system_instruction=system), items, prompt=default_prompt("en"))
+    reqs = [(harness_context(hflm, p, system), str(a)) for p, (_, row) in zip(prompts, items.iterrows())
+            for a in (row["ans0"], row["ans1"], row["ans2"])]
+    ref = np.array([ll for ll, _ in loglikelihood(hflm, reqs)]).reshape(len(items), 3)
+    got = ours[["score0", "score1", "score2"]].to_numpy()
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-4)
+    plain = bbq_option_scores(instruct, items, prompt=default_prompt("en"))
+    assert np.abs(plain[["score0", "score1", "score2"]].to_numpy() - got).max() > 0.1  # the template matters
+
+
+def test_crows_pairs_sentences_follow_an_empty_user_turn(instruct, hflm):
+    sents = ["He is a doctor.", "She is a nurse."]
+    ll, n = ChatModel(instruct).loglikelihood_rolling(sents)
+    ref = [x for x, _ in loglikelihood(hflm, [(harness_context(hflm, "", None), s) for s in sents])]
+    np.testing.assert_allclose(ll, ref, rtol=0, atol=2e-4)
+    # the rendered context ends with "assistant\n": the newline moves to the continuation (harness rule)
+    assert list(n) == [len(instruct.tokenizer("\n" + s, add_special_tokens=False)["input_ids"]) for s in sents]
+
+
+def test_generation_continues_the_assistant_turn_as_the_harness(instruct, hflm):
+    from lm_eval.api.instance import Instance
+
+    prompts = ["The woman worked as a", "Q: who was late?\nA:"]
+    ours = ChatModel(instruct, system_instruction=SYSTEM).generate_until(prompts, until=["\n\n"], max_new_tokens=10)
+    inst = [Instance(request_type="generate_until", doc={}, idx=i,
+                     arguments=(harness_context(hflm, p, SYSTEM), {"until": ["\n\n"], "max_gen_toks": 10,
+                                                                   "do_sample": False}))
+            for i, p in enumerate(prompts)]
+    assert ours == hflm.generate_until(inst, disable_tqdm=True)
+
+
+def test_off_by_default_and_recorded_when_on(instruct):
+    model = runner.load_model(str(tiny_models.tiny_model_dir("instruct")))
+    base = {"categories": ["Age"], "limit": 2, "n_bootstrap": 0}
+    off = runner.score(model, "en/bbq", "bbq", base)
+    off2 = runner.score(model, "en/bbq", "bbq", {**base, "chat_template": False})
+    on = runner.score(model, "en/bbq", "bbq", {**base, "chat_template": True, "system_instruction": SYSTEM})
+    assert "chat_template" not in registry.key_params("bbq", base)
+    assert off.items["score0"].tolist() == off2.items["score0"].tolist()
+    assert "chat_template_digest" not in off.provenance
+    assert on.provenance["chat_template"] == "applied"
+    assert on.provenance["chat_template_digest"] == template_digest(instruct.tokenizer)
+    assert on.provenance["system_instruction"] == SYSTEM
+    assert len({off.provenance["key"], off2.provenance["key"], on.provenance["key"]}) == 3
+    assert not np.allclose(off.items["score0"], on.items["score0"])
+
+
+def test_refusals_are_one_line(instruct):
+    llama = runner.load_model(str(tiny_models.tiny_model_dir("llama")))
+    with pytest.raises(ModelError, match=r"^chat_template: model .* has no chat template in its tokenizer$"):
+        runner.score(llama, "en/bbq", "bbq", {"limit": 1, "chat_template": True, "n_bootstrap": 0})
+    bert = runner.load_model(str(tiny_models.tiny_model_dir("bert")))
+    with pytest.raises(ModelError, match="a chat template needs a causal LM"):
+        runner.score(bert, "de/bbq", "bbq", {"limit": 1, "chat_template": True, "n_bootstrap": 0})
+    with pytest.raises(ParameterError, match="system_instruction: given without chat_template: true"):
+        runner.score(llama, "en/bbq", "bbq", {"limit": 1, "system_instruction": "x", "n_bootstrap": 0})
+    with pytest.raises(ParameterError, match="parameter chat_template of metric .bbq.: expected true or false"):
+        runner.score(llama, "en/bbq", "bbq", {"limit": 1, "chat_template": "yes", "n_bootstrap": 0})
+
+
+# --------------------------------------------------------------------------- generative BBQ
+
+
+def _harness_docs():
+    import glob
+    import json
+    from pathlib import Path
+
+    import datasets
+    from lm_eval.tasks.bbq import utils
+
+    datasets.disable_progress_bars()
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq" / "en"
+    docs = [json.loads(line) for f in sorted(glob.glob(str(data / "*.jsonl"))) for line in open(f)]
+    return utils, list(utils.process_docs(datasets.Dataset.from_list(docs)))
+
+
+def test_answer_parsing_equals_the_harness_item_by_item():
+    """Our parse of a generated answer gives the harness's acc / n_biased / n_non_unknown per item
+    (its process_results_generate_until on its own processed docs), on generations that name an
+    answer, a group, an unknown phrasing, nothing, or several of them. The one documented
+    difference: the group fallback reads the reader's canonical groups (spaces removed), so a
+    multi-word group written as one word ("pregnantperson", "nondisabled") is matched here and never
+    by the harness; every mismatch is such a case."""
+    from audit.measure.bbq_generate import UNKNOWN_RESPONSES_ALL, parse_answer
+    from audit.metrics.bbq_generate import _counts
+
+    utils, docs = _harness_docs()
+    assert tuple(utils.UNKNOWN_RESPONSES_ALL) == UNKNOWN_RESPONSES_ALL
+    table = load_test("en/bbq").table
+    pick = np.random.default_rng(0).choice(len(table), 150, replace=False)
+    preds, refs, hows, multi = [], [], [], []
+    for i in pick:
+        row, doc = table.iloc[i], docs[i]
+        assert doc["ans0"] == row["ans0"] and doc["question"] == row["question"]
+        other = [j for j in range(3) if j != row["unknown"]]
+        g = list(row[f"groups{other[1]}"])
+        harness_groups = {w for gs in utils._doc_to_choice_groups(doc) for w in gs}
+        gens = [f"The answer is {row[f'ans{other[0]}']}.", f"{row['ans' + str(other[1])]}", "I do not know.",
+                f"Probably the {g[0]} one", "Hmm, hard to say!", f"{row[f'ans{other[0]}']} or Unknown",
+                f"It's {g[-1]}", "the"]
+        for text in gens:
+            p, how = parse_answer(text, [row["ans0"], row["ans1"], row["ans2"]], int(row["unknown"]),
+                                  unknown_phrases=UNKNOWN_RESPONSES_ALL,
+                                  groups=[row["groups0"], row["groups1"], row["groups2"]])
+            preds.append(p)
+            hows.append(how)
+            refs.append(utils.process_results_generate_until(doc, [text])["disamb_bias_score"][:3])
+            multi.append(how == "group" and not any(w in harness_groups for w in text.lower().split(" ")))
+    t = table.iloc[np.repeat(pick, 8)].reset_index(drop=True).assign(prediction=preds)
+    c = _counts(t)
+    got = c[["correct", "biased", "non_unknown"]].to_numpy(dtype=float)
+    differ = ~(got == np.array(refs, dtype=float)).all(axis=1)
+    assert {h: hows.count(h) for h in ("answer", "unknown", "group", "none")} == \
+        {"answer": 100, "unknown": 275, "group": 475, "none": 350}
+    multi = np.array(multi)
+    assert differ.sum() == 57 and not (differ & ~multi).any()  # every difference is a multi-word group
+
+
+def test_generative_bbq_counts_unparseable_answers(instruct):
+    """The tiny instruct model writes no parseable answer: every item is unparseable, counted, wrong,
+    and outside the bias terms (s_DIS = 0 by the no-non-unknown rule, s_AMB = 0)."""
+    model = runner.load_model(str(tiny_models.tiny_model_dir("instruct")))
+    p = {"categories": ["Age"], "limit": 2, "max_new_tokens": 8, "n_bootstrap": 0}
+    for chat in (False, True):
+        r = runner.score(model, "en/bbq", "bbq_generate", {**p, "chat_template": chat})
+        assert r.fields["n_unparseable"] == r.fields["n_items"] == 4
+        assert r.fields["acc"] == 0.0 and r.fields["s_dis"] == 0.0 and r.value == 0.0
+        assert r.fields["per_category"]["Age"]["n_unparseable"] == 4
+        assert (r.items["prediction"] == -1).all() and r.items["unparseable"].all()
+    from audit.metrics.bbq_generate import bbq_generate_metric
+
+    t = r.items.copy()
+    t["prediction"] = t["label"]  # every answer right: acc 1, and the unknowns are not counted as biased
+    out = bbq_generate_metric(t, n_bootstrap=0)
+    assert out.fields["acc"] == 1.0 and out.fields["n_unparseable"] == 0
+
+
+def test_honest_first_words_are_the_first_word_of_the_harness_generation(instruct, hflm):
+    """HONEST on a causal LM under a chat template (greedy, k = 1): the first word of the harness's
+    generate_until continuation of the rendered prompt."""
+    from lm_eval.api.instance import Instance
+
+    from audit.backends.hf_generate import first_word
+
+    prompts = ["the woman worked as a", "the man dreams of being a", "he is known as a"]
+    words, _ = ChatModel(instruct).first_words(prompts, 1, max_new_tokens=6)
+    inst = [Instance(request_type="generate_until", doc={}, idx=i,
+                     arguments=(harness_context(hflm, p, None), {"until": ["\n\n"], "max_gen_toks": 6,
+                                                                 "do_sample": False}))
+            for i, p in enumerate(prompts)]
+    ref = [first_word(x)[0] for x in hflm.generate_until(inst, disable_tqdm=True)]
+    assert [w[0] for w in words] == ref
+    plain, _ = instruct.first_words(prompts, 1, max_new_tokens=6)
+    assert plain != words  # the template changes what the model says
