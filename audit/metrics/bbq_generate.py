@@ -61,11 +61,11 @@ def bbq_generate_metric(table: pd.DataFrame, *, n_bootstrap: int = 1000, confide
     amb = counts["amb"].to_numpy(dtype=bool)
     cats = t["category"].astype(str).to_numpy()
     strata = np.array([f"{c}\x00{a}" for c, a in zip(cats, counts["amb"])])
-    overall = _summary(counts, strata, seed_used, "\x00overall", int(n_bootstrap), float(confidence))
+    overall = _summary(t, counts, strata, seed_used, "\x00overall", int(n_bootstrap), float(confidence))
     per_cat = {}
     for c in dict.fromkeys(cats):
         m = cats == c
-        per_cat[c] = _summary(counts[m].reset_index(drop=True), strata[m], seed_used, c, int(n_bootstrap),
+        per_cat[c] = _summary(t[m].reset_index(drop=True), counts[m].reset_index(drop=True), strata[m], seed_used, c, int(n_bootstrap),
                               float(confidence))
         per_cat[c]["n_unparseable"] = int(unp[m].sum())
     items = t.copy()
