@@ -288,7 +288,8 @@ def scratch(tmp_path_factory):
     import numpy as np
     import pandas as pd
 
-    from audit.datasets import list_tests, load_test
+    from audit.catalog import list_tests
+    from audit.datasets import load_test
     from audit.tiny_models import tiny_model_dir
     from cli_inputs import ALL, TEST
 
@@ -309,7 +310,8 @@ def scratch(tmp_path_factory):
         return [w for s in (*test.targets, *test.attributes) for w in s.words]
 
     _vectors(work / "vectors.txt", ALL + words(load_test(str(work / "CW1.txt"), language="de")), 0)
-    en = [load_test(name) for name in list_tests("en")["name"] if "weat" in str(name)]
+    cat = list_tests("en")
+    en = [load_test(name) for name, metrics in zip(cat["name"], cat["metrics"]) if "weat" in str(metrics).split(", ")]
     en_words = [w for t in en for w in words(t)]
     _vectors(work / "release-1" / "vectors.vec", en_words, 1)
     _vectors(work / "release-2" / "vectors.vec", en_words, 1)
