@@ -65,7 +65,7 @@ from audit.metrics.sets import (
 )
 from audit.result import MetricOutput
 from audit.suites import TEST_TYPES, UnreadableTest, WordTest
-from audit.stats import _check_count
+from audit.stats import _check_alternative, _check_count, check_convention
 from audit.vocab import _check_max_missing
 
 __all__ = [
@@ -587,9 +587,41 @@ def _value_problem(key: str, value: Any, default: Any) -> str | None:
     return None
 
 
-#: Parameters whose rule lives with the code that uses them (one rule, one place): run up front too.
+def _one_of(key: str, allowed: Callable[[], Sequence[Any]]) -> Callable[[Any], None]:
+    """The check of a choice-valued parameter against the choices its module declares
+    (``allowed`` reads them lazily: the generation constants live beside torch code), worded as
+    the module words its own refusal."""
+    def check(value: Any) -> None:
+        choices = tuple(allowed())
+        if value not in choices:
+            raise ParameterError(f"{key}: must be one of {', '.join(map(str, choices))}, got {value!r}")
+    return check
+
+
+def _decodings() -> Sequence[str]:
+    from audit.backends.hf_generate import DECODINGS
+
+    return DECODINGS
+
+
+def _choices(module: str, name: str) -> Callable[[], Sequence[Any]]:
+    import importlib
+
+    return lambda: getattr(importlib.import_module(module), name)
+
+
+#: Parameters whose rule lives with the code that uses them (one rule, one place): run up front too,
+#: before any model loads (a choice refused at the analysis step came after the model's work).
 _OWN_CHECKS: dict[str, Callable[[Any], Any]] = {
-    "max_missing": _check_max_missing, "permutations": lambda v: _check_count(v, "permutations")}
+    "max_missing": _check_max_missing, "permutations": lambda v: _check_count(v, "permutations"),
+    "p_convention": check_convention, "alternative": _check_alternative,
+    "decoding": _one_of("decoding", _decodings),
+    "truncation": _one_of("truncation", _choices("audit.measure.bbq", "TRUNCATIONS")),
+    "length_norm": _one_of("length_norm", _choices("audit.metrics.bbq", "LENGTH_NORMS")),
+    "category_rule": _one_of("category_rule", _choices("audit.metrics.honest", "CATEGORY_RULES")),
+    "ci_method": _one_of("ci_method", _choices("audit.metrics.weat", "CI_METHODS")),
+    "hurtlex_level": _one_of("hurtlex_level", _choices("audit.datasets.honest", "HURTLEX_LEVELS")),
+}
 
 
 def check_params(name: str, params: Mapping[str, Any] | None) -> None:
