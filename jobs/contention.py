@@ -147,6 +147,8 @@ def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]]
                               raise_on_missing_output=False, timeout=5, **at)
     except Exception:  # noqa: BLE001 - no dashboard, older Ray, a timeout: the caller keeps its timeout
         return None
+    if not nodes:  # a partial answer: no verdict rather than "no alive node"
+        return None
     names: dict[str, str] = {}
     held: dict[str, dict[str, float]] = {}
     entry: dict[str, dict[str, float]] = {}

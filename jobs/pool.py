@@ -675,7 +675,8 @@ class WorkerPool:
         (:func:`jobs.contention.classify_wait`, worst shape first):
 
         * ``stuck`` (no node will ever hold the worker, or other drivers' reservations deadlock
-          it): its models' tasks fail at once with one line naming the resource
+          it): said (``stuck: waiting: <reason>``); when the next look, half a grace period
+          later, finds the same, its models' tasks fail with one line naming the resource
           (``stuck: <reason>; <cluster state>``), not after ``timeout``;
         * ``busy`` (other jobs' running work holds it): said in one line, once per change of
           reason, and the work keeps waiting: the ``timeout`` clock restarts at each busy look
@@ -711,6 +712,10 @@ class WorkerPool:
             if v.reason != self.contention_said:
                 self.contention_said = v.reason
                 self.say(f"busy: waiting: {v.reason}")
+            return
+        if v.reason != self.contention_said:  # said now, failed at the next look if it holds: one look
+            self.contention_said = v.reason    # is not trusted with failing work (a partial answer)
+            self.say(f"stuck: waiting: {v.reason}")
             return
         msg = f"stuck: {v.reason}; {self.edge.cluster_state()}"
         if self.stuck is None:

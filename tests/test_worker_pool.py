@@ -259,9 +259,13 @@ def test_busy_is_told_from_stuck_before_the_timeout_and_said_once():
         wp.watchdog(clock.t)
     assert len(said) == 1 and wp.stuck is None and records == {}
     # the other job ends, and a node that can never hold the worker is all that is left: stuck,
-    # its work fails at once (not 20 s later), the resource named in one line
+    # said; its work fails at the next look that finds the same (not 20 s later), the resource named
     edge.snapshot = ([{"CPU": 0.5}], {}, "mine", {})
     clock.t = 81.0
+    wp.watchdog(clock.t)
+    assert said[-1] == ("stuck: waiting: needs 1 CPU on one node and the cluster will never have it (its largest "
+                        "node has 0.5 CPU)") and wp.stuck is None and records == {}
+    clock.t = 91.0
     wp.watchdog(clock.t)
     reason = ("stuck: needs 1 CPU on one node and the cluster will never have it (its largest node has 0.5 CPU); "
               "the cluster has {'CPU': 2} in all, nothing free now")
