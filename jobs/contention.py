@@ -138,8 +138,8 @@ def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]]
         # the cluster this driver is connected to: without an address the state API refuses to
         # choose on a machine that runs several Ray instances ("Found multiple active Ray instances")
         at = {"address": ray.get_runtime_context().gcs_address} if ray.is_initialized() else {}
-        nodes = [dict(n.resources_total or {}) for n in S.list_nodes(filters=[("state", "=", "ALIVE")],
-                                                                          raise_on_missing_output=False, timeout=5, **at)]
+        alive = S.list_nodes(filters=[("state", "=", "ALIVE")], raise_on_missing_output=False, timeout=5, **at)
+        nodes = [dict(n.resources_total or {}) for n in alive]
         jobs = S.list_jobs(raise_on_missing_output=False, timeout=5, **at)
         actors = S.list_actors(filters=[("state", "=", "ALIVE")], limit=10_000, detail=True,
                                 raise_on_missing_output=False, timeout=5, **at)

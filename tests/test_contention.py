@@ -138,7 +138,8 @@ def test_a_sweep_behind_another_jobs_work_keeps_waiting_past_the_timeout_and_fin
     finishes once the other job ends."""
     res, out = _sweep_beside_another_job(tmp_path, "busy", timeout=8, hold=40, cpus=1)
     assert res["exit"] == 0 and res["failed"] == 0 and res["finished"] == 2 and res["stuck"] is None, (res, out[-3000:])
-    assert "busy: waiting: needs 1 CPU, held by other jobs (" in out and "holds 2 CPU); it runs when they free up" in out
+    assert "busy: waiting: needs 1 CPU, held by other jobs (" in out
+    assert "holds 2 CPU); it runs when they free up" in out
     assert res["elapsed"] > 16, res  # it waited for the other job, more than twice the timeout
 
 
