@@ -21,6 +21,7 @@ A command added to the docs and put in no table fails :func:`test_every_document
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shlex
@@ -99,7 +100,7 @@ RUN = {
     "audit metrics": (0, "crows_pairs"),
     "audit datasets": (0, "weat7"),
     "audit datasets --coverage": (0, "weat"),
-    "audit run jobs/specs/smoke.yaml --dry-run": (0, "to run"),
+    "audit run jobs/specs/smoke.yaml --dry-run": (0, "dropped 3 combinations"),
     "audit run jobs/specs/smoke.yaml": (0, "reports in "),
     "audit score --model vectors.txt --test my_test.yaml --metric weat --format json": (0, '"value"'),
     "audit score --model vectors.txt --test CW1.txt --language de --metric weat": (0, "weat"),
@@ -301,7 +302,13 @@ def scratch(tmp_path_factory):
     (work / "jobs").symlink_to(ROOT / "jobs")
     shutil.copytree(ROOT / "infra", work / "infra")
     (work / "my-bert").symlink_to(tiny_model_dir("bert"))
-    (work / "my-llama").symlink_to(tiny_model_dir("llama"))
+    # ./my-llama: the tiny Llama with a real Llama's window (rotary positions: no learned table to
+    # outgrow); its own 256 tokens are shorter than some es/bbq contexts (261)
+    shutil.copytree(tiny_model_dir("llama"), work / "my-llama")
+    for name, key in (("config.json", "max_position_embeddings"), ("tokenizer_config.json", "model_max_length")):
+        cfg = json.loads((work / "my-llama" / name).read_text(encoding="utf-8"))
+        cfg[key] = 4096
+        (work / "my-llama" / name).write_text(json.dumps(cfg), encoding="utf-8")
     (work / "crows_pairs_anonymized.csv").symlink_to(SHARED / "crows-pairs" / "crows_pairs_anonymized.csv")
     shutil.copy(SHARED / "bias-framework" / "de" / "WEAT" / "CW1.txt", work / "CW1.txt")
     (work / "my_test.yaml").write_text(TEST, encoding="utf-8")
