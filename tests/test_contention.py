@@ -98,6 +98,10 @@ ray.init(address="local", num_cpus=2, object_store_memory=80_000_000, include_da
 job = subprocess.Popen([sys.executable, "-c", other, ray.get_runtime_context().gcs_address, mode, hold],
                        stdout=subprocess.PIPE, text=True)
 assert job.stdout.readline().strip() == "held"
+from jobs.contention import cluster_snapshot
+deadline = time.monotonic() + 90  # the dashboard answers the state API some seconds after ray.init
+while cluster_snapshot() is None and time.monotonic() < deadline:
+    time.sleep(1)
 t0 = time.monotonic()
 out = run_sweep(with_ray_options(load_spec(spec_path), pending_timeout_s=timeout), progress=False)
 elapsed = time.monotonic() - t0
