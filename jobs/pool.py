@@ -39,8 +39,9 @@ state API answers (``ray.util.state``: a cluster with a dashboard, as under ``ra
 a busy worker waiting for a node to restart on and a statistics task still waiting for a node.
 The sweep then ends with exit status 4 (:mod:`jobs.sweep`). Before that, where the state API
 answers, waiting model workers are told apart (:meth:`WorkerPool.tell_contention`): *stuck*
-(no node will ever hold them) fails their work at once with the resource named; *busy* (other
-jobs hold what they need) keeps waiting past the timeout, said in one line.
+(no node will ever hold them) fails their work at the second look that finds it (seconds, not
+the timeout) with the resource named; *busy* (other jobs hold what they need) keeps waiting
+past the timeout, said in one line.
 
 **Structure.** :class:`WorkerPool` is the scheduling as plain Python (its state moves in
 ``fill``, ``on_done`` and ``watchdog``; ``tests/test_worker_pool.py`` drives it without Ray);
