@@ -85,7 +85,7 @@ time.sleep(hold)
 """
 
 _SWEEP = r"""
-import json, socket, subprocess, sys, time
+import json, socket, subprocess, sys, threading, time
 import ray
 from jobs.pool import with_ray_options
 from jobs.spec import load_spec
@@ -102,8 +102,21 @@ from jobs.contention import cluster_snapshot
 deadline = time.monotonic() + 90  # the dashboard answers the state API some seconds after ray.init
 while cluster_snapshot() is None and time.monotonic() < deadline:
     time.sleep(1)
+spec = with_ray_options(load_spec(spec_path), pending_timeout_s=timeout)
+
+
+def release():  # the other job ends once the sweep has waited busy for longer than its timeout
+    log = spec.output_dir / "run.log"
+    while not (log.is_file() and "busy: waiting" in log.read_text(encoding="utf-8")):
+        time.sleep(0.5)
+    time.sleep(timeout + 5)
+    job.terminate()
+
+
+if mode == "busy":
+    threading.Thread(target=release, daemon=True).start()
 t0 = time.monotonic()
-out = run_sweep(with_ray_options(load_spec(spec_path), pending_timeout_s=timeout), progress=False)
+out = run_sweep(spec, progress=False)
 elapsed = time.monotonic() - t0
 job.terminate(); job.wait()
 print("RESULT " + json.dumps({"exit": out.exit_code, "stuck": out.stuck, "failed": out.failed,
@@ -136,16 +149,16 @@ def _sweep_beside_another_job(tmp_path, mode: str, *, timeout: float, hold: floa
 
 @pytest.mark.e2e
 def test_a_sweep_behind_another_jobs_work_keeps_waiting_past_the_timeout_and_finishes(tmp_path):
-    """Another job's actor holds both CPUs for 75 s (from before the sweep starts); the sweep's
-    worker (1 CPU) waits. Busy, not stuck: it says who holds what, waits past
-    ``ray.pending_timeout_s`` (20 s here; before, its tasks failed as stuck after 20 s) and
-    finishes once the other job ends."""
-    res, out = _sweep_beside_another_job(tmp_path, "busy", timeout=20, hold=75, cpus=1)
+    """Another job's actor holds both CPUs until the sweep has said it is busy and waited 5 s
+    longer than ``ray.pending_timeout_s`` (30 s here); the sweep's worker (1 CPU) waits. Busy,
+    not stuck: it says who holds what, keeps waiting past the timeout (before, its tasks failed
+    as stuck after 30 s) and finishes once the other job ends."""
+    res, out = _sweep_beside_another_job(tmp_path, "busy", timeout=30, hold=600, cpus=1)
     said = [x for x in out.splitlines() if x.startswith(("busy:", "stuck:"))]
     assert res["exit"] == 0 and res["failed"] == 0 and res["finished"] == 2 and res["stuck"] is None, (res, said)
     assert "busy: waiting: needs 1 CPU, held by other jobs (" in out
     assert "holds 2 CPU); it runs when they free up" in out
-    assert res["elapsed"] > 40, res  # it waited for the other job, more than twice the timeout
+    assert res["elapsed"] > 35, res  # it waited past the timeout for the other job
 
 
 @pytest.mark.e2e
