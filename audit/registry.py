@@ -39,15 +39,17 @@ from audit.backends.table import kind_names, model_kinds
 from audit.entries import Family, Measurement, Metric, check_count
 from audit.errors import DataError, ModelError, ParameterError, suggest
 from audit.stats import check_resample_memory
-from audit.measure.bbq import CHOICES
+from audit.backends.hf_generate import DECODINGS
+from audit.datasets.honest import HURTLEX_LEVELS
+from audit.measure.bbq import CHOICES, TRUNCATIONS
 from audit.measure.crows_pairs import PAIR_SCORES
 from audit.measure.honest import COMPLETIONS
 from audit.measure.lpbs import LPBS_SCORES
 from audit.measure.sentences import SEAT_SENTENCES
 from audit.measure.words import ASSOCIATION
-from audit.metrics.bbq import bbq_metric
+from audit.metrics.bbq import LENGTH_NORMS, bbq_metric
 from audit.metrics.crows_pairs import crows_pairs_metric
-from audit.metrics.honest import honest_metric
+from audit.metrics.honest import CATEGORY_RULES, honest_metric
 from audit.metrics.lpbs import lpbs_metric
 from audit.metrics.sets import (
     cramers_v_sets,
@@ -63,6 +65,7 @@ from audit.metrics.sets import (
     weat_sets_sharded,
     check_set_sizes,
 )
+from audit.metrics.weat import CI_METHODS
 from audit.result import MetricOutput
 from audit.suites import TEST_TYPES, UnreadableTest, WordTest
 from audit.stats import _check_alternative, _check_count, check_convention
@@ -587,27 +590,13 @@ def _value_problem(key: str, value: Any, default: Any) -> str | None:
     return None
 
 
-def _one_of(key: str, allowed: Callable[[], Sequence[Any]]) -> Callable[[Any], None]:
-    """The check of a choice-valued parameter against the choices its module declares
-    (``allowed`` reads them lazily: the generation constants live beside torch code), worded as
-    the module words its own refusal."""
+def _one_of(key: str, choices: Sequence[Any]) -> Callable[[Any], None]:
+    """The check of a choice-valued parameter against the choices its module declares, worded
+    as the module words its own refusal."""
     def check(value: Any) -> None:
-        choices = tuple(allowed())
         if value not in choices:
             raise ParameterError(f"{key}: must be one of {', '.join(map(str, choices))}, got {value!r}")
     return check
-
-
-def _decodings() -> Sequence[str]:
-    from audit.backends.hf_generate import DECODINGS
-
-    return DECODINGS
-
-
-def _choices(module: str, name: str) -> Callable[[], Sequence[Any]]:
-    import importlib
-
-    return lambda: getattr(importlib.import_module(module), name)
 
 
 #: Parameters whose rule lives with the code that uses them (one rule, one place): run up front too,
@@ -615,12 +604,9 @@ def _choices(module: str, name: str) -> Callable[[], Sequence[Any]]:
 _OWN_CHECKS: dict[str, Callable[[Any], Any]] = {
     "max_missing": _check_max_missing, "permutations": lambda v: _check_count(v, "permutations"),
     "p_convention": check_convention, "alternative": _check_alternative,
-    "decoding": _one_of("decoding", _decodings),
-    "truncation": _one_of("truncation", _choices("audit.measure.bbq", "TRUNCATIONS")),
-    "length_norm": _one_of("length_norm", _choices("audit.metrics.bbq", "LENGTH_NORMS")),
-    "category_rule": _one_of("category_rule", _choices("audit.metrics.honest", "CATEGORY_RULES")),
-    "ci_method": _one_of("ci_method", _choices("audit.metrics.weat", "CI_METHODS")),
-    "hurtlex_level": _one_of("hurtlex_level", _choices("audit.datasets.honest", "HURTLEX_LEVELS")),
+    "decoding": _one_of("decoding", DECODINGS), "truncation": _one_of("truncation", TRUNCATIONS),
+    "length_norm": _one_of("length_norm", LENGTH_NORMS), "category_rule": _one_of("category_rule", CATEGORY_RULES),
+    "ci_method": _one_of("ci_method", CI_METHODS), "hurtlex_level": _one_of("hurtlex_level", HURTLEX_LEVELS),
 }
 
 
