@@ -39,7 +39,9 @@ from audit.backends.table import kind_names, model_kinds
 from audit.entries import Family, Measurement, Metric, check_count
 from audit.errors import DataError, ModelError, ParameterError, suggest
 from audit.stats import check_resample_memory
-from audit.measure.bbq import CHOICES
+from audit.backends.hf_generate import DECODINGS
+from audit.datasets.honest import HURTLEX_LEVELS
+from audit.measure.bbq import CHOICES, PROTOCOLS as BBQ_PROTOCOLS, TRUNCATIONS
 from audit.measure.bbq_generate import GENERATED
 from audit.measure.crows_pairs import PAIR_SCORES
 from audit.measure.honest import COMPLETIONS
@@ -47,10 +49,10 @@ from audit.measure.lpbs import LPBS_SCORES
 from audit.measure.perplexity import PERPLEXITY, perplexity_metric
 from audit.measure.sentences import SEAT_SENTENCES
 from audit.measure.words import ASSOCIATION
-from audit.metrics.bbq import bbq_metric
+from audit.metrics.bbq import LENGTH_NORMS, bbq_metric
 from audit.metrics.bbq_generate import bbq_generate_metric
 from audit.metrics.crows_pairs import crows_pairs_metric
-from audit.metrics.honest import honest_metric
+from audit.metrics.honest import CATEGORY_RULES, honest_metric
 from audit.metrics.lpbs import lpbs_metric
 from audit.metrics.sets import (
     cramers_v_sets,
@@ -66,9 +68,10 @@ from audit.metrics.sets import (
     weat_sets_sharded,
     check_set_sizes,
 )
+from audit.metrics.weat import CI_METHODS
 from audit.result import MetricOutput
 from audit.suites import TEST_TYPES, UnreadableTest, WordTest
-from audit.stats import _check_count
+from audit.stats import _check_alternative, _check_count, check_convention
 from audit.vocab import _check_max_missing
 
 __all__ = [
@@ -622,9 +625,28 @@ def _value_problem(key: str, value: Any, default: Any) -> str | None:
     return None
 
 
-#: Parameters whose rule lives with the code that uses them (one rule, one place): run up front too.
+def _one_of(key: str, choices: Sequence[Any]) -> Callable[[Any], None]:
+    """The check of a choice-valued parameter against the choices its module declares, worded
+    as the module words its own refusal."""
+    def check(value: Any) -> None:
+        if value not in choices:
+            raise ParameterError(f"{key}: must be one of {', '.join(map(str, choices))}, got {value!r}")
+    return check
+
+
+#: Parameters whose rule lives with the code that uses them (one rule, one place): run up front too,
+#: before any model loads (a choice refused at the analysis step came after the model's work).
 _OWN_CHECKS: dict[str, Callable[[Any], Any]] = {
-    "max_missing": _check_max_missing, "permutations": lambda v: _check_count(v, "permutations")}
+    "max_missing": _check_max_missing, "permutations": lambda v: _check_count(v, "permutations"),
+    "p_convention": check_convention, "alternative": _check_alternative,
+    "decoding": _one_of("decoding", DECODINGS), "truncation": _one_of("truncation", TRUNCATIONS),
+    "length_norm": _one_of("length_norm", LENGTH_NORMS), "category_rule": _one_of("category_rule", CATEGORY_RULES),
+    "ci_method": _one_of("ci_method", CI_METHODS), "hurtlex_level": _one_of("hurtlex_level", HURTLEX_LEVELS),
+}
+
+#: Choices whose name means different things in different families (a BBQ ``protocol`` is not a
+#: HONEST one): family name -> parameter -> the family's own constant.
+_FAMILY_CHOICES: dict[str, dict[str, Sequence[Any]]] = {CHOICES.name: {"protocol": BBQ_PROTOCOLS}}
 
 
 def check_params(name: str, params: Mapping[str, Any] | None) -> None:
@@ -640,6 +662,8 @@ def check_params(name: str, params: Mapping[str, Any] | None) -> None:
         raise ParameterError(f"metric {name!r} does not accept parameter(s) {', '.join(unknown)}; accepted: {accepted}")
     defaults = {**e.family.params, **e.params}
     for k, v in params.items():
+        if k in _FAMILY_CHOICES.get(e.family.name, {}) and v is not None:
+            _one_of(k, _FAMILY_CHOICES[e.family.name][k])(v)
         if k in _OWN_CHECKS and v is not None and not (k == "permutations" and v in ("exact", "auto")):
             _OWN_CHECKS[k](v)  # the rule the measure or statistics step applies, raised as it words it
         why = _value_problem(k, v, defaults.get(k))

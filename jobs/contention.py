@@ -132,16 +132,22 @@ def cluster_snapshot(own_job: str | None = None) -> tuple[list[dict[str, float]]
     entrypoint resources of ``own_job`` are taken off the node's totals (they never free up
     while the sweep runs)."""
     try:
+        import ray
         from ray.util import state as S
 
-        nodes = [dict(n.resources_total or {}) for n in S.list_nodes(filters=[("state", "=", "ALIVE")],
-                                                                          raise_on_missing_output=False, timeout=5)]
-        jobs = S.list_jobs(raise_on_missing_output=False, timeout=5)
+        # the cluster this driver is connected to: without an address the state API refuses to
+        # choose on a machine that runs several Ray instances ("Found multiple active Ray instances")
+        at = {"address": ray.get_runtime_context().gcs_address} if ray.is_initialized() else {}
+        alive = S.list_nodes(filters=[("state", "=", "ALIVE")], raise_on_missing_output=False, timeout=5, **at)
+        nodes = [dict(n.resources_total or {}) for n in alive]
+        jobs = S.list_jobs(raise_on_missing_output=False, timeout=5, **at)
         actors = S.list_actors(filters=[("state", "=", "ALIVE")], limit=10_000, detail=True,
-                                raise_on_missing_output=False, timeout=5)
+                                raise_on_missing_output=False, timeout=5, **at)
         tasks = S.list_tasks(filters=[("state", "=", "RUNNING")], limit=10_000, detail=True,
-                              raise_on_missing_output=False, timeout=5)
+                              raise_on_missing_output=False, timeout=5, **at)
     except Exception:  # noqa: BLE001 - no dashboard, older Ray, a timeout: the caller keeps its timeout
+        return None
+    if not nodes:  # a partial answer: no verdict rather than "no alive node"
         return None
     names: dict[str, str] = {}
     held: dict[str, dict[str, float]] = {}

@@ -29,8 +29,13 @@ name fails (``RESOURCE_ALREADY_EXISTS``) on SQLite, on PostgreSQL/MySQL and thro
 - while it runs, the holder refreshes ``heartbeat`` every ``ttl / 4`` seconds from a thread;
   if it finds a newer generation (it was paused longer than ``ttl`` and taken over) it marks
   the lease lost and the sweep writes no reports (:attr:`Lease.lost`);
-- released by tagging ``released=1``: generations are never reused, so the newest one is
-  always the lease.
+- released by tagging ``released=1``; a sweep that ended normally then deletes its generation,
+  so that no lease is left on MLflow's Models page. Generation numbers are never reused all
+  the same (a paused old holder must never find "its" number again): before deleting, the
+  releaser records the generation in the experiment tag ``biasaudit.lease.<sweep id>``
+  (:func:`lease_tag`), and an acquirer numbers from the larger of the newest generation and
+  that tag. The tag is written before the deletion, so every acquirer that no longer sees the
+  generation sees the tag, and racing acquirers still compute the same next number.
 """
 
 from __future__ import annotations
@@ -54,6 +59,11 @@ DEFAULT_TTL = 60.0
 def lease_prefix(experiment_id: str, sweep_id: str) -> str:
     """The name every generation of a sweep's lease starts with."""
     return f"{PREFIX}.{experiment_id}.{sweep_id}."
+
+
+def lease_tag(sweep_id: str) -> str:
+    """The experiment tag holding the last generation a normally ended sweep deleted."""
+    return f"{PREFIX}.{sweep_id}"
 
 
 def generation_of(name: str, prefix: str) -> int | None:
@@ -124,6 +134,7 @@ class Lease:
 
     def __init__(self, client, experiment_id: str, sweep_id: str, *, driver: str, ttl: float = DEFAULT_TTL):
         self.client = client
+        self.experiment_id, self.tag = experiment_id, lease_tag(sweep_id)
         self.prefix = lease_prefix(experiment_id, sweep_id)
         self.driver = driver
         self.ttl = float(ttl)
@@ -149,6 +160,12 @@ class Lease:
             if not token:
                 return sorted(out, key=lambda x: x[0])
 
+    def deleted_generation(self) -> int:
+        """The last generation deleted by a normally ended sweep (the experiment tag; 0 for none)."""
+        tags = dict(self.client.get_experiment(self.experiment_id).tags or {})
+        raw = tags.get(self.tag, "0")
+        return int(raw) if raw.isdigit() else 0
+
     def newest(self) -> Holder | None:
         gens = self.generations()
         if not gens:
@@ -170,7 +187,7 @@ class Lease:
             state = lease_state(cur, now=now, alive=driver_alive(cur.holder) if cur else None)
             if state == "held":
                 raise Busy(cur)
-            gen = (cur.generation if cur else 0) + 1
+            gen = max(cur.generation if cur else 0, self.deleted_generation()) + 1
             name = f"{self.prefix}{gen:08d}"
             try:
                 self.client.create_registered_model(name, tags=self._tags(now),
@@ -220,19 +237,24 @@ class Lease:
             except Exception:  # noqa: BLE001 - the store is down; the sweep runs on, the lease may go stale
                 continue
 
-    def release(self) -> None:
-        """Stop the heartbeat and mark the lease released (best effort: a store that is down
-        leaves it to go stale)."""
+    def release(self, *, delete: bool = False) -> None:
+        """Stop the heartbeat and mark the lease released; with ``delete`` (the sweep ended
+        normally) record the generation in the experiment tag, then delete the registered
+        model (best effort: a store that is down leaves it to go stale)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.name is not None and not self.lost:
             try:
                 self.client.set_registered_model_tag(self.name, "released", "1")
+                if delete and self.still_held():
+                    if self.generation > self.deleted_generation():
+                        self.client.set_experiment_tag(self.experiment_id, self.tag, str(self.generation))
+                    self._delete(self.name)
             except Exception:  # noqa: BLE001
                 pass
         self.name = None
 
 
 __all__ = ["Lease", "Busy", "Holder", "BUSY_EXIT_CODE", "DEFAULT_TTL", "lease_state", "lease_prefix",
-           "generation_of"]
+           "lease_tag", "generation_of"]

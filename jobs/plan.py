@@ -348,6 +348,10 @@ def expand(spec: SweepSpec, *, infos: dict[str, ModelInfo] | None = None) -> Pla
                         if why:
                             skipped.append(Skipped(m.name, lang, name, ms.name, why))
                             continue
+                        try:  # the rule `audit score` applies: resample sizes that cannot fit in memory
+                            registry.check_sizes(ms.name, params, test)
+                        except ParameterError as e:
+                            raise ParameterError(f"{spec.source}: metric {ms.name} on {name}: {e}") from None
                         t = Task(model=m.name, language=lang, test=name, metric=ms.name, params=params,
                                  seed=spec.seed, test_label=_label(name, test))
                         if t.ident() in seen:

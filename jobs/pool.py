@@ -37,7 +37,11 @@ its tasks recorded as failed with the pending demand named (``stuck: waited more
 for resources: ...``): a model worker that could not start on any node, and, where Ray's public
 state API answers (``ray.util.state``: a cluster with a dashboard, as under ``ray job submit``),
 a busy worker waiting for a node to restart on and a statistics task still waiting for a node.
-The sweep then ends with exit status 4 (:mod:`jobs.sweep`).
+The sweep then ends with exit status 4 (:mod:`jobs.sweep`). Before that, where the state API
+answers, waiting model workers are told apart (:meth:`WorkerPool.tell_contention`): *stuck*
+(no node will ever hold them) fails their work at the second look that finds it (seconds, not
+the timeout) with the resource named; *busy* (other jobs hold what they need) keeps waiting
+past the timeout, said in one line.
 
 **Structure.** :class:`WorkerPool` is the scheduling as plain Python (its state moves in
 ``fill``, ``on_done`` and ``watchdog``; ``tests/test_worker_pool.py`` drives it without Ray);
@@ -472,6 +476,7 @@ class WorkerPool:
         self.workers_started = 0
         self.contention_at = -float("inf")           # the last stuck-or-busy look (jobs.contention)
         self.contention_said: str | None = None      # the last reason said
+        self.busy_at = -float("inf")                 # the last look that found other jobs holding the demand
 
     # ---- workers
     def spawn(self, g: tuple, opts: dict) -> Worker:
@@ -628,7 +633,7 @@ class WorkerPool:
             w.waiting_state = st if st in _WAITING_STATES else None
             w.waiting_seen = (w.waiting_seen or now) if w.waiting_state else None
         self.tell_contention(now)
-        if now - self.last_progress <= self.timeout:
+        if now - max(self.last_progress, self.busy_at) <= self.timeout:  # busy: other jobs free it up
             return
         # (a) a group has work but none of its workers could start
         for g, q in self.queues.items():
@@ -668,15 +673,22 @@ class WorkerPool:
         """Tell busy from stuck long before ``timeout``: once the sweep has made no progress for
         half of :data:`jobs.contention.CONTENTION_GRACE_S` (at most half the timeout) while a
         group has models but none of its workers could start, ask Ray's state API why
-        (:func:`jobs.contention.classify_wait`, worst shape first) and say it in one line, once
-        per change of reason: ``busy: waiting: ... held by other jobs (...)`` (it runs when
-        they free up) or ``stuck: waiting: ... the cluster will never have it``. Informational:
-        the work is failed as stuck only after ``timeout`` (``ray.pending_timeout_s``), as before;
-        nothing is said where the state API does not answer (no dashboard)."""
+        (:func:`jobs.contention.classify_wait`, worst shape first):
+
+        * ``stuck`` (no node will ever hold the worker, or other drivers' reservations deadlock
+          it): said (``stuck: waiting: <reason>``); when the next look, half a grace period
+          later, finds the same, its models' tasks fail with one line naming the resource
+          (``stuck: <reason>; <cluster state>``), not after ``timeout``;
+        * ``busy`` (other jobs' running work holds it): said in one line, once per change of
+          reason, and the work keeps waiting: the ``timeout`` clock restarts at each busy look
+          (it runs when they free up);
+        * ``wait`` (nothing to blame): the usual ``timeout`` (``ray.pending_timeout_s``) applies.
+
+        Nothing is said or decided where the state API does not answer (no dashboard)."""
         if now - self.last_progress < min(CONTENTION_GRACE_S, self.timeout) / 2:
             return
-        if now - self.contention_at < CONTENTION_GRACE_S / 2:
-            return
+        if now - self.contention_at < min(CONTENTION_GRACE_S, self.timeout) / 2:
+            return  # looks closer together than the timeout: a busy look always comes before it
         self.contention_at = now
         waiting = []
         for g, q in self.queues.items():
@@ -692,10 +704,29 @@ class WorkerPool:
         if snap is None:
             return
         nodes, held, own, reserved = snap
-        v = worst([classify_wait({"CPU": g[0], "GPU": g[1]}, nodes, held, own, reserved=reserved) for g in waiting])
-        if v is not None and v.kind != "wait" and v.reason != self.contention_said:
-            self.contention_said = v.reason
-            self.say(f"{v.kind}: waiting: {v.reason}")
+        verdicts = {g: classify_wait({"CPU": g[0], "GPU": g[1]}, nodes, held, own, reserved=reserved) for g in waiting}
+        v = worst(list(verdicts.values()))
+        if v is None or v.kind == "wait":
+            return
+        if v.kind == "busy":
+            self.busy_at = now
+            if v.reason != self.contention_said:
+                self.contention_said = v.reason
+                self.say(f"busy: waiting: {v.reason}")
+            return
+        if v.reason != self.contention_said:  # said now, failed at the next look if it holds: one look
+            self.contention_said = v.reason    # is not trusted with failing work (a partial answer)
+            self.say(f"stuck: waiting: {v.reason}")
+            return
+        msg = f"stuck: {v.reason}; {self.edge.cluster_state()}"
+        if self.stuck is None:
+            self.stuck = msg
+            self.say(msg)
+        for g, verdict in verdicts.items():
+            if verdict.kind == "stuck":
+                for w in [w for w in self.workers if w.group == g]:
+                    self.end_worker(w)
+                self.fail_queue(g, msg)
 
     # ---- the loop
     def run(self, *, tick_s: float, progress: Progress) -> None:

@@ -441,6 +441,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
     if isinstance(claim, SweepOutcome):
         return claim
     local_lock, tracker, lease, offline_at_start = claim
+    aborted = False
     handler = _setup_logging(out_dir)
     try:
         _say(f"=== sweep {spec.name} ({spec.source or 'spec'}) at {time.strftime('%Y-%m-%d %H:%M:%S')}")
@@ -600,6 +601,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
             workers=workers,
         )
     except BaseException:
+        aborted = True
         if tracker is not None and tracker.parent_id is not None:
             try:
                 tracker.client.set_terminated(tracker.parent_id, "KILLED")
@@ -609,8 +611,8 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
     finally:
         logging.getLogger("jobs").removeHandler(handler)
         handler.close()
-        if lease is not None:
-            lease.release()
+        if lease is not None:  # a sweep that ended normally leaves no registered model behind
+            lease.release(delete=not aborted)
         local_lock.release()
 
 

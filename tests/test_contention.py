@@ -57,3 +57,119 @@ def test_drivers_that_hold_their_entrypoint_and_run_nothing_are_a_deadlock_not_b
     assert busy.kind == "busy"
     # room left after the other drivers' reservations (a 4-CPU node): wait, the usual timeout
     assert classify_wait({"CPU": 1.0}, [{"CPU": 3.0}], {}, own="a", reserved={"b": {"CPU": 1.0}}).kind == "wait"
+
+
+# --------------------------------------------------------------------------------------
+# On a real Ray (2 CPUs, with its dashboard: the state API answers), another job beside the sweep
+# --------------------------------------------------------------------------------------
+
+_OTHER_JOB = r"""
+import sys, time
+import ray
+
+ray.init(address=sys.argv[1], log_to_driver=False)
+mode, hold = sys.argv[2], float(sys.argv[3])
+
+@ray.remote
+class Holder:
+    def ping(self):
+        return 1
+
+# busy: running work holding both CPUs; reservation: what Ray's job manager starts for a submitted
+# job whose driver reserves 1 CPU (entrypoint_num_cpus) and waits as the sweep does
+opts = {"num_cpus": 2} if mode == "busy" else {"num_cpus": 1, "name": "_ray_internal_job_actor_audit-other"}
+h = Holder.options(**opts).remote()
+ray.get(h.ping.remote())
+print("held", flush=True)
+time.sleep(hold)
+"""
+
+_SWEEP = r"""
+import json, socket, subprocess, sys, threading, time
+import ray
+from jobs.pool import with_ray_options
+from jobs.spec import load_spec
+from jobs.sweep import run_sweep
+
+spec_path, timeout, mode, hold, other = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+ray.init(address="local", num_cpus=2, object_store_memory=80_000_000, include_dashboard=True,
+         dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=False)
+job = subprocess.Popen([sys.executable, "-c", other, ray.get_runtime_context().gcs_address, mode, hold],
+                       stdout=subprocess.PIPE, text=True)
+assert job.stdout.readline().strip() == "held"
+from jobs.contention import cluster_snapshot
+deadline = time.monotonic() + 90  # the dashboard answers the state API some seconds after ray.init
+while cluster_snapshot() is None and time.monotonic() < deadline:
+    time.sleep(1)
+spec = with_ray_options(load_spec(spec_path), pending_timeout_s=timeout)
+
+
+def release():  # the other job ends once the sweep has waited busy for longer than its timeout
+    log = spec.output_dir / "run.log"
+    while not (log.is_file() and "busy: waiting" in log.read_text(encoding="utf-8")):
+        time.sleep(0.5)
+    time.sleep(timeout + 5)
+    job.terminate()
+
+
+if mode == "busy":
+    threading.Thread(target=release, daemon=True).start()
+t0 = time.monotonic()
+out = run_sweep(spec, progress=False)
+elapsed = time.monotonic() - t0
+job.terminate(); job.wait()
+print("RESULT " + json.dumps({"exit": out.exit_code, "stuck": out.stuck, "failed": out.failed,
+                              "finished": int((out.results["status"] == "finished").sum()),
+                              "errors": sorted(set(out.results["error"].dropna())), "elapsed": elapsed}))
+"""
+
+
+def _sweep_beside_another_job(tmp_path, mode: str, *, timeout: float, hold: float, cpus: int) -> tuple[dict, str]:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_sweep_service import write_spec, write_vec
+
+    repo = Path(__file__).resolve().parent.parent
+    vec = write_vec(tmp_path / "m.vec", 0)
+    spec = write_spec(tmp_path, mode, f'  - {{name: a, ref: "{vec}"}}',
+                      ray=f"actor_num_cpus: {cpus}, stats_num_cpus: 1, batch_size: 1")
+    env = {**os.environ, "PYTHONPATH": str(repo), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    r = subprocess.run([sys.executable, "-c", _SWEEP, str(spec), str(timeout), mode, str(hold), _OTHER_JOB],
+                       cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert lines, (r.stdout[-3000:], r.stderr[-3000:])
+    return json.loads(lines[0][7:]), r.stdout + r.stderr
+
+
+@pytest.mark.e2e
+def test_a_sweep_behind_another_jobs_work_keeps_waiting_past_the_timeout_and_finishes(tmp_path):
+    """Another job's actor holds both CPUs until the sweep has said it is busy and waited 5 s
+    longer than ``ray.pending_timeout_s`` (30 s here); the sweep's worker (1 CPU) waits. Busy,
+    not stuck: it says who holds what, keeps waiting past the timeout (before, its tasks failed
+    as stuck after 30 s) and finishes once the other job ends."""
+    res, out = _sweep_beside_another_job(tmp_path, "busy", timeout=30, hold=600, cpus=1)
+    said = [x for x in out.splitlines() if x.startswith(("busy:", "stuck:"))]
+    assert res["exit"] == 0 and res["failed"] == 0 and res["finished"] == 2 and res["stuck"] is None, (res, said)
+    assert "busy: waiting: needs 1 CPU, held by other jobs (" in out
+    assert "holds 2 CPU); it runs when they free up" in out
+    assert res["elapsed"] > 35, res  # it waited past the timeout for the other job
+
+
+@pytest.mark.e2e
+def test_a_sweep_that_can_never_start_fails_at_once_naming_the_resource(tmp_path):
+    """Another submitted job's driver reserves 1 of the 2 CPUs and runs nothing (the watch's
+    deadlock); the sweep's worker needs 2 CPUs: it can never start. With ``pending_timeout_s``
+    600 its tasks fail after the first look (about 15 s), one line naming the resource and the
+    holder, exit status 4."""
+    res, out = _sweep_beside_another_job(tmp_path, "reservation", timeout=600, hold=300, cpus=2)
+    assert res["exit"] == 4 and res["failed"] == 2 and res["finished"] == 0, (res, out[-3000:])
+    assert res["elapsed"] < 120, res
+    (err,) = res["errors"]
+    assert err == res["stuck"] and "\n" not in err
+    assert err.startswith("stuck: needs 2 CPU, held by other jobs' drivers that run no work (audit-other holds 1 CPU)")

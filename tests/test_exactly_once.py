@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.lease import BUSY_EXIT_CODE, Busy, Lease
+from jobs.lease import BUSY_EXIT_CODE, Busy, Lease, lease_tag
 from jobs.spec import load_spec
 from jobs.tracker import Tracker
 
@@ -106,6 +106,18 @@ def test_five_concurrent_invocations_finish_each_key_once(tmp_path, store, reque
     # a later invocation resumes: nothing left to run
     again = _run_concurrently(spec_path, 1)[0]
     assert again.returncode == 0 and "0 task(s) run, 8 resumed" in again.stdout, again.stdout + again.stderr
+    # no lease left on MLflow's Models page; its generations numbered on across the deletions
+    spec = load_spec(spec_path)
+    tr = Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
+    assert _lease_models(tr) == []
+    writers = sum("reports in " in r.stdout for r in results) + 1
+    tag = dict(tr.client.get_experiment(tr.experiment_id).tags)[lease_tag(spec.sweep_id())]
+    assert writers <= int(tag) <= writers + 4, (writers, tag)  # one generation per writer (+ lost races)
+
+
+def _lease_models(tr: Tracker) -> list[str]:
+    flt = f"name LIKE 'biasaudit-lease.{tr.experiment_id}.%'"
+    return [rm.name for rm in tr.client.search_registered_models(filter_string=flt)]
 
 
 # --------------------------------------------------------------------------------------
@@ -170,14 +182,41 @@ def test_a_killed_drivers_lease_is_taken_over(store, tmp_path):
 
 @pytest.mark.e2e
 def test_a_lease_on_another_host_goes_stale_after_its_ttl(store):
-    other = Lease(store.client, store.experiment_id, "s3", driver="elsewhere:42:1", ttl=1.0).acquire()
+    other = Lease(store.client, store.experiment_id, "s3", driver="elsewhere:42:1", ttl=5.0).acquire()
     other._stop.set()
-    with pytest.raises(Busy, match="host .* pid"):
+    with pytest.raises(Busy, match="host .* pid"):  # (ttl 5 s: a loaded machine took > 1 s between the calls)
         Lease(store.client, store.experiment_id, "s3", driver="here:1:1").acquire()
-    time.sleep(1.6)
+    time.sleep(5.6)
     mine = Lease(store.client, store.experiment_id, "s3", driver="here:1:1").acquire()
     assert mine.taken_over.holder == "elsewhere:42:1"
     mine.release()
+
+
+@pytest.mark.e2e
+def test_a_normally_ended_lease_is_deleted_and_its_numbers_never_come_back(store):
+    """A sweep that ended normally deletes its lease (no registered model left on MLflow's Models
+    page), and the next generation is numbered after it all the same: an old holder that was
+    paused while its lease was taken over, the taker ending normally and a third driver starting,
+    must not find "its" number again and believe it still holds the lease."""
+    paused = Lease(store.client, store.experiment_id, "s4", driver="elsewhere:42:1", ttl=1.0).acquire()
+    paused._stop.set()  # paused: no heartbeat
+    time.sleep(1.6)
+    taker = Lease(store.client, store.experiment_id, "s4", driver="here:1:1").acquire()
+    assert taker.generation == 2 and taker.taken_over.holder == "elsewhere:42:1"
+    taker.release(delete=True)
+    assert _lease_models(store) == []
+    assert dict(store.client.get_experiment(store.experiment_id).tags)[lease_tag("s4")] == "2"
+    third = Lease(store.client, store.experiment_id, "s4", driver="here:1:2").acquire()
+    assert third.generation == 3 and third.taken_over is None
+    assert not paused.still_held() and third.still_held()
+    paused.release(delete=True)  # the woken old holder deletes nothing of the lease now held
+    assert third.still_held()
+    third.release()  # released without deleting (an interrupted sweep): the lease stays, released
+    assert len(_lease_models(store)) == 1
+    fourth = Lease(store.client, store.experiment_id, "s4", driver="here:1:3").acquire()
+    assert fourth.generation == 4
+    fourth.release(delete=True)
+    assert _lease_models(store) == []
 
 
 # --------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -107,9 +108,9 @@ def cluster(tmp_path_factory):
         hub.stop()
 
 
-def write_spec(path: Path, name: str, models: list[dict], out: Path) -> Path:
+def write_spec(path: Path, name: str, models: list[dict], out: Path, uri: str | None = None) -> Path:
     data = {
-        "name": name, "seed": 0, "output_dir": str(out), "tracking": {"uri": f"sqlite:///{out}/mlflow.db"},
+        "name": name, "seed": 0, "output_dir": str(out), "tracking": {"uri": uri or f"sqlite:///{out}/mlflow.db"},
         "languages": ["en"],
         "permutations": 200, "n_bootstrap": 50,
         "metrics": [{"name": "seat", "tests": ["weat7"]},
@@ -283,10 +284,11 @@ def test_transient_and_permanent_hub_faults(cluster):
 # --------------------------------------------------------------------------------------------
 
 
-def write_watch(cluster: Cluster, name: str, template: Path) -> Path:
+def write_watch(cluster: Cluster, name: str, template: Path, uri: str | None = None,
+                repo: str = "umbrella/gpt2-7") -> Path:
     out = cluster.root / name
     data = {
-        "name": "hub-e2e-watch", "output_dir": str(out), "tracking": {"uri": f"sqlite:///{out}/mlflow.db"},
+        "name": "hub-e2e-watch", "output_dir": str(out), "tracking": {"uri": uri or f"sqlite:///{out}/mlflow.db"},
         "backoff": {"initial": 0.5, "factor": 2, "max": 5, "retries": 2, "jitter": 0},
         "hub": {"endpoint": cluster.hub.endpoint},
         "ray": {"address": cluster.address, "entrypoint_num_cpus": 0,
@@ -294,7 +296,7 @@ def write_watch(cluster: Cluster, name: str, template: Path) -> Path:
         "audit": {"spec": str(template), "model": {"languages": ["en"]},
                   "overrides": {"metrics": [{"name": "crows_pairs", "params": {"limit": 8},
                                              "tests": ["crows_pairs"]}]}},
-        "watch": [{"repo": "umbrella/gpt2-7", "model": {"backend": "hf-causal"}}],
+        "watch": [{"repo": repo, "model": {"backend": "hf-causal"}}],
     }
     path = cluster.root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -352,3 +354,76 @@ def test_watchers_on_separate_stores_and_racing_watchers(cluster):
     for name in ("watch-a", "watch-b"):
         index = AuditIndex.load(f"sqlite:///{root / name}/mlflow.db", "biasaudit-watch-hub-e2e-watch")
         assert index.finished_revisions("umbrella/gpt2-7") == {new: 1}, name
+
+
+# --------------------------------------------------------------------------------------------
+# the same on the store a team deploys: an MLflow server backed by PostgreSQL
+# --------------------------------------------------------------------------------------------
+
+
+def test_sweep_and_watch_on_a_postgresql_tracking_server(cluster, pg_mlflow):
+    """The sweep and the watcher of the tests above, writing to an MLflow tracking server backed
+    by PostgreSQL (``pg_mlflow``) instead of the embedded SQLite file: one model of each kind is
+    audited, every key FINISHED exactly once on the server; a second submission resumes from the
+    server (nothing run, nothing downloaded); a ``audit watch --once`` on that server submits a new
+    hub revision once, a second one skips it, and the job's results land on the server."""
+    from ray.job_submission import JobSubmissionClient
+
+    hub, root, uri = cluster.hub, cluster.root, pg_mlflow["uri"]
+    repos = [(f"pg/{k}-{i}", k) for i, k in enumerate(KINDS)]
+    for i, (repo, kind) in enumerate(repos):
+        hub.add_repo(repo, variant_files(tiny_model_dir(kind), seed=500 + i))
+    out = root / "pg-sweep"
+    spec = write_spec(root / "hub-pg.yaml", "hub-pg", [model_entry(r, k) for r, k in repos], out, uri=uri)
+    n = 2 * len(repos)
+    code, text = cluster.submit(spec, "pg-job1")
+    assert code == 0 and "succeeded" in text, text[-4000:]
+    assert f"0 of {n} tasks already finished, {n} to run" in text
+    assert not (out / "mlflow.db").exists()                                     # nothing on the local file
+    tr = Tracker(uri, "biasaudit-hub-pg")
+    runs = tr.task_runs()
+    assert len(runs) == n and {r.info.status for r in runs} == {"FINISHED"}
+    assert len({r.data.tags["audit.key"] for r in runs}) == n
+    assert {r.data.params["model"]: r.data.params["revision"] for r in runs} == {r: hub.head(r) for r, _ in repos}
+    assert all(np.isfinite(r.data.metrics["value"]) for r in runs)
+    [parent] = tr.sweep_runs()
+    assert parent.data.metrics["tasks_run_total"] == n
+
+    n_req = len(hub.requests)
+    code, text = cluster.submit(spec, "pg-job2")
+    assert code == 0 and "succeeded" in text, text[-4000:]
+    assert f"{n} of {n} tasks already finished, 0 to run" in text and "models loaded: 0" in text
+    assert not [r for r in hub.requests[n_req:] if "/resolve/" in r.path]
+    assert len(tr.task_runs()) == n
+    [parent] = tr.sweep_runs()
+    assert int(parent.data.tags["audit.invocations"]) == 2 and parent.data.metrics["tasks_run_total"] == n
+
+    # the watcher on the same server: a new revision is submitted once, the audit lands there
+    watched = repos[3][0]                                                       # pg/gpt2-3
+    new = hub.commit(watched, {"model.safetensors": variant_files(tiny_model_dir("gpt2"), seed=888)[
+        "model.safetensors"]}, message="new release")
+    template = write_spec(root / "pg-watch-template.yaml", "template", [model_entry(watched, "gpt2")], root / "unused")
+    w = write_watch(cluster, "pg-watch", template, uri=uri, repo=watched)
+    env = ray_env({**cluster.job_env(HF_HUB_OFFLINE="0"), "PYTHONPATH": str(REPO)})
+    audit = str(Path(sys.executable).parent / "audit")
+    first = subprocess.run([audit, "watch", str(w), "--once"], cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=180)
+    second = subprocess.run([audit, "watch", str(w), "--once"], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=180)
+    assert first.returncode == 0 and second.returncode == 0, first.stdout + first.stderr + second.stdout
+    log = [json.loads(x) for x in (root / "pg-watch" / "decisions.jsonl").read_text().splitlines()]
+    sub = [d for d in log if d["action"] == "submitted"]
+    assert len(sub) == 1 and sub[0]["revision"] == new, log
+    skipped = [d for d in log if d["action"] == "skipped"]
+    assert len(skipped) == 1 and (skipped[0]["reason"].startswith("already submitted as ")
+                                  or skipped[0]["reason"].startswith("in progress")), skipped
+    assert not (root / "pg-watch" / "mlflow.db").exists()
+    client = JobSubmissionClient(cluster.address)
+    sid = sub[0]["submission_id"]
+    deadline = time.monotonic() + 240
+    while (st := client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        assert time.monotonic() < deadline, client.get_job_logs(sid)[-3000:]
+        time.sleep(1)
+    assert st == "SUCCEEDED", client.get_job_logs(sid)[-3000:]
+    index = AuditIndex.load(uri, "biasaudit-watch-hub-e2e-watch")
+    assert index.finished_revisions(watched) == {new: 1}

@@ -79,3 +79,70 @@ def test_check_resample_memory_bounds():
         stats.check_resample_memory("n_bootstrap", 1001, 50, memory=8 * 1000 * 50)
     for ignored in ("many", None, True, 2.5, -3):  # left to the metric's own validation
         stats.check_resample_memory("n_bootstrap", ignored, 50, memory=1)
+
+
+# --------------------------------------------------------------------------------------
+# choices and sizes in `audit score` and in a sweep plan, before any model loads
+# --------------------------------------------------------------------------------------
+
+CHOICES = [
+    ("weat", "p_convention", "strict", "p_convention='strict' is not one of 'phipson_smyth', 'caliskan'"),
+    ("weat", "alternative", "bigger", "alternative='bigger' is not one of 'greater', 'less', 'two-sided'"),
+    ("weat", "ci_method", "words", "ci_method: must be one of targets, targets_attributes, got 'words'"),
+    ("honest", "decoding", "beam", "decoding: must be one of greedy, sample, got 'beam'"),
+    ("honest", "category_rule", "any", "category_rule: must be one of all, first, got 'any'"),
+    ("honest", "hurtlex_level", "strict", "hurtlex_level: must be one of conservative, inclusive, got 'strict'"),
+    ("bbq", "length_norm", "words", "length_norm: must be one of none, tokens, chars, got 'words'"),
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("metric,key,value,msg", CHOICES, ids=[f"{m}-{k}" for m, k, _, _ in CHOICES])
+def test_a_choice_parameter_is_checked_up_front_against_its_modules_choices(metric, key, value, msg):
+    from audit import registry
+
+    with pytest.raises(ParameterError) as e:
+        registry.check_params(metric, {key: value})
+    assert str(e.value) == msg
+    registry.check_params(metric, {key: registry.get(metric).params.get(key)
+                                   or {**registry.get(metric).family.params}.get(key)})  # the default passes
+
+
+@pytest.mark.unit
+def test_a_bad_choice_in_audit_score_is_refused_before_the_model_loads(files, monkeypatch):
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(runner, "load_model", no_load)
+    code, out, err = _run(["score", "--model", "ok.vec", "--test", "t.yaml", "--metric", "weat",
+                           "--param", 'p_convention="strict"'])
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.strip().splitlines() == [
+        "audit: error: p_convention='strict' is not one of 'phipson_smyth', 'caliskan'"]
+
+
+@pytest.mark.unit
+def test_a_sweep_whose_bootstrap_cannot_fit_is_refused_at_plan_time_with_the_size(files):
+    spec = files / "s.yaml"
+    spec.write_text(f"name: s\noutput_dir: out\nlanguages: [en]\ntests: ['{files / 't.yaml'}']\nmetrics: [weat]\n"
+                    f"n_bootstrap: 100000000000\nmodels:\n  - ref: ok.vec\n", encoding="utf-8")
+    code, out, err = _run(["run", str(spec), "--dry-run"])
+    mem = stats._fmt_bytes(stats.physical_memory())
+    assert code == 2 and "Traceback" not in err and not (files / "out").exists()
+    assert err.strip().splitlines() == [
+        f"audit: error: {spec}: metric weat on {files / 't.yaml'}: n_bootstrap=100,000,000,000: 100,000,000,000 "
+        f"resamples of 16 items need at least 11.6 TiB of memory, more than this machine's {mem}; use at most "
+        f"{stats.physical_memory() // (8 * 16):,}"]
+
+
+@pytest.mark.unit
+def test_a_bad_choice_in_a_sweep_spec_is_refused_at_plan_time(files):
+    spec = files / "s.yaml"
+    spec.write_text("name: s\noutput_dir: out\nlanguages: [en]\ntests: [weat1]\n"
+                    "metrics: [{name: weat, params: {p_convention: strict}}]\nmodels:\n  - ref: ok.vec\n",
+                    encoding="utf-8")
+    code, out, err = _run(["run", str(spec), "--dry-run"])
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == [
+        f"audit: error: {spec}: metrics[0].params.p_convention: p_convention='strict' is not one of "
+        "'phipson_smyth', 'caliskan'"]

@@ -47,9 +47,10 @@ def add_revision(root: Path, name: str, vectors: dict, mtime: float) -> Path:
     return p
 
 
-def watch_spec(tmp_path: Path, root: Path, **regression) -> Path:
+def watch_spec(tmp_path: Path, root: Path, tracking: dict | None = None, **regression) -> Path:
     data = {
-        "name": "rel",
+        "name": "rel" if tracking is None else "rel-pg",
+        **({"tracking": tracking} if tracking else {}),
         "output_dir": str(tmp_path / "watch"),
         "backoff": {"initial": 0.1, "retries": 0, "jitter": 0},
         "audit": {"spec": "jobs/specs/smoke.yaml",
@@ -77,8 +78,11 @@ def parent_of(spec, revision: str):
     return rec, MlflowClient(tracking_uri=spec.resolved_tracking_uri).get_run(rec.run_id)
 
 
-@pytest.mark.ray
-def test_watch_detects_a_planted_bias_increase_and_not_a_revision_without_change(tmp_path, local_ray):
+@pytest.mark.parametrize("store", [pytest.param("sqlite", marks=pytest.mark.ray),
+                                   pytest.param("postgresql", marks=pytest.mark.e2e)])
+def test_watch_detects_a_planted_bias_increase_and_not_a_revision_without_change(tmp_path, local_ray, store, request):
+    """On the embedded SQLite store and on an MLflow server backed by PostgreSQL (``pg_mlflow``)."""
+    tracking = {"uri": request.getfixturevalue("pg_mlflow")["uri"]} if store == "postgresql" else None
     root = tmp_path / "models"
     v1, v2, v3 = planted_models(seed=11, delta=0.8)
     t0 = time.time() - 3600
@@ -90,8 +94,9 @@ def test_watch_detects_a_planted_bias_increase_and_not_a_revision_without_change
                     f"open({str(hook_out)!r}, 'a').write(json.dumps({{'same_file': same, 'body': body}}) + '\\n')\n",
                     encoding="utf-8")
     with Receiver() as rx:
-        p = watch_spec(tmp_path, root, notify={"command": f"{shlex.quote(sys.executable)} {shlex.quote(str(hook))}",
-                                               "url": rx.url, "timeout": 20})
+        p = watch_spec(tmp_path, root, tracking, notify={"command": f"{shlex.quote(sys.executable)} "
+                                                                    f"{shlex.quote(str(hook))}",
+                                                         "url": rx.url, "timeout": 20})
         spec = load_watch_spec(p)
         sub = InlineSubmitter()
 
@@ -162,7 +167,7 @@ def test_watch_detects_a_planted_bias_increase_and_not_a_revision_without_change
         assert posted["path"] == "/hooks/bias" and posted["type"] == "application/json"
         body = posted["json"]
         assert (body["event"], body["watch"], body["repo"], body["revision"], body["baselines"]) == (
-            "bias_regression", "rel", str(root / "m"), "v3", ["v2"])
+            "bias_regression", "rel" if tracking is None else "rel-pg", str(root / "m"), "v3", ["v2"])
         assert body["tests"] == ["en/weat1 weat", "en/weat7 weat"] and body["run_id"] == rec3.run_id
         assert {x["test"] for x in body["regressions"]} == {"weat1", "weat7"}
         [line] = hook_out.read_text().splitlines()

@@ -698,12 +698,17 @@ def test_run_spec_env_needs_the_variable(monkeypatch, capsys):
     assert "metrics[0].name: unknown metric 'wat'" in capsys.readouterr().err
 
 
-@pytest.mark.unit
-def test_a_failed_audit_job_makes_watch_once_exit_1_and_notify_both_channels(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("store", [pytest.param("sqlite", marks=pytest.mark.unit),
+                                   pytest.param("postgresql", marks=pytest.mark.e2e)])
+def test_a_failed_audit_job_makes_watch_once_exit_1_and_notify_both_channels(tmp_path, monkeypatch, capsys, store,
+                                                                             request):
     """The recipe's failure: the job dies before its sweep writes a run (``No module named
     'pandas'``). ``audit watch --once`` exits 1 and notifies (command and POST) when it sees the
     failed job (submitting attempt 2), then again when it gives up; repeated polls keep exit 1 for
-    the given-up audit without notifying twice; a submission the cluster refuses is exit 1 too."""
+    the given-up audit without notifying twice; a submission the cluster refuses is exit 1 too.
+    On the embedded SQLite store and on an MLflow server backed by PostgreSQL (``pg_mlflow``)."""
+    pg = {"name": "w-failed-pg", "tracking": {"uri": request.getfixturevalue("pg_mlflow")["uri"]}} \
+        if store == "postgresql" else {}
     root = tmp_path / "models"
     write_vectors(root / "tiny" / "v1", 0, mtime=time.time() - 3600)
     hook_out = tmp_path / "hook.jsonl"
@@ -714,7 +719,8 @@ def test_a_failed_audit_job_makes_watch_once_exit_1_and_notify_both_channels(tmp
     monkeypatch.setattr("jobs.watch.watcher.RaySubmitter", lambda address=None: rec)  # the CLI's submitter
     with Receiver() as rx:
         p = write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}],
-                        notify={"command": f"{sys.executable} {hook}", "url": rx.url, "timeout": 20})
+                        notify={"command": f"{sys.executable} {hook}", "url": rx.url, "timeout": 20}, **pg)
+        assert not pg or not (tmp_path / "watch" / "mlflow.db").exists()
 
         def once() -> tuple[int, str]:
             code = W.main([str(p), "--once"])

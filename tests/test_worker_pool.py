@@ -243,26 +243,51 @@ def test_a_busy_worker_waiting_to_restart_is_stuck_and_its_work_failed():
 
 
 def test_busy_is_told_from_stuck_before_the_timeout_and_said_once():
-    wp, edge, clock, records, said, _ = make_pool(models("a", "b"), timeout=600.0)
+    wp, edge, clock, records, said, _ = make_pool(models("a", "b"), timeout=20.0)
     wp.fill()
     # another job's actor holds both CPUs of the one 2-CPU node: busy, it runs when they free up
     edge.snapshot = ([{"CPU": 2.0}], {"other-job": {"CPU": 2.0}}, "mine", {})
-    clock.t = 10.0
-    wp.watchdog(clock.t)  # not yet half the grace period (15 s) without progress
+    clock.t = 5.0
+    wp.watchdog(clock.t)  # not yet half the grace period (10 s, half the timeout) without progress
     assert said == []
     clock.t = 16.0
     wp.watchdog(clock.t)
     assert said == ["busy: waiting: needs 1 CPU, held by other jobs (other-job holds 2 CPU); it runs when they "
                     "free up"]
-    clock.t = 40.0
-    wp.watchdog(clock.t)  # the same reason is not said again
-    assert len(said) == 1 and wp.stuck is None and records == {}  # informational: nothing failed early
-    # the other job ends, and a node that can never hold the worker is all that is left: stuck, said
+    for t in (35.0, 50.0, 65.0):  # long past the 20 s timeout: busy work keeps waiting, said once
+        clock.t = t
+        wp.watchdog(clock.t)
+    assert len(said) == 1 and wp.stuck is None and records == {}
+    # the other job ends, and a node that can never hold the worker is all that is left: stuck,
+    # said; its work fails at the next look that finds the same (not 20 s later), the resource named
     edge.snapshot = ([{"CPU": 0.5}], {}, "mine", {})
-    clock.t = 60.0
+    clock.t = 81.0
     wp.watchdog(clock.t)
-    assert said[-1].startswith("stuck: waiting: needs 1 CPU on one node and the cluster will never have it")
-    assert wp.stuck is None and records == {}  # failed only after ray.pending_timeout_s, as before
+    assert said[-1] == ("stuck: waiting: needs 1 CPU on one node and the cluster will never have it (its largest "
+                        "node has 0.5 CPU)") and wp.stuck is None and records == {}
+    clock.t = 91.0
+    wp.watchdog(clock.t)
+    reason = ("stuck: needs 1 CPU on one node and the cluster will never have it (its largest node has 0.5 CPU); "
+              "the cluster has {'CPU': 2} in all, nothing free now")
+    assert said[-1] == reason and wp.stuck == reason
+    assert sorted(records) == list(range(6)) and {o.error for o in records.values()} == {reason}
+    assert edge.killed == [1] and not wp.busy()
+
+
+def test_busy_work_fails_after_the_timeout_once_the_other_jobs_let_go_and_nothing_moves():
+    wp, edge, clock, records, said, _ = make_pool(models("a"), timeout=20.0)
+    wp.fill()
+    edge.snapshot = ([{"CPU": 2.0}], {"other-job": {"CPU": 2.0}}, "mine", {})
+    clock.t = 16.0
+    wp.watchdog(clock.t)
+    edge.snapshot = ([{"CPU": 2.0}], {}, "mine", {})  # nobody else holds it now: the usual timeout
+    for t in (31.0, 35.5):
+        clock.t = t
+        wp.watchdog(clock.t)
+    assert records == {} and wp.stuck is None  # 20 s after the last busy look (16 s), not before
+    clock.t = 36.5
+    wp.watchdog(clock.t)
+    assert wp.stuck.startswith("stuck: waited more than 20 s (ray.pending_timeout_s)") and sorted(records) == [0, 1, 2]
 
 
 def test_progress_restarts_the_stuck_clock():
