@@ -55,9 +55,12 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from pydantic import field_validator
+
 from audit import registry
 from audit.backends import table as backend_table
 from audit.errors import AuditError, ParameterError
+from audit.schema import Flag, Int, Num, Refused, Section, Text, check, validate
 from audit.mitigation import get_mitigation, load_definitions
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
 from jobs.validators import (
@@ -113,11 +116,6 @@ MITIGATION_KIND = "mitigation"
 _DERIVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-+]*$")
 _METRIC_FIELDS = {"name", "params", "tests"}
 _TRACKING_FIELDS = {"uri", "experiment"}
-_RAY_FIELDS = {
-    "address", "num_cpus", "object_store_memory", "actor_num_cpus", "actor_num_gpus",
-    "max_restarts", "max_task_retries", "batch_size", "stats_num_cpus", "exact_shards",
-    "pending_timeout_s", "reuse_workers", "max_workers", "prefetch", "prefetch_disk_mb",
-}
 _BUILD_FIELDS = {"kind", "dim", "epoch", "language", "seed"}
 _MC_FIELDS = {"family", "marks"}
 #: Columns of the results table a multiple-comparison family may group by.
@@ -205,9 +203,9 @@ class MetricSpec:
     tests: tuple[str, ...] | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class RaySpec:
-    """How the sweep uses Ray.
+class RaySpec(Section):
+    """How the sweep uses Ray (the ``ray:`` section; each field declared here once, validated by
+    :func:`audit.schema.validate`; :mod:`jobs.pool` reads the same fields).
 
     address:            ``None``: an embedded local Ray (or the job's cluster inside
                         ``ray job submit``); ``auto`` or ``ray://...`` / ``host:port`` to connect.
@@ -233,21 +231,31 @@ class RaySpec:
     prefetch_disk_mb:   disk those prefetched snapshots may take together.
     """
 
-    address: str | None = None
-    num_cpus: float | None = None
-    object_store_memory: int = 200_000_000
-    actor_num_cpus: float = 1.0
+    address: Text | None = None
+    num_cpus: Num(0.0, strict=True) | None = None
+    object_store_memory: Int(78_643_200) = 200_000_000
+    actor_num_cpus: Num() = 1.0
     actor_num_gpus: float | str = "auto"
-    max_restarts: int = 3
-    max_task_retries: int = 3
-    batch_size: int = 4
-    stats_num_cpus: float = 1.0
-    exact_shards: int = 1
-    pending_timeout_s: float = 600.0
-    reuse_workers: bool = True
-    max_workers: int | None = None
-    prefetch: int = 2
-    prefetch_disk_mb: float = 4096.0
+    max_restarts: Int(-1) = 3
+    max_task_retries: Int(-1) = 3
+    batch_size: Int(1) = 4
+    stats_num_cpus: Num() = 1.0
+    exact_shards: Int(1) = 1
+    pending_timeout_s: Num(0.0, strict=True) = 600.0
+    reuse_workers: Flag = True
+    max_workers: Int(1) | None = None
+    prefetch: Int(0) = 2
+    prefetch_disk_mb: Num(0.0, strict=True) = 4096.0
+
+    @field_validator("actor_num_gpus", mode="plain")
+    @classmethod
+    def _gpus(cls, g: Any) -> float | str:
+        if g == "auto":
+            return g
+        g = check(Num(), g)
+        if g > 1 and g != int(g):
+            raise Refused(f"a model uses a fraction of one GPU or whole GPUs, got {g}")
+        return g
 
 
 @dataclasses.dataclass(frozen=True)
@@ -541,38 +549,9 @@ def _metric(ctx: Ctx, i: int, v: Any, known: tuple[str, ...]) -> MetricSpec:
 
 
 def _ray(ctx: Ctx, v: Any) -> RaySpec:
-    if v is None:
-        return RaySpec()
-    d = mapping(ctx, "ray", v)
-    check_fields(ctx, "ray", d, _RAY_FIELDS)
-    kw: dict[str, Any] = {}
-    if d.get("address") is not None:
-        kw["address"] = string(ctx, "ray.address", d["address"])
-    if d.get("num_cpus") is not None:
-        kw["num_cpus"] = number(ctx, "ray.num_cpus", d["num_cpus"], strict=True)
-    if d.get("object_store_memory") is not None:
-        kw["object_store_memory"] = integer(ctx, "ray.object_store_memory", d["object_store_memory"], minimum=78_643_200)
-    if d.get("actor_num_cpus") is not None:
-        kw["actor_num_cpus"] = number(ctx, "ray.actor_num_cpus", d["actor_num_cpus"])
-    if d.get("stats_num_cpus") is not None:
-        kw["stats_num_cpus"] = number(ctx, "ray.stats_num_cpus", d["stats_num_cpus"])
-    if d.get("actor_num_gpus") is not None:
-        g = d["actor_num_gpus"]
-        if g != "auto":
-            g = number(ctx, "ray.actor_num_gpus", g)
-            if g > 1 and g != int(g):
-                raise ctx.param("ray.actor_num_gpus", f"a model uses a fraction of one GPU or whole GPUs, got {g}")
-        kw["actor_num_gpus"] = g
-    for k, lo in (("max_restarts", -1), ("max_task_retries", -1), ("batch_size", 1), ("exact_shards", 1),
-                  ("max_workers", 1), ("prefetch", 0)):
-        if d.get(k) is not None:
-            kw[k] = integer(ctx, f"ray.{k}", d[k], minimum=lo)
-    for k in ("pending_timeout_s", "prefetch_disk_mb"):
-        if d.get(k) is not None:
-            kw[k] = number(ctx, f"ray.{k}", d[k], strict=True)
-    if d.get("reuse_workers") is not None:
-        kw["reuse_workers"] = boolean(ctx, "ray.reuse_workers", d["reuse_workers"])
-    return RaySpec(**kw)
+    """The ``ray:`` section; ``null`` fields take their defaults."""
+    d = mapping(ctx, "ray", v) if v is not None else {}
+    return validate(RaySpec, {k: x for k, x in d.items() if x is not None}, ctx.source, "ray")
 
 
 def _multiple_comparisons(ctx: Ctx, v: Any) -> MultipleComparisons:
