@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from audit import registry
 from audit.errors import ParameterError
+from audit.schema import Int, Num, Section, Text, validate
 from jobs.uris import resolve_tracking_uri, store_identity, tracking_uri_problem
 from jobs.validators import (
     Ctx,
@@ -48,9 +49,7 @@ _TOP_FIELDS = {
 _REGRESSION_FIELDS = {"metrics", "tests", "min_increase", "alpha", "adjust", "baseline", "previous", "n_bootstrap",
                       "permutations", "seed", "notify"}
 _NOTIFY_FIELDS = {"command", "url", "timeout"}
-_BACKOFF_FIELDS = {"initial", "factor", "max", "retries", "jitter", "seed", "max_interval"}
 _HUB_FIELDS = {"endpoint", "branch", "timeout"}
-_RAY_FIELDS = {"address", "runtime_env", "entrypoint", "entrypoint_num_cpus", "entrypoint_num_gpus", "max_jobs"}
 _AUDIT_FIELDS = {"spec", "overrides", "model"}
 _ENTRY_FIELDS = {
     "repo", "author", "local", "search", "limit", "branch", "revisions", "layout", "order", "file",
@@ -106,9 +105,8 @@ class WatchEntry:
         return f"repo {self.target}"
 
 
-@dataclasses.dataclass(frozen=True)
-class RaySubmit:
-    """How sweeps are submitted (``ray:`` of the watch spec).
+class RaySubmit(Section):
+    """How sweeps are submitted (``ray:`` of the watch spec; a typed model of :mod:`audit.schema`).
 
     entrypoint_num_cpus/gpus: resources the sweep's *driver* reserves for the job's lifetime
              (Ray's default, and the advice, is none: the driver mostly waits for its model
@@ -117,12 +115,24 @@ class RaySubmit:
              (``None``: no limit); further new revisions wait for a later poll (``deferred``).
     """
 
-    address: str | None = None
-    runtime_env: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    entrypoint: str = DEFAULT_ENTRYPOINT
-    entrypoint_num_cpus: float | None = None
-    entrypoint_num_gpus: float | None = None
-    max_jobs: int | None = None
+    address: Text | None = None
+    runtime_env: dict[str, Any] = {}
+    entrypoint: Text = DEFAULT_ENTRYPOINT
+    entrypoint_num_cpus: Num() | None = None
+    entrypoint_num_gpus: Num() | None = None
+    max_jobs: Int(1) | None = None
+
+
+class BackoffFields(Section):
+    """The types and ranges of the ``backoff:`` section (its defaults: :class:`Backoff`)."""
+
+    initial: Num() | None = None
+    max: Num() | None = None
+    max_interval: Num() | None = None
+    factor: Num(1.0) | None = None
+    jitter: Num(maximum=1.0) | None = None
+    retries: Int(0) | None = None
+    seed: Int(0) | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,42 +327,16 @@ def _entry(ctx: Ctx, i: int, v: Any, default: AuditTemplate, hub_branch: str) ->
 
 
 def _backoff(ctx: Ctx, v: Any) -> Backoff:
-    b = mapping(ctx, "backoff", v, _BACKOFF_FIELDS)
-    kw: dict[str, Any] = {}
-    for k in ("initial", "max", "max_interval"):
-        if b.get(k) is not None:
-            kw[k] = number(ctx, f"backoff.{k}", b[k])
-    if b.get("factor") is not None:
-        kw["factor"] = number(ctx, "backoff.factor", b["factor"], minimum=1.0)
-    if b.get("jitter") is not None:
-        kw["jitter"] = number(ctx, "backoff.jitter", b["jitter"])
-        if kw["jitter"] >= 1:
-            raise ctx.param("backoff.jitter", f"must be < 1 (a fraction of the delay), got {kw['jitter']}")
-    if b.get("retries") is not None:
-        kw["retries"] = integer(ctx, "backoff.retries", b["retries"], minimum=0)
-    if b.get("seed") is not None:
-        kw["seed"] = integer(ctx, "backoff.seed", b["seed"], minimum=0)
-    return Backoff(**kw)
+    b = validate(BackoffFields, mapping(ctx, "backoff", v), ctx.source, "backoff")
+    return Backoff(**b.model_dump(exclude_none=True))
 
 
 def _ray(ctx: Ctx, v: Any) -> RaySubmit:
-    r = mapping(ctx, "ray", v, _RAY_FIELDS)
-    kw: dict[str, Any] = {}
-    if given(r.get("address")):
-        kw["address"] = string(ctx, "ray.address", r["address"])
-    if r.get("runtime_env") is not None:
-        env = mapping(ctx, "ray.runtime_env", r["runtime_env"])
-        if SPEC_ENV in (env.get("env_vars") or {}):
-            raise ctx.param(f"ray.runtime_env.env_vars.{SPEC_ENV}", "is set by the watcher (the generated sweep spec)")
-        kw["runtime_env"] = env
-    if r.get("entrypoint") is not None:
-        kw["entrypoint"] = string(ctx, "ray.entrypoint", r["entrypoint"])
-    for k in ("entrypoint_num_cpus", "entrypoint_num_gpus"):
-        if r.get(k) is not None:
-            kw[k] = number(ctx, f"ray.{k}", r[k])
-    if r.get("max_jobs") is not None:
-        kw["max_jobs"] = integer(ctx, "ray.max_jobs", r["max_jobs"], minimum=1)
-    return RaySubmit(**kw)
+    r = {k: x for k, x in mapping(ctx, "ray", v).items() if x is not None and (k != "address" or given(x))}
+    env = r.get("runtime_env")
+    if isinstance(env, Mapping) and isinstance(env.get("env_vars"), Mapping) and SPEC_ENV in env["env_vars"]:
+        raise ctx.param(f"ray.runtime_env.env_vars.{SPEC_ENV}", "is set by the watcher (the generated sweep spec)")
+    return validate(RaySubmit, r, ctx.source, "ray")
 
 
 def _notify(ctx: Ctx, path: str, v: Any) -> Notify:
@@ -488,7 +472,7 @@ def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | 
             raise ParameterError(f"--interval must be a finite number > 0, got {interval}")
         changes["interval"] = float(interval)
     if address is not None:
-        changes["ray"] = dataclasses.replace(spec.ray, address=address)
+        changes["ray"] = spec.ray.model_copy(update={"address": address})
     return dataclasses.replace(spec, **changes) if changes else spec
 
 
