@@ -18,7 +18,8 @@ non-empty string, got 3``, ``must be >= 1, got 0`` (``>``, ``<``, ``<=`` alike),
 (did you mean 'x'?); allowed fields: ...``, ``missing required field``.
 
 Pieces: :class:`Section` (the base of every model: unknown fields refused, no coercion, frozen),
-:func:`Int`, :func:`Num`, :data:`Flag`, :data:`Text` (annotated field types), :class:`Refused`
+:func:`Int`, :func:`Num`, :data:`Flag`, :data:`Text`, :data:`Permutations` (annotated field types),
+:func:`plain` (NumPy scalars as Python values), :class:`Refused`
 (raised by a validator for a value out of the allowed set), :func:`validate` (a mapping into a
 model), :func:`check` (one value against a type), :func:`error_of` (a
 :class:`pydantic.ValidationError` as the one-line :class:`~audit.errors.AuditError`).
@@ -29,7 +30,17 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, TypeAdapter, ValidationError
+import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StrictBool,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+)
 
 from audit.errors import AuditError, DataError, ParameterError, suggest
 
@@ -53,11 +64,31 @@ def Int(minimum: int | None = None) -> Any:  # noqa: N802 (a type constructor)
 
 
 @functools.lru_cache(maxsize=None)
-def Num(minimum: float | None = 0.0, *, strict: bool = False, maximum: float | None = None) -> Any:  # noqa: N802
+def Num(minimum: float | None = 0.0, *, strict: bool = False, maximum: float | None = None,  # noqa: N802
+        inclusive: bool = False) -> Any:
     """A finite number (an int or a float, not a bool), ``>= minimum`` (``> minimum`` with
-    ``strict``), ``< maximum`` when given."""
+    ``strict``), ``< maximum`` when given (``<= maximum`` with ``inclusive``)."""
     lo = {"gt": minimum} if strict else {"ge": minimum}
-    return Annotated[float, Field(strict=True, allow_inf_nan=False, lt=maximum, **lo)]
+    hi = {"le": maximum} if inclusive else {"lt": maximum}
+    return Annotated[float, Field(strict=True, allow_inf_nan=False, **lo, **hi)]
+
+
+def plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value it holds (``np.int64(3)`` -> ``3``), anything else as is:
+    parameters computed with NumPy validate as the same numbers written in a spec."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _permutations(value: Any) -> int | str:
+    if value in ("exact", "auto"):
+        return value
+    if isinstance(value, str):
+        raise Refused(f"expected exact, auto or a positive integer, got {value!r}")
+    return check(Int(1), plain(value))
+
+
+#: ``permutations``: ``exact``, ``auto`` or a number of random partitions (>= 1).
+Permutations = Annotated[Any, PlainValidator(_permutations)]
 
 
 #: ``true`` or ``false``.
@@ -82,6 +113,8 @@ def problem(err: Mapping[str, Any], model: type[BaseModel] | None = None) -> tup
         return ParameterError, f"must be {op} {_bound(ctx[key])}, got {got!r}"
     if kind == "value_error" and isinstance(ctx.get("error"), Refused):
         return ParameterError, str(ctx["error"])
+    if kind == "value_error" and isinstance(ctx.get("error"), AuditError):  # a nested check's own words
+        return type(ctx["error"]), str(ctx["error"])
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return DataError, f"expected an integer, got {got!r}"
     if kind == "finite_number":
@@ -155,10 +188,10 @@ def check(tp: Any, value: Any, source: str = "", path: str = "") -> Any:
     """``value`` validated against the annotated type ``tp`` (:func:`Int`, :func:`Num`,
     :data:`Flag`, :data:`Text` ...), refused as :func:`error_of` words it."""
     try:
-        return _adapter(tp).validate_python(value)
+        return _adapter(tp).validate_python(plain(value))
     except ValidationError as e:
         raise error_of(e, source, path) from None
 
 
-__all__ = ["Section", "Refused", "Int", "Num", "Flag", "Text", "problem", "field_path", "error_of", "validate",
+__all__ = ["Section", "Refused", "Int", "Num", "Flag", "Text", "Permutations", "plain", "problem", "field_path", "error_of", "validate",
            "check"]

@@ -60,7 +60,7 @@ from pydantic import field_validator
 from audit import registry
 from audit.backends import table as backend_table
 from audit.errors import AuditError, ParameterError
-from audit.schema import Flag, Int, Num, Refused, Section, Text, check, validate
+from audit.schema import Flag, Int, Num, Permutations, Refused, Section, Text, check, validate
 from audit.mitigation import get_mitigation, load_definitions
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
 from jobs.validators import (
@@ -339,11 +339,7 @@ def _languages(ctx: Ctx, path: str, v: Any) -> tuple[str, ...]:
 
 
 def _permutations(ctx: Ctx, path: str, v: Any) -> int | str:
-    if isinstance(v, str):
-        if v not in ("exact", "auto"):
-            raise ctx.param(path, f"expected exact, auto or a positive integer, got {v!r}")
-        return v
-    return integer(ctx, path, v, minimum=1)
+    return check(Permutations, v, ctx.source, path)
 
 
 def default_model_name(ref: str) -> str:

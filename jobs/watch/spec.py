@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from audit import registry
 from audit.errors import ParameterError
-from audit.schema import Int, Num, Section, Text, validate
+from audit.schema import Int, Num, Permutations, Section, Text, check, validate
 from jobs.uris import resolve_tracking_uri, store_identity, tracking_uri_problem
 from jobs.validators import (
     Ctx,
@@ -394,13 +394,7 @@ def _regression(ctx: Ctx, v: Any) -> RegressionSpec:
     if d.get("n_bootstrap") is not None:
         kw["n_bootstrap"] = integer(ctx, "regression.n_bootstrap", d["n_bootstrap"], minimum=0)
     if d.get("permutations") is not None:
-        pm = d["permutations"]
-        if isinstance(pm, str):
-            if pm not in ("auto", "exact"):
-                raise ctx.param("regression.permutations", f"expected auto, exact or a positive integer, got {pm!r}")
-            kw["permutations"] = pm
-        else:
-            kw["permutations"] = integer(ctx, "regression.permutations", pm, minimum=1)
+        kw["permutations"] = check(Permutations, d["permutations"], ctx.source, "regression.permutations")
     if d.get("seed") is not None:
         kw["seed"] = integer(ctx, "regression.seed", d["seed"], minimum=0)
     if d.get("notify") is not None:
