@@ -88,13 +88,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy.stats import binomtest
 
+from audit import schema
 from audit.errors import DataError, ParameterError
 from audit.metrics.weat import as_vectors, check_same_dim, unit_rows
 from audit.stats import (
@@ -202,12 +202,6 @@ class Comparison:
 # --------------------------------------------------------------------------------- checks
 
 
-def _check_int(v: Any, name: str, minimum: int) -> int:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or v < minimum:
-        raise ParameterError(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return int(v)
-
-
 def _check_common(alternative: Any, quantity: Any, confidence: Any, n_bootstrap: Any,
                   permutations: Any, seed: Any) -> tuple[str, str, float, int, str | int, int]:
     if alternative not in _ALTERNATIVES:
@@ -218,12 +212,12 @@ def _check_common(alternative: Any, quantity: Any, confidence: Any, n_bootstrap:
         0.0 < float(confidence) < 1.0
     ):
         raise ParameterError(f"confidence must be a number in (0, 1), got {confidence!r}")
-    n_bootstrap = _check_int(n_bootstrap, "n_bootstrap", 0)
+    n_bootstrap = schema.integer(n_bootstrap, "n_bootstrap", 0)
     if permutations not in ("auto", "exact"):
-        permutations = _check_int(permutations, "permutations", 1)
+        permutations = schema.integer(permutations, "permutations", 1)
     if seed is None:
         seed = fresh_seed()
-    seed = _check_int(seed, "seed", 0)
+    seed = schema.integer(seed, "seed", 0)
     return str(alternative), str(quantity), float(confidence), n_bootstrap, permutations, seed
 
 
@@ -250,7 +244,7 @@ def _paired_values(a: Any, b: Any, names: tuple[str, str] = ("a", "b")) -> tuple
 def _check_strata(strata: Sequence[int] | None, n: int) -> list[int]:
     if strata is None:
         return [n]
-    s = [_check_int(v, "strata", 1) for v in strata]
+    s = [schema.integer(v, "strata", 1) for v in strata]
     if sum(s) != n:
         raise ParameterError(f"strata {s} must add up to the number of items ({n})")
     return s

@@ -193,5 +193,15 @@ def check(tp: Any, value: Any, source: str = "", path: str = "") -> Any:
         raise error_of(e, source, path) from None
 
 
+def integer(value: Any, name: str, minimum: int | None = None) -> int:
+    """An integer argument ``name`` of a function (``n_bootstrap``, ``permutations``), at least
+    ``minimum``: :func:`check` with :func:`Int` (NumPy integers accepted); a function's argument is
+    a parameter, so every refusal is a :class:`ParameterError` (in the same words)."""
+    try:
+        return check(Int(minimum), value, path=name)
+    except DataError as e:
+        raise ParameterError(str(e)) from None
+
+
 __all__ = ["Section", "Refused", "Int", "Num", "Flag", "Text", "Permutations", "plain", "problem", "field_path", "error_of", "validate",
-           "check"]
+           "check", "integer"]

@@ -126,6 +126,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from audit import schema
 from audit.errors import DataError, ParameterError
 
 __all__ = [
@@ -348,7 +349,7 @@ def stream_seeds(seed: int, name: str, n: int) -> list[int]:
     """``n`` 32-bit integer seeds from stream ``name`` of ``seed``, for libraries that take an
     integer ``random_state`` (scikit-learn): ``stream(seed, name).generate_state(n, uint32)``.
     Prefix-stable: the first ``k`` seeds do not depend on ``n``."""
-    n = _check_count(n, "n")
+    n = schema.integer(n, "n", 1)
     return [int(v) for v in stream(seed, name).generate_state(n, np.uint32)]
 
 
@@ -357,14 +358,6 @@ def _generator(seed: Any) -> np.random.Generator:
     if isinstance(seed, np.random.Generator):
         return seed
     return np.random.Generator(np.random.PCG64(check_seed(seed)))
-
-
-def _check_count(n: Any, name: str) -> int:
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
-        raise ParameterError(f"{name}={n!r}: expected a positive integer")
-    if n <= 0:
-        raise ParameterError(f"{name}={n!r}: must be a positive number of random partitions")
-    return int(n)
 
 
 def _check_shard(shard: Any) -> tuple[int, int]:
@@ -965,7 +958,7 @@ def sampled_count_greater(
     s = _as_scores(scores)
     k = _check_n_x(n_x, s.size)
     ts = _as_thresholds(thresholds)
-    n = _check_count(n, "n")
+    n = schema.integer(n, "n", 1)
     root = np.random.PCG64(check_seed(seed))
     th = _n_threads(threads)
 
@@ -984,7 +977,7 @@ def sample_partitions(
     boolean X-membership masks of shape ``(rows, n_items)``, one chunk at a time."""
     n_items = int(n_items)
     k = _check_n_x(n_x, n_items)
-    n = _check_count(n, "n")
+    n = schema.integer(n, "n", 1)
     root = np.random.PCG64(check_seed(seed))
     zeros = np.zeros(n_items)
     for c, rows in _chunks(n):
@@ -1036,7 +1029,7 @@ def _resolve_permutations(permutations: Any, n_items: int, n: int) -> tuple[str,
         raise ParameterError(
             f"permutations={permutations!r}: expected 'exact', 'auto' or a positive integer"
         )
-    asked = _check_count(permutations, "permutations")
+    asked = schema.integer(permutations, "permutations", 1)
     total = n_partitions(n_items, n)
     if asked >= total and exact_feasible(n_items, n):
         return "exact", total, (
@@ -1181,7 +1174,7 @@ def label_swap_test(
         masks = np.concatenate([half, np.zeros((half.shape[0], 1), dtype=bool)], axis=1)
         blocks: Any = [masks[i : i + SWAP_BLOCK] for i in range(0, masks.shape[0], SWAP_BLOCK)]
     else:
-        n_draw = _check_count(n_draw, "permutations")
+        n_draw = schema.integer(n_draw, "permutations", 1)
         seed = fresh_seed() if seed is None else check_seed(seed)
         gen = np.random.Generator(np.random.PCG64(seed))
         sizes = [min(SWAP_BLOCK, n_draw - i) for i in range(0, n_draw, SWAP_BLOCK)]
@@ -1216,7 +1209,7 @@ def bootstrap_indices(
     given Generator), group after group, ``integers(0, m, size=(n_resamples, m))`` each: the
     draws scipy makes from the same Generator.
     """
-    n_resamples = _check_count(n_resamples, "n_resamples")
+    n_resamples = schema.integer(n_resamples, "n_resamples", 1)
     gen = _generator(seed)
     out = []
     for m in sizes:

@@ -72,7 +72,6 @@ from jobs.validators import (
     integer,
     location_overrides,
     mapping,
-    number,
     plain_values,
     read_yaml,
     str_list,
