@@ -103,6 +103,7 @@ from audit.stats import (
     STREAMS,
     PermutationResult,
     bootstrap_indices,
+    check_bootstrap,
     check_ddof,
     label_swap_test,
     fresh_seed,
@@ -208,11 +209,7 @@ def _check_common(alternative: Any, quantity: Any, confidence: Any, n_bootstrap:
         raise ParameterError(f"alternative must be one of {', '.join(map(repr, _ALTERNATIVES))}, got {alternative!r}")
     if quantity not in _QUANTITIES:
         raise ParameterError(f"quantity must be one of {', '.join(map(repr, _QUANTITIES))}, got {quantity!r}")
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float, np.floating)) or not (
-        0.0 < float(confidence) < 1.0
-    ):
-        raise ParameterError(f"confidence must be a number in (0, 1), got {confidence!r}")
-    n_bootstrap = schema.integer(n_bootstrap, "n_bootstrap", 0)
+    n_bootstrap, confidence = check_bootstrap(n_bootstrap, confidence)
     if permutations not in ("auto", "exact"):
         permutations = schema.integer(permutations, "permutations", 1)
     if seed is None:

@@ -203,5 +203,15 @@ def integer(value: Any, name: str, minimum: int | None = None) -> int:
         raise ParameterError(str(e)) from None
 
 
+def number(value: Any, name: str, minimum: float | None = 0.0, *, strict: bool = False,
+           maximum: float | None = None) -> float:
+    """A finite real argument ``name`` of a function (``confidence``), as :func:`Num` bounds it;
+    every refusal a :class:`ParameterError`, as for :func:`integer`."""
+    try:
+        return float(check(Num(minimum, strict=strict, maximum=maximum), value, path=name))
+    except DataError as e:
+        raise ParameterError(str(e)) from None
+
+
 __all__ = ["Section", "Refused", "Int", "Num", "Flag", "Text", "Permutations", "plain", "problem", "field_path", "error_of", "validate",
-           "check", "integer"]
+           "check", "integer", "number"]

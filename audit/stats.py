@@ -142,6 +142,7 @@ __all__ = [
     "STREAMS",
     "PermutationResult",
     "bootstrap_indices",
+    "check_bootstrap",
     "effect_size_bootstrap",
     "fresh_seed",
     "percentile_interval",
@@ -310,6 +311,13 @@ def _as_thresholds(thresholds: Any) -> np.ndarray:
     if np.isnan(t).any():
         raise ParameterError("thresholds: NaN threshold")
     return t
+
+
+def check_bootstrap(n_bootstrap: Any, confidence: Any) -> tuple[int, float]:
+    """The one rule of a bootstrap interval's parameters: ``n_bootstrap`` an integer >= 0 (0: no
+    interval) and ``confidence`` strictly between 0 and 1 (:mod:`audit.schema`'s words)."""
+    return (schema.integer(n_bootstrap, "n_bootstrap", 0),
+            schema.number(confidence, "confidence", 0.0, strict=True, maximum=1.0))
 
 
 def check_seed(seed: Any, name: str = "seed") -> int | np.random.SeedSequence | None:
