@@ -28,7 +28,7 @@ model), :func:`check` (one value against a type), :func:`error_of` (a
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Mapping, get_args
 
 import numpy as np
 from pydantic import (
@@ -130,12 +130,31 @@ def problem(err: Mapping[str, Any], model: type[BaseModel] | None = None) -> tup
     if kind == "missing":
         return DataError, "missing required field"
     if kind == "extra_forbidden":
-        allowed = sorted(model.model_fields) if model is not None else []
+        inner = _model_at(model, tuple(err["loc"][:-1]))
+        allowed = sorted(inner.model_fields) if inner is not None else []
         field = str(err["loc"][-1])
         return DataError, f"unknown field{suggest(field, allowed)}; allowed fields: {', '.join(allowed)}"
     if kind == "value_error":
         return DataError, str(ctx.get("error", err.get("msg")))
     return DataError, f"{err.get('msg', 'invalid')}, got {got!r}"
+
+
+def _model_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that holds the field at ``loc`` (through lists, optionals and nested models)."""
+    for part in loc:
+        if model is None or isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        todo, model = [field.annotation], None
+        while todo and model is None:
+            tp = todo.pop()
+            if isinstance(tp, type) and issubclass(tp, BaseModel):
+                model = tp
+            else:
+                todo.extend(get_args(tp))
+    return model
 
 
 def field_path(prefix: str, loc: tuple[Any, ...]) -> str:
