@@ -212,6 +212,15 @@ def check(tp: Any, value: Any, source: str = "", path: str = "") -> Any:
         raise error_of(e, source, path) from None
 
 
+def flag(value: Any, name: str) -> bool:
+    """A ``True``/``False`` argument ``name`` of a function (NumPy booleans accepted); a refusal is
+    a :class:`ParameterError`, as for :func:`integer`."""
+    try:
+        return check(Flag, value, path=name)
+    except DataError as e:
+        raise ParameterError(str(e)) from None
+
+
 def integer(value: Any, name: str, minimum: int | None = None) -> int:
     """An integer argument ``name`` of a function (``n_bootstrap``, ``permutations``), at least
     ``minimum``: :func:`check` with :func:`Int` (NumPy integers accepted); a function's argument is
@@ -223,14 +232,14 @@ def integer(value: Any, name: str, minimum: int | None = None) -> int:
 
 
 def number(value: Any, name: str, minimum: float | None = 0.0, *, strict: bool = False,
-           maximum: float | None = None) -> float:
+           maximum: float | None = None, inclusive: bool = False) -> float:
     """A finite real argument ``name`` of a function (``confidence``), as :func:`Num` bounds it;
     every refusal a :class:`ParameterError`, as for :func:`integer`."""
     try:
-        return float(check(Num(minimum, strict=strict, maximum=maximum), value, path=name))
+        return float(check(Num(minimum, strict=strict, maximum=maximum, inclusive=inclusive), value, path=name))
     except DataError as e:
         raise ParameterError(str(e)) from None
 
 
 __all__ = ["Section", "Refused", "Int", "Num", "Flag", "Text", "Permutations", "plain", "problem", "field_path", "error_of", "validate",
-           "check", "integer", "number"]
+           "check", "flag", "integer", "number"]
