@@ -18,7 +18,8 @@ non-empty string, got 3``, ``must be >= 1, got 0`` (``>``, ``<``, ``<=`` alike),
 (did you mean 'x'?); allowed fields: ...``, ``missing required field``.
 
 Pieces: :class:`Section` (the base of every model: unknown fields refused, no coercion, frozen),
-:func:`Int`, :func:`Num`, :data:`Flag`, :data:`Text`, :data:`Permutations` (annotated field types),
+:func:`Int`, :func:`Num`, :data:`Flag`, :data:`Text`, :func:`OneOf`, :data:`Permutations` (annotated field
+types),
 :func:`plain` (NumPy scalars as Python values), :class:`Refused`
 (raised by a validator for a value out of the allowed set), :func:`validate` (a mapping into a
 model), :func:`check` (one value against a type), :func:`error_of` (a
@@ -32,6 +33,7 @@ from typing import Annotated, Any, Mapping, get_args
 
 import numpy as np
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -71,6 +73,18 @@ def Num(minimum: float | None = 0.0, *, strict: bool = False, maximum: float | N
     lo = {"gt": minimum} if strict else {"ge": minimum}
     hi = {"le": maximum} if inclusive else {"lt": maximum}
     return Annotated[float, Field(strict=True, allow_inf_nan=False, **lo, **hi)]
+
+
+@functools.lru_cache(maxsize=None)
+def OneOf(what: str, choices: tuple[str, ...]) -> Any:  # noqa: N802 (a type constructor)
+    """A non-empty string among ``choices``; another is refused as ``unknown <what> 'x' (did you
+    mean 'y'?); known: a, b``."""
+    def known(v: str) -> str:
+        if v not in choices:
+            raise Refused(f"unknown {what} {v!r}{suggest(v, choices)}; known: {', '.join(choices)}")
+        return v
+
+    return Annotated[Text, AfterValidator(known)]
 
 
 def plain(value: Any) -> Any:
@@ -241,5 +255,5 @@ def number(value: Any, name: str, minimum: float | None = 0.0, *, strict: bool =
         raise ParameterError(str(e)) from None
 
 
-__all__ = ["Section", "Refused", "Int", "Num", "Flag", "Text", "Permutations", "plain", "problem", "field_path", "error_of", "validate",
+__all__ = ["Section", "Refused", "Int", "Num", "Flag", "Text", "OneOf", "Permutations", "plain", "problem", "field_path", "error_of", "validate",
            "check", "flag", "integer", "number"]

@@ -53,14 +53,14 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from audit import registry
 from audit.backends import table as backend_table
-from audit.errors import AuditError, ParameterError
-from audit.schema import Flag, Int, Num, Permutations, Refused, Section, Text, check, validate
+from audit.errors import AuditError, DataError, ParameterError
+from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, check, validate
 from audit.mitigation import get_mitigation, load_definitions
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
 from jobs.validators import (
@@ -116,7 +116,6 @@ _DERIVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-+]*$")
 _METRIC_FIELDS = {"name", "params", "tests"}
 _TRACKING_FIELDS = {"uri", "experiment"}
 _BUILD_FIELDS = {"kind", "dim", "epoch", "language", "seed"}
-_MC_FIELDS = {"family", "marks"}
 #: Columns of the results table a multiple-comparison family may group by.
 FAMILY_COLUMNS = ("model", "metric", "language", "test", "params")
 #: Which p-value the significance marks of the reports read.
@@ -257,8 +256,7 @@ class RaySpec(Section):
         return g
 
 
-@dataclasses.dataclass(frozen=True)
-class MultipleComparisons:
+class MultipleComparisons(Section):
     """How the reports adjust p-values for multiple comparisons (``multiple_comparisons:``).
 
     family: the results-table columns whose values define one family (:data:`FAMILY_COLUMNS`;
@@ -269,8 +267,22 @@ class MultipleComparisons:
             ``holm`` (default), ``bh`` or ``raw`` (uncorrected).
     """
 
-    family: tuple[str, ...] = ("model", "metric")
-    marks: str = "holm"
+    family: Annotated[tuple[OneOf("column", FAMILY_COLUMNS), ...], Field(strict=False)] = ("model", "metric")
+    marks: OneOf("marks", MARKS) = "holm"
+
+    @field_validator("family", mode="before")
+    @classmethod
+    def _a_list(cls, v: Any) -> Any:
+        if not isinstance(v, (list, tuple)):
+            raise DataError(f"expected a list of column names, got {v!r}")
+        return v
+
+    @field_validator("family")
+    @classmethod
+    def _distinct(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(v)) != len(v):
+            raise Refused(f"duplicate column in {list(v)}")
+        return v
 
 
 @dataclasses.dataclass(frozen=True)
@@ -550,23 +562,9 @@ def _ray(ctx: Ctx, v: Any) -> RaySpec:
 
 
 def _multiple_comparisons(ctx: Ctx, v: Any) -> MultipleComparisons:
-    d = mapping(ctx, "multiple_comparisons", v, _MC_FIELDS)
-    family: tuple[str, ...] = MultipleComparisons.family
-    if d.get("family") is not None:
-        if not isinstance(d["family"], list):
-            raise ctx.data("multiple_comparisons.family", f"expected a list of column names, got {d['family']!r}")
-        family = tuple(string(ctx, f"multiple_comparisons.family[{i}]", c) for i, c in enumerate(d["family"]))
-        for i, c in enumerate(family):
-            if c not in FAMILY_COLUMNS:
-                raise ctx.param(f"multiple_comparisons.family[{i}]", f"unknown column {c!r}{suggest(c, FAMILY_COLUMNS)}; "
-                                f"known: {', '.join(FAMILY_COLUMNS)}")
-        if len(set(family)) != len(family):
-            raise ctx.param("multiple_comparisons.family", f"duplicate column in {list(family)}")
-    marks = string(ctx, "multiple_comparisons.marks", d["marks"]) if d.get("marks") is not None else "holm"
-    if marks not in MARKS:
-        raise ctx.param("multiple_comparisons.marks", f"unknown marks {marks!r}{suggest(marks, MARKS)}; "
-                        f"known: {', '.join(MARKS)}")
-    return MultipleComparisons(family=family, marks=marks)
+    d = mapping(ctx, "multiple_comparisons", v)
+    return validate(MultipleComparisons, {k: x for k, x in d.items() if x is not None}, ctx.source,
+                    "multiple_comparisons")
 
 
 def _tags(ctx: Ctx, v: Any) -> dict[str, str]:
