@@ -14,15 +14,16 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
+
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from audit import registry
 from audit.errors import ParameterError
-from audit.schema import Int, Num, Permutations, Section, Text, check, validate
+from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, validate
 from jobs.uris import resolve_tracking_uri, store_identity, tracking_uri_problem
 from jobs.validators import (
     Ctx,
-    boolean,
     expand_env,
     given,
     integer,
@@ -31,7 +32,6 @@ from jobs.validators import (
     name,
     number,
     read_yaml,
-    str_list,
     string,
     suggest,
 )
@@ -46,8 +46,6 @@ _TOP_FIELDS = {
     "name", "description", "output_dir", "interval", "max_attempts", "backoff", "tracking",
     "sweep_output_dir", "hub", "ray", "audit", "watch", "regression", "notify",
 }
-_REGRESSION_FIELDS = {"metrics", "tests", "min_increase", "alpha", "adjust", "baseline", "previous", "n_bootstrap",
-                      "permutations", "seed", "notify"}
 _NOTIFY_FIELDS = {"command", "url", "timeout"}
 _HUB_FIELDS = {"endpoint", "branch", "timeout"}
 _AUDIT_FIELDS = {"spec", "overrides", "model"}
@@ -154,10 +152,21 @@ class Notify:
     timeout: float = 10.0
 
 
-@dataclasses.dataclass(frozen=True)
-class RegressionSpec:
+def _comparable(m: str) -> str:
+    """A registered metric that offers a paired comparison (:func:`audit.registry.comparer`)."""
+    try:
+        comp = registry.comparer(m)
+    except ParameterError as e:
+        raise Refused(str(e)) from None
+    if comp is None:
+        raise Refused(f"{m} offers no paired comparison; comparable: "
+                      + ", ".join(n for n in registry.names() if registry.comparer(n) is not None))
+    return m
+
+
+class RegressionSpec(Section):
     """Regression detection between audited revisions (``regression:`` of the watch spec;
-    :mod:`jobs.watch.regression`).
+    :mod:`jobs.watch.regression`; a typed model of :mod:`audit.schema`).
 
     metrics:      the metrics compared (default: every metric of the audit that offers a paired
                   comparison, :func:`audit.registry.comparer`).
@@ -171,17 +180,36 @@ class RegressionSpec:
     notify:       :class:`Notify` (``None``: no notification).
     """
 
-    metrics: tuple[str, ...] | None = None
-    tests: tuple[str, ...] | None = None
-    min_increase: float = 0.0
-    alpha: float = 0.05
-    adjust: str = "holm"
-    baseline: str | None = None
-    previous: bool = True
-    n_bootstrap: int = 1000
-    permutations: int | str = "auto"
-    seed: int = 0
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    metrics: Annotated[tuple[Annotated[Text, AfterValidator(_comparable)], ...], Field(strict=False)] | None = None
+    tests: Annotated[tuple[Text, ...], Field(strict=False)] | None = None
+    min_increase: Num() = 0.0
+    alpha: Num(0.0, strict=True, maximum=1.0, inclusive=True) = 0.05
+    adjust: OneOf("adjustment", ("holm", "bh")) = "holm"
+    baseline: Text | None = None
+    previous: Flag = True
+    n_bootstrap: Int(0) = 1000
+    permutations: Permutations = "auto"
+    seed: Int(0) = 0
     notify: Notify | None = None
+
+    @field_validator("metrics", "tests", mode="before")
+    @classmethod
+    def _a_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("baseline", mode="before")
+    @classmethod
+    def _revision(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    @field_validator("previous")
+    @classmethod
+    def _something_to_compare(cls, v: bool, info: ValidationInfo) -> bool:
+        if not v and info.data.get("baseline") is None:
+            raise Refused("false needs a `baseline` revision: nothing to compare with")
+        return v
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,48 +386,12 @@ def _notify(ctx: Ctx, path: str, v: Any) -> Notify:
 
 
 def _regression(ctx: Ctx, v: Any) -> RegressionSpec:
-    d = mapping(ctx, "regression", v, _REGRESSION_FIELDS)
-    kw: dict[str, Any] = {}
-    if d.get("metrics") is not None:
-        metrics = str_list(ctx, "regression.metrics", d["metrics"])
-        for i, m in enumerate(metrics):
-            try:
-                comp = registry.comparer(m)
-            except ParameterError as e:
-                raise ctx.param(f"regression.metrics[{i}]", str(e)) from None
-            if comp is None:
-                raise ctx.param(f"regression.metrics[{i}]", f"{m} offers no paired comparison; comparable: "
-                                + ", ".join(n for n in registry.names() if registry.comparer(n) is not None))
-        kw["metrics"] = metrics
-    if d.get("tests") is not None:
-        kw["tests"] = str_list(ctx, "regression.tests", d["tests"])
-    if d.get("min_increase") is not None:
-        kw["min_increase"] = number(ctx, "regression.min_increase", d["min_increase"])
-    if d.get("alpha") is not None:
-        kw["alpha"] = number(ctx, "regression.alpha", d["alpha"], strict=True)
-        if kw["alpha"] > 1:
-            raise ctx.param("regression.alpha", f"must be <= 1, got {kw['alpha']}")
-    if d.get("adjust") is not None:
-        adj = string(ctx, "regression.adjust", d["adjust"])
-        if adj not in ("holm", "bh"):
-            raise ctx.param("regression.adjust", f"unknown adjustment {adj!r}{suggest(adj, ('holm', 'bh'))}; known: holm, bh")
-        kw["adjust"] = adj
-    if given(d.get("baseline")):
-        kw["baseline"] = string(ctx, "regression.baseline", str(d["baseline"]) if isinstance(d["baseline"], (int, float))
-                                and not isinstance(d["baseline"], bool) else d["baseline"])
-    if d.get("previous") is not None:
-        kw["previous"] = boolean(ctx, "regression.previous", d["previous"])
-    if not kw.get("previous", True) and "baseline" not in kw:
-        raise ctx.param("regression.previous", "false needs a `baseline` revision: nothing to compare with")
-    if d.get("n_bootstrap") is not None:
-        kw["n_bootstrap"] = integer(ctx, "regression.n_bootstrap", d["n_bootstrap"], minimum=0)
-    if d.get("permutations") is not None:
-        kw["permutations"] = check(Permutations, d["permutations"], ctx.source, "regression.permutations")
-    if d.get("seed") is not None:
-        kw["seed"] = integer(ctx, "regression.seed", d["seed"], minimum=0)
-    if d.get("notify") is not None:
-        kw["notify"] = _notify(ctx, "regression.notify", d["notify"])
-    return RegressionSpec(**kw)
+    d = {k: x for k, x in mapping(ctx, "regression", v).items() if x is not None}
+    if not given(d.get("baseline")):
+        d.pop("baseline", None)
+    if "notify" in d:
+        d["notify"] = _notify(ctx, "regression.notify", d["notify"])
+    return validate(RegressionSpec, d, ctx.source, "regression")
 
 
 def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
