@@ -77,6 +77,7 @@ from jobs.validators import (
     str_list,
     string,
     suggest,
+    tracking,
 )
 
 #: ISO 639-1 codes (the spec accepts any of them; a language without tests is dropped at planning).
@@ -114,7 +115,6 @@ MITIGATION_SCOPES = ("all", "tests")
 MITIGATION_KIND = "mitigation"
 _DERIVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-+]*$")
 _METRIC_FIELDS = {"name", "params", "tests"}
-_TRACKING_FIELDS = {"uri", "experiment"}
 _BUILD_FIELDS = {"kind", "dim", "epoch", "language", "seed"}
 #: Columns of the results table a multiple-comparison family may group by.
 FAMILY_COLUMNS = ("model", "metric", "language", "test", "params")
@@ -637,12 +637,8 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
         out = base_dir / out
     uri = experiment = None
     if d.get("tracking") is not None:
-        t = mapping(ctx, "tracking", d["tracking"])
-        check_fields(ctx, "tracking", t, _TRACKING_FIELDS)
-        uri = string(ctx, "tracking.uri", t.get("uri"), allow_none=True)
-        experiment = string(ctx, "tracking.experiment", t.get("experiment"), allow_none=True)
-        if uri and tracking_uri_problem(uri):
-            raise ctx.param("tracking.uri", tracking_uri_problem(uri))
+        t = tracking(ctx, d["tracking"])
+        uri, experiment = t.uri, t.experiment
     description = d.get("description") or ""
     if not isinstance(description, str):
         raise ctx.data("description", f"expected text, got {description!r}")

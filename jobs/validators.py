@@ -32,9 +32,10 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Annotated, Any, Iterable, Mapping
 
 import yaml
+from pydantic import AfterValidator
 
 from audit import schema
 from audit.errors import DataError, ParameterError, suggest  # noqa: F401 (suggest: re-exported)
@@ -285,7 +286,27 @@ def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
 
 __all__ = ["Ctx", "suggest", "first_line", "parse_yaml", "read_yaml", "ENV_VAR_RE", "SECRET_OK_FIELDS",
            "is_secret_name", "expand_env", "NAME_RE", "check_fields", "mapping", "given", "string", "name",
-           "boolean", "integer", "number", "str_list", "plain_values"]
+           "boolean", "integer", "number", "str_list", "plain_values", "Tracking", "tracking"]
+
+
+def _known_store(uri: str | None) -> str | None:
+    problem = tracking_uri_problem(uri) if uri else None
+    if problem:
+        raise schema.Refused(problem)
+    return uri
+
+
+class Tracking(schema.Section):
+    """The ``tracking:`` section of sweep and watch specs (blank values read as not given)."""
+
+    uri: Annotated[schema.Text, AfterValidator(_known_store)] | None = None
+    experiment: schema.Text | None = None
+
+
+def tracking(ctx: Ctx, v: Any) -> Tracking:
+    """``tracking:`` (``None``: the defaults) as a :class:`Tracking`, refused in the vocabulary's words."""
+    d = {k: x for k, x in mapping(ctx, "tracking", v).items() if given(x)} if v is not None else {}
+    return schema.validate(Tracking, d, ctx.source, "tracking")
 
 
 def location_overrides(output_dir: Any = None, tracking_uri: str | None = None) -> dict[str, Any]:

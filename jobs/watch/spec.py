@@ -21,7 +21,7 @@ from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_va
 from audit import registry
 from audit.errors import ParameterError
 from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, validate
-from jobs.uris import resolve_tracking_uri, store_identity, tracking_uri_problem
+from jobs.uris import resolve_tracking_uri, store_identity
 from jobs.validators import (
     Ctx,
     expand_env,
@@ -34,6 +34,7 @@ from jobs.validators import (
     read_yaml,
     string,
     suggest,
+    tracking,
 )
 from jobs.watch.backoff import Backoff
 
@@ -47,7 +48,6 @@ _TOP_FIELDS = {
     "sweep_output_dir", "hub", "ray", "audit", "watch", "regression", "notify",
 }
 _NOTIFY_FIELDS = {"command", "url", "timeout"}
-_HUB_FIELDS = {"endpoint", "branch", "timeout"}
 _AUDIT_FIELDS = {"spec", "overrides", "model"}
 _ENTRY_FIELDS = {
     "repo", "author", "local", "search", "limit", "branch", "revisions", "layout", "order", "file",
@@ -119,6 +119,22 @@ class RaySubmit(Section):
     entrypoint_num_cpus: Num() | None = None
     entrypoint_num_gpus: Num() | None = None
     max_jobs: Int(1) | None = None
+
+
+def _http_url(url: str) -> str:
+    url = url.rstrip("/")
+    if not re.match(r"^https?://", url):
+        raise Refused(f"{url!r}: expected an http(s):// URL")
+    return url
+
+
+class HubFields(Section):
+    """The ``hub:`` section: the Hub's address (default: ``huggingface_hub``'s), the branch whose
+    commits are revisions, the seconds one request may take."""
+
+    endpoint: Annotated[Text, AfterValidator(_http_url)] | None = None
+    branch: Text = "main"
+    timeout: Num(0.0, strict=True) = 15.0
 
 
 class BackoffFields(Section):
@@ -410,23 +426,14 @@ def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
     backoff = _backoff(ctx, d["backoff"]) if d.get("backoff") is not None else Backoff()
     uri = experiment = None
     if d.get("tracking") is not None:
-        t = mapping(ctx, "tracking", d["tracking"], {"uri", "experiment"})
-        uri = string(ctx, "tracking.uri", t["uri"]) if given(t.get("uri")) else None
-        experiment = string(ctx, "tracking.experiment", t["experiment"]) if given(t.get("experiment")) else None
-        if uri and tracking_uri_problem(uri):
-            raise ctx.param("tracking.uri", tracking_uri_problem(uri))
+        t = tracking(ctx, d["tracking"])
+        uri, experiment = t.uri, t.experiment
     sweep_out = string(ctx, "sweep_output_dir", d["sweep_output_dir"]) if given(d.get("sweep_output_dir")) else None
-    endpoint, branch, timeout = None, "main", 15.0
-    if d.get("hub") is not None:
-        h = mapping(ctx, "hub", d["hub"], _HUB_FIELDS)
-        if given(h.get("endpoint")):
-            endpoint = string(ctx, "hub.endpoint", h["endpoint"]).rstrip("/")
-            if not re.match(r"^https?://", endpoint):
-                raise ctx.param("hub.endpoint", f"{endpoint!r}: expected an http(s):// URL")
-        if h.get("branch") is not None:
-            branch = string(ctx, "hub.branch", h["branch"])
-        if h.get("timeout") is not None:
-            timeout = number(ctx, "hub.timeout", h["timeout"], strict=True)
+    h = {k: x for k, x in mapping(ctx, "hub", d["hub"]).items() if x is not None} if d.get("hub") is not None else {}
+    if not given(h.get("endpoint")):
+        h.pop("endpoint", None)
+    hub = validate(HubFields, h, ctx.source, "hub")
+    endpoint, branch, timeout = hub.endpoint, hub.branch, hub.timeout
     ray = _ray(ctx, d["ray"]) if d.get("ray") is not None else RaySubmit()
     default = _audit(ctx, "audit", d["audit"]) if d.get("audit") is not None else AuditTemplate()
     if "watch" not in d:
