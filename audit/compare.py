@@ -103,6 +103,7 @@ from audit.stats import (
     STREAMS,
     PermutationResult,
     bootstrap_indices,
+    check_alternative,
     check_bootstrap,
     check_ddof,
     label_swap_test,
@@ -146,7 +147,6 @@ EXACT_LIMIT_ITEMS = 22
 DEFAULT_PERMUTATIONS = 9999
 #: Swap patterns (or bootstrap resamples) evaluated per block.
 _BLOCK = 4096
-_ALTERNATIVES = ("two-sided", "greater", "less")
 _QUANTITIES = ("delta", "delta_abs")
 
 
@@ -205,8 +205,7 @@ class Comparison:
 
 def _check_common(alternative: Any, quantity: Any, confidence: Any, n_bootstrap: Any,
                   permutations: Any, seed: Any) -> tuple[str, str, float, int, str | int, int]:
-    if alternative not in _ALTERNATIVES:
-        raise ParameterError(f"alternative must be one of {', '.join(map(repr, _ALTERNATIVES))}, got {alternative!r}")
+    check_alternative(alternative)
     if quantity not in _QUANTITIES:
         raise ParameterError(f"quantity must be one of {', '.join(map(repr, _QUANTITIES))}, got {quantity!r}")
     n_bootstrap, confidence = check_bootstrap(n_bootstrap, confidence)

@@ -142,6 +142,7 @@ __all__ = [
     "STREAMS",
     "PermutationResult",
     "bootstrap_indices",
+    "check_alternative",
     "check_bootstrap",
     "effect_size_bootstrap",
     "fresh_seed",
@@ -277,7 +278,8 @@ def _check_n_x(n_x: Any, n_items: int) -> int:
     return n
 
 
-def _check_alternative(alternative: Any) -> str:
+def check_alternative(alternative: Any) -> str:
+    """``alternative`` as one of :data:`ALTERNATIVES` (the one rule, :mod:`audit.compare` too)."""
     if alternative not in ALTERNATIVES:
         raise ParameterError(
             f"alternative={alternative!r} is not one of {', '.join(map(repr, ALTERNATIVES))}"
@@ -451,7 +453,7 @@ def extreme_thresholds(scores: Any, n_x: int, alternative: str = "greater",
     """
     s = _as_scores(scores)
     n = _check_n_x(n_x, s.size)
-    alt = _check_alternative(alternative)
+    alt = check_alternative(alternative)
     strict = check_convention(convention) == "caliskan"
     tol = _tolerance(s)
     obs = float(s[:n].sum())
@@ -474,7 +476,7 @@ def n_extreme(counts_greater: Any, total: int, alternative: str = "greater") -> 
     ``c[0] + total - c[1]``. ``total`` is ``C(N, n_x)`` for exact counts and the number of
     sampled partitions for sampled ones.
     """
-    alt = _check_alternative(alternative)
+    alt = check_alternative(alternative)
     c = [int(v) for v in np.atleast_1d(np.asarray(counts_greater)).tolist()]
     need = 2 if alt == "two-sided" else 1
     if len(c) != need:
@@ -1104,7 +1106,7 @@ def permutation_test(
     """
     s = _as_scores(scores)
     n = _check_n_x(n_x, s.size)
-    alt = _check_alternative(alternative)
+    alt = check_alternative(alternative)
     conv = check_convention(p_convention)
     seed = check_seed(seed)
     method, total, note = _resolve_permutations(permutations, s.size, n)
@@ -1174,7 +1176,7 @@ def label_swap_test(
     fair bits from ``Generator(PCG64(seed))``, ``p = (k + 1) / (n_draw + 1)``. Extreme
     patterns: :func:`swap_extreme` with ``p_convention``; p-values: :func:`p_from_count`.
     """
-    alt = _check_alternative(alternative)
+    alt = check_alternative(alternative)
     conv = check_convention(p_convention)
     k = total = 0
     if exact:
