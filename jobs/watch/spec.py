@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 import os
 import re
 import shlex
@@ -18,7 +17,7 @@ from typing import Annotated, Any, Mapping
 
 from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator
 
-from audit import registry
+from audit import registry, schema
 from audit.errors import ParameterError
 from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, validate
 from jobs.uris import resolve_tracking_uri, store_identity
@@ -461,9 +460,7 @@ def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | 
     spec = parse_watch_spec(expand_env(read_yaml(p, what="watch spec"), str(p)), source=str(p))
     changes: dict[str, Any] = location_overrides(output_dir, tracking_uri)
     if interval is not None:
-        if not math.isfinite(interval) or interval <= 0:
-            raise ParameterError(f"--interval must be a finite number > 0, got {interval}")
-        changes["interval"] = float(interval)
+        changes["interval"] = schema.number(interval, "--interval", 0.0, strict=True)
     if address is not None:
         changes["ray"] = spec.ray.model_copy(update={"address": address})
     return dataclasses.replace(spec, **changes) if changes else spec
