@@ -255,5 +255,5 @@ def number(value: Any, name: str, minimum: float | None = 0.0, *, strict: bool =
         raise ParameterError(str(e)) from None
 
 
-__all__ = ["Section", "Refused", "Int", "Num", "Flag", "Text", "OneOf", "Permutations", "plain", "problem", "field_path", "error_of", "validate",
-           "check", "flag", "integer", "number"]
+__all__ = ["Section", "Refused", "Int", "Num", "Flag", "Text", "OneOf", "Permutations", "plain", "problem",
+           "field_path", "error_of", "validate", "check", "flag", "integer", "number"]

@@ -893,5 +893,6 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
 
 __all__ = ["run_tasks", "PoolResult", "WorkerPool", "Recording", "Seen", "RayEdge", "ModelWork", "Worker",
            "SchedulingError",
-           "POOL_OPTIONS", "RAY_DEFAULTS", "ray_option", "pool_size", "check_feasible", "entrypoint_reservation", "in_ray_job", "shape",
+           "POOL_OPTIONS", "RAY_DEFAULTS", "ray_option", "pool_size", "check_feasible", "entrypoint_reservation",
+           "in_ray_job", "shape",
            "fits", "NodeOffer", "cluster_nodes"]

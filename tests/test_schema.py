@@ -31,9 +31,10 @@ def test_one_line_names_file_field_path_and_value():
               "spec.yaml: models[2].batch_size: expected an integer, got 'x'"),
              ({"models": [{"batch_size": 0}]}, ParameterError, "spec.yaml: models[0].batch_size: must be >= 1, got 0"),
              ({"models": [{"rate": 1}]}, ParameterError, "spec.yaml: models[0].rate: must be < 1, got 1"),
-             ({"models": [{"rate": float("nan")}]}, DataError, "spec.yaml: models[0].rate: expected a finite number, got nan"),
+             ({"models": [{"rate": float("nan")}]}, DataError,
+              "spec.yaml: models[0].rate: expected a finite number, got nan"),
              ({"models": [{"batch_sise": 2}]}, DataError, "spec.yaml: models[0].batch_sise: unknown field "
-                                                          "(did you mean 'batch_size'?); allowed fields: batch_size, rate")]
+              "(did you mean 'batch_size'?); allowed fields: batch_size, rate")]
     for data, cls, msg in cases:
         with pytest.raises(cls) as e:
             schema.validate(_Sweep, data, "spec.yaml")
@@ -76,8 +77,10 @@ def test_ray_options_are_declared_once_and_validated_when_changed_in_code(tmp_pa
 
 
 def test_metric_parameters_take_numpy_scalars_and_refuse_nan():
-    registry.check_params("weat", {"n_bootstrap": np.int64(5), "confidence": np.float64(0.9), "casefold": np.bool_(True)})
-    with pytest.raises(ParameterError, match=r"^parameter confidence of metric 'weat': expected a finite number, got nan$"):
+    registry.check_params("weat", {"n_bootstrap": np.int64(5), "confidence": np.float64(0.9),
+                                   "casefold": np.bool_(True)})
+    with pytest.raises(ParameterError,
+                       match=r"^parameter confidence of metric 'weat': expected a finite number, got nan$"):
         registry.check_params("weat", {"confidence": np.float64("nan")})
     with pytest.raises(ParameterError, match=r"^parameter permutations of metric 'weat': must be >= 1, got 0$"):
         registry.check_params("weat", {"permutations": 0})
