@@ -88,13 +88,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy.stats import binomtest
 
+from audit import schema
 from audit.errors import DataError, ParameterError
 from audit.metrics.weat import as_vectors, check_same_dim, unit_rows
 from audit.stats import (
@@ -103,6 +103,8 @@ from audit.stats import (
     STREAMS,
     PermutationResult,
     bootstrap_indices,
+    check_alternative,
+    check_bootstrap,
     check_ddof,
     label_swap_test,
     fresh_seed,
@@ -145,7 +147,6 @@ EXACT_LIMIT_ITEMS = 22
 DEFAULT_PERMUTATIONS = 9999
 #: Swap patterns (or bootstrap resamples) evaluated per block.
 _BLOCK = 4096
-_ALTERNATIVES = ("two-sided", "greater", "less")
 _QUANTITIES = ("delta", "delta_abs")
 
 
@@ -202,28 +203,17 @@ class Comparison:
 # --------------------------------------------------------------------------------- checks
 
 
-def _check_int(v: Any, name: str, minimum: int) -> int:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or v < minimum:
-        raise ParameterError(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return int(v)
-
-
 def _check_common(alternative: Any, quantity: Any, confidence: Any, n_bootstrap: Any,
                   permutations: Any, seed: Any) -> tuple[str, str, float, int, str | int, int]:
-    if alternative not in _ALTERNATIVES:
-        raise ParameterError(f"alternative must be one of {', '.join(map(repr, _ALTERNATIVES))}, got {alternative!r}")
+    check_alternative(alternative)
     if quantity not in _QUANTITIES:
         raise ParameterError(f"quantity must be one of {', '.join(map(repr, _QUANTITIES))}, got {quantity!r}")
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float, np.floating)) or not (
-        0.0 < float(confidence) < 1.0
-    ):
-        raise ParameterError(f"confidence must be a number in (0, 1), got {confidence!r}")
-    n_bootstrap = _check_int(n_bootstrap, "n_bootstrap", 0)
+    n_bootstrap, confidence = check_bootstrap(n_bootstrap, confidence)
     if permutations not in ("auto", "exact"):
-        permutations = _check_int(permutations, "permutations", 1)
+        permutations = schema.integer(permutations, "permutations", 1)
     if seed is None:
         seed = fresh_seed()
-    seed = _check_int(seed, "seed", 0)
+    seed = schema.integer(seed, "seed", 0)
     return str(alternative), str(quantity), float(confidence), n_bootstrap, permutations, seed
 
 
@@ -250,7 +240,7 @@ def _paired_values(a: Any, b: Any, names: tuple[str, str] = ("a", "b")) -> tuple
 def _check_strata(strata: Sequence[int] | None, n: int) -> list[int]:
     if strata is None:
         return [n]
-    s = [_check_int(v, "strata", 1) for v in strata]
+    s = [schema.integer(v, "strata", 1) for v in strata]
     if sum(s) != n:
         raise ParameterError(f"strata {s} must add up to the number of items ({n})")
     return s

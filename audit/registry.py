@@ -22,10 +22,11 @@ defining its family.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from pydantic import ValidationError, create_model
 
 from audit.compare import (
     EFFECT_SIZE_COMPARER,
@@ -38,7 +39,8 @@ from audit.compare import (
 from audit.backends.table import kind_names, model_kinds
 from audit.entries import Family, Measurement, Metric, check_count
 from audit.errors import DataError, ModelError, ParameterError, suggest
-from audit.stats import check_resample_memory
+from audit.schema import Flag, Int, Num, Permutations, Section, plain, problem
+from audit.stats import check_alternative, check_convention, check_resample_memory
 from audit.backends.hf_generate import DECODINGS
 from audit.datasets.honest import HURTLEX_LEVELS
 from audit.measure.bbq import CHOICES, PROTOCOLS as BBQ_PROTOCOLS, TRUNCATIONS
@@ -71,8 +73,6 @@ from audit.metrics.sets import (
 from audit.metrics.weat import CI_METHODS
 from audit.result import MetricOutput
 from audit.suites import TEST_TYPES, UnreadableTest, WordTest
-from audit.stats import _check_alternative, _check_count, check_convention
-from audit.vocab import _check_max_missing
 
 __all__ = [
     "METRICS", "FAMILIES", "TEST_TYPES", "register", "unregister", "get", "names", "families", "accepted_params", "split_params",
@@ -580,49 +580,55 @@ def check_sizes(name: str, params: Mapping[str, Any], test: Any) -> None:
             check_resample_memory(key, params[key], max(1, items))
 
 
-def _check_params(e: Metric, params: Mapping[str, Any]) -> None:
-    unknown = sorted(set(params) - set(e.params))
+def _refuse_unknown(e: Metric, params: Mapping[str, Any], allowed: Iterable[str]) -> None:
+    """Parameter names ``allowed`` lacks: :class:`ParameterError` naming them and the accepted ones."""
+    unknown = sorted(set(params) - set(allowed))
     if unknown:
         accepted = ", ".join(sorted(accepted_params(e.name))) or "none"
         raise ParameterError(f"metric {e.name!r} does not accept parameter(s) {', '.join(unknown)}; accepted: {accepted}")
 
 
 #: Parameters whose default (``None``) says nothing of their type: what a given value must be.
-_NONE_DEFAULT_KINDS = {"batch_size": ("int", 1), "limit": ("int", 1), "seed": ("int", 0), "max_new_tokens": ("int", 1)}
+_NONE_DEFAULT_KINDS = {"batch_size": Int(1), "limit": Int(1), "seed": Int(0), "max_new_tokens": Int(1)}
+#: Parameters whose type is not that of their default: ``permutations`` (``exact``, ``auto`` or a
+#: count of random partitions), ``max_missing`` (a fraction of a word set, 0 to 1 inclusive).
+_DECLARED_KINDS: dict[str, Any] = {"permutations": Permutations,
+                                   "max_missing": Num(0.0, maximum=1.0, inclusive=True)}
 
 
-def _value_problem(key: str, value: Any, default: Any) -> str | None:
-    """Why ``value`` cannot be parameter ``key`` whose registered default is ``default``: the
-    type of the default (a boolean, an integer, a finite real number), integers >= 0 where the
-    default is, ``confidence`` and ``*_fraction`` strictly between 0 and 1, ``permutations`` as
-    ``exact``, ``auto`` or a positive integer. Choices among words are left to the metric."""
-    kind, low = _NONE_DEFAULT_KINDS.get(key, (None, None)) if default is None else (None, None)
+def _param_type(key: str, default: Any) -> Any:
+    """The :mod:`audit.schema` type of parameter ``key`` whose registered default is ``default``:
+    that of the default (a boolean, an integer, a finite real number), integers >= 0 where the
+    default is, ``confidence`` and ``*_fraction`` strictly between 0 and 1, and the declared
+    kinds above. Choices among words (``Any``) are left to the metric."""
+    if key in _DECLARED_KINDS:
+        return _DECLARED_KINDS[key]
+    if default is None:
+        return _NONE_DEFAULT_KINDS.get(key, Any)
     if isinstance(default, bool):
-        kind = "bool"
-    elif isinstance(default, int):
-        kind, low = "int", (0 if default >= 0 else None)
-    elif isinstance(default, float):
-        kind = "float"
-    if key == "permutations":
-        if value in ("exact", "auto"):
-            return None
-        kind, low = "int", 1
-    if kind is None or value is None:
-        return None
-    if kind == "bool":
-        return None if isinstance(value, (bool, np.bool_)) else f"expected true or false, got {value!r}"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        return f"expected {'an integer' if kind == 'int' else 'a number'}, got {value!r}"
-    if not np.isfinite(float(value)):
-        return f"expected a finite number, got {value!r}"
-    if kind == "int":
-        if float(value) != int(value):
-            return f"expected an integer, got {value!r}"
-        if low is not None and int(value) < low:
-            return f"must be >= {low}, got {value!r}"
-    if (key == "confidence" or key.endswith("_fraction")) and not 0 < float(value) < 1:
-        return f"must be between 0 and 1 (exclusive), got {value!r}"
-    return None
+        return Flag
+    if key == "confidence" or key.endswith("_fraction"):
+        return Num(0.0, strict=True, maximum=1.0)
+    if isinstance(default, int):
+        return Int(0 if default >= 0 else None)
+    if isinstance(default, float):
+        return Num(None)
+    return Any
+
+
+_PARAM_MODELS: dict[str, tuple[Metric, type[Section]]] = {}
+
+
+def params_model(name: str) -> type[Section]:
+    """The typed model (:mod:`audit.schema`) of metric ``name``'s parameters: one optional field
+    per accepted parameter (:func:`_param_type`); ``None`` is every parameter's "not given"."""
+    e = get(name)
+    cached = _PARAM_MODELS.get(name)
+    if cached is None or cached[0] is not e:
+        defaults = {**e.family.params, **e.params}
+        fields = {k: (_param_type(k, defaults.get(k)) | None, None) for k in sorted(accepted_params(name))}
+        cached = _PARAM_MODELS[name] = (e, create_model(f"Params_{name}", __base__=Section, **fields))
+    return cached[1]
 
 
 def _one_of(key: str, choices: Sequence[Any]) -> Callable[[Any], None]:
@@ -637,8 +643,7 @@ def _one_of(key: str, choices: Sequence[Any]) -> Callable[[Any], None]:
 #: Parameters whose rule lives with the code that uses them (one rule, one place): run up front too,
 #: before any model loads (a choice refused at the analysis step came after the model's work).
 _OWN_CHECKS: dict[str, Callable[[Any], Any]] = {
-    "max_missing": _check_max_missing, "permutations": lambda v: _check_count(v, "permutations"),
-    "p_convention": check_convention, "alternative": _check_alternative,
+    "p_convention": check_convention, "alternative": check_alternative,
     "decoding": _one_of("decoding", DECODINGS), "truncation": _one_of("truncation", TRUNCATIONS),
     "length_norm": _one_of("length_norm", LENGTH_NORMS), "category_rule": _one_of("category_rule", CATEGORY_RULES),
     "ci_method": _one_of("ci_method", CI_METHODS), "hurtlex_level": _one_of("hurtlex_level", HURTLEX_LEVELS),
@@ -652,23 +657,22 @@ _FAMILY_CHOICES: dict[str, dict[str, Sequence[Any]]] = {CHOICES.name: {"protocol
 def check_params(name: str, params: Mapping[str, Any] | None) -> None:
     """Refuse, before any model loads, parameters a task of metric ``name`` would refuse after
     it: names neither its family's measure step nor its analysis takes (naming the accepted
-    ones), and values of the wrong type or range for the registered default
-    (:func:`_value_problem`). :class:`ParameterError` naming the parameter."""
+    ones), and values of the wrong type or range (:func:`params_model`, worded by
+    :func:`audit.schema.error_of`). :class:`ParameterError` naming the parameter."""
     e = get(name)
     params = dict(params or {})
-    unknown = sorted(set(params) - accepted_params(name))
-    if unknown:
-        accepted = ", ".join(sorted(accepted_params(name))) or "none"
-        raise ParameterError(f"metric {name!r} does not accept parameter(s) {', '.join(unknown)}; accepted: {accepted}")
-    defaults = {**e.family.params, **e.params}
+    _refuse_unknown(e, params, accepted_params(name))
     for k, v in params.items():
         if k in _FAMILY_CHOICES.get(e.family.name, {}) and v is not None:
             _one_of(k, _FAMILY_CHOICES[e.family.name][k])(v)
-        if k in _OWN_CHECKS and v is not None and not (k == "permutations" and v in ("exact", "auto")):
+        if k in _OWN_CHECKS and v is not None:
             _OWN_CHECKS[k](v)  # the rule the measure or statistics step applies, raised as it words it
-        why = _value_problem(k, v, defaults.get(k))
-        if why:
-            raise ParameterError(f"parameter {k} of metric {name!r}: {why}")
+    try:
+        params_model(name).model_validate({k: plain(v) for k, v in params.items()})
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        _, why = problem(err)
+        raise ParameterError(f"parameter {err['loc'][0]} of metric {name!r}: {why}") from None
 
 
 def run_metric(name: str, targets: Sequence[Any], attributes: Sequence[Any], **params: Any) -> MetricOutput:
@@ -690,7 +694,7 @@ def run_metric(name: str, targets: Sequence[Any], attributes: Sequence[Any], **p
     for why in (check_count("target", len(targets), nt, name), check_count("attribute", len(attributes), na, name)):
         if why:
             raise ParameterError(why)
-    _check_params(e, params)
+    _refuse_unknown(e, params, e.params)
     return e.analyse(Measurement(family=e.family.name, targets=list(targets), attributes=list(attributes)), **params)
 
 
@@ -704,7 +708,7 @@ def analyse(m: Measurement, name: str, params: Mapping[str, Any] | None = None, 
     """
     e = get(name)
     _, ap = split_params(name, params)
-    _check_params(e, ap)
+    _refuse_unknown(e, ap, e.params)
     if "seed" in e.params and "seed" not in ap:
         ap["seed"] = seed
     groups_source = None

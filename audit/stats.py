@@ -126,6 +126,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from audit import schema
 from audit.errors import DataError, ParameterError
 
 __all__ = [
@@ -141,6 +142,8 @@ __all__ = [
     "STREAMS",
     "PermutationResult",
     "bootstrap_indices",
+    "check_alternative",
+    "check_bootstrap",
     "effect_size_bootstrap",
     "fresh_seed",
     "percentile_interval",
@@ -275,7 +278,8 @@ def _check_n_x(n_x: Any, n_items: int) -> int:
     return n
 
 
-def _check_alternative(alternative: Any) -> str:
+def check_alternative(alternative: Any) -> str:
+    """``alternative`` as one of :data:`ALTERNATIVES` (the one rule, :mod:`audit.compare` too)."""
     if alternative not in ALTERNATIVES:
         raise ParameterError(
             f"alternative={alternative!r} is not one of {', '.join(map(repr, ALTERNATIVES))}"
@@ -309,6 +313,13 @@ def _as_thresholds(thresholds: Any) -> np.ndarray:
     if np.isnan(t).any():
         raise ParameterError("thresholds: NaN threshold")
     return t
+
+
+def check_bootstrap(n_bootstrap: Any, confidence: Any) -> tuple[int, float]:
+    """The one rule of a bootstrap interval's parameters: ``n_bootstrap`` an integer >= 0 (0: no
+    interval) and ``confidence`` strictly between 0 and 1 (:mod:`audit.schema`'s words)."""
+    return (schema.integer(n_bootstrap, "n_bootstrap", 0),
+            schema.number(confidence, "confidence", 0.0, strict=True, maximum=1.0))
 
 
 def check_seed(seed: Any, name: str = "seed") -> int | np.random.SeedSequence | None:
@@ -348,7 +359,7 @@ def stream_seeds(seed: int, name: str, n: int) -> list[int]:
     """``n`` 32-bit integer seeds from stream ``name`` of ``seed``, for libraries that take an
     integer ``random_state`` (scikit-learn): ``stream(seed, name).generate_state(n, uint32)``.
     Prefix-stable: the first ``k`` seeds do not depend on ``n``."""
-    n = _check_count(n, "n")
+    n = schema.integer(n, "n", 1)
     return [int(v) for v in stream(seed, name).generate_state(n, np.uint32)]
 
 
@@ -357,14 +368,6 @@ def _generator(seed: Any) -> np.random.Generator:
     if isinstance(seed, np.random.Generator):
         return seed
     return np.random.Generator(np.random.PCG64(check_seed(seed)))
-
-
-def _check_count(n: Any, name: str) -> int:
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral):
-        raise ParameterError(f"{name}={n!r}: expected a positive integer")
-    if n <= 0:
-        raise ParameterError(f"{name}={n!r}: must be a positive number of random partitions")
-    return int(n)
 
 
 def _check_shard(shard: Any) -> tuple[int, int]:
@@ -450,7 +453,7 @@ def extreme_thresholds(scores: Any, n_x: int, alternative: str = "greater",
     """
     s = _as_scores(scores)
     n = _check_n_x(n_x, s.size)
-    alt = _check_alternative(alternative)
+    alt = check_alternative(alternative)
     strict = check_convention(convention) == "caliskan"
     tol = _tolerance(s)
     obs = float(s[:n].sum())
@@ -473,7 +476,7 @@ def n_extreme(counts_greater: Any, total: int, alternative: str = "greater") -> 
     ``c[0] + total - c[1]``. ``total`` is ``C(N, n_x)`` for exact counts and the number of
     sampled partitions for sampled ones.
     """
-    alt = _check_alternative(alternative)
+    alt = check_alternative(alternative)
     c = [int(v) for v in np.atleast_1d(np.asarray(counts_greater)).tolist()]
     need = 2 if alt == "two-sided" else 1
     if len(c) != need:
@@ -965,7 +968,7 @@ def sampled_count_greater(
     s = _as_scores(scores)
     k = _check_n_x(n_x, s.size)
     ts = _as_thresholds(thresholds)
-    n = _check_count(n, "n")
+    n = schema.integer(n, "n", 1)
     root = np.random.PCG64(check_seed(seed))
     th = _n_threads(threads)
 
@@ -984,7 +987,7 @@ def sample_partitions(
     boolean X-membership masks of shape ``(rows, n_items)``, one chunk at a time."""
     n_items = int(n_items)
     k = _check_n_x(n_x, n_items)
-    n = _check_count(n, "n")
+    n = schema.integer(n, "n", 1)
     root = np.random.PCG64(check_seed(seed))
     zeros = np.zeros(n_items)
     for c, rows in _chunks(n):
@@ -1036,7 +1039,7 @@ def _resolve_permutations(permutations: Any, n_items: int, n: int) -> tuple[str,
         raise ParameterError(
             f"permutations={permutations!r}: expected 'exact', 'auto' or a positive integer"
         )
-    asked = _check_count(permutations, "permutations")
+    asked = schema.integer(permutations, "permutations", 1)
     total = n_partitions(n_items, n)
     if asked >= total and exact_feasible(n_items, n):
         return "exact", total, (
@@ -1103,7 +1106,7 @@ def permutation_test(
     """
     s = _as_scores(scores)
     n = _check_n_x(n_x, s.size)
-    alt = _check_alternative(alternative)
+    alt = check_alternative(alternative)
     conv = check_convention(p_convention)
     seed = check_seed(seed)
     method, total, note = _resolve_permutations(permutations, s.size, n)
@@ -1173,7 +1176,7 @@ def label_swap_test(
     fair bits from ``Generator(PCG64(seed))``, ``p = (k + 1) / (n_draw + 1)``. Extreme
     patterns: :func:`swap_extreme` with ``p_convention``; p-values: :func:`p_from_count`.
     """
-    alt = _check_alternative(alternative)
+    alt = check_alternative(alternative)
     conv = check_convention(p_convention)
     k = total = 0
     if exact:
@@ -1181,7 +1184,7 @@ def label_swap_test(
         masks = np.concatenate([half, np.zeros((half.shape[0], 1), dtype=bool)], axis=1)
         blocks: Any = [masks[i : i + SWAP_BLOCK] for i in range(0, masks.shape[0], SWAP_BLOCK)]
     else:
-        n_draw = _check_count(n_draw, "permutations")
+        n_draw = schema.integer(n_draw, "permutations", 1)
         seed = fresh_seed() if seed is None else check_seed(seed)
         gen = np.random.Generator(np.random.PCG64(seed))
         sizes = [min(SWAP_BLOCK, n_draw - i) for i in range(0, n_draw, SWAP_BLOCK)]
@@ -1216,7 +1219,7 @@ def bootstrap_indices(
     given Generator), group after group, ``integers(0, m, size=(n_resamples, m))`` each: the
     draws scipy makes from the same Generator.
     """
-    n_resamples = _check_count(n_resamples, "n_resamples")
+    n_resamples = schema.integer(n_resamples, "n_resamples", 1)
     gen = _generator(seed)
     out = []
     for m in sizes:

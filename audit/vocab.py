@@ -32,13 +32,12 @@ Rules (applied by :func:`resolve_sets`, mirrored by :func:`words_needed`):
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import unicodedata
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from audit import schema
 from audit.backends.base import Lookup, WordVectors
 from audit.errors import CoverageError, DataError, ModelError, ParameterError
 from audit.suites import WordSet
@@ -118,12 +117,6 @@ def candidates(word: str, *, casefold: bool = False, strip_accents: bool = False
     return list(dict.fromkeys(out))
 
 
-def _check_flags(casefold: object, strip_accents: object) -> None:
-    for name, val in (("casefold", casefold), ("strip_accents", strip_accents)):
-        if not isinstance(val, (bool, np.bool_)):
-            raise ParameterError(f"{name} must be True or False, got {val!r}")
-
-
 def _entries(sets: Sequence[WordSet]) -> list[WordSet]:
     if isinstance(sets, WordSet):
         raise ParameterError("sets must be a sequence of WordSet, got a single WordSet (wrap it in a list)")
@@ -142,24 +135,14 @@ def _entries(sets: Sequence[WordSet]) -> list[WordSet]:
 def words_needed(sets: Iterable[WordSet], *, casefold: bool = False, strip_accents: bool = False) -> set[str]:
     """Every spelling :func:`resolve_sets` may look up for these sets: pass it as ``words=``
     to a static loader so it keeps exactly those rows."""
-    _check_flags(casefold, strip_accents)
+    schema.flag(casefold, "casefold")
+    schema.flag(strip_accents, "strip_accents")
     out: set[str] = set()
     for s in _entries(list(sets)):
         for entry in s.words:
             for part in entry.split():
                 out.update(candidates(part, casefold=casefold, strip_accents=strip_accents))
     return out
-
-
-def _check_max_missing(max_missing: object) -> float:
-    if (
-        isinstance(max_missing, (bool, np.bool_))
-        or not isinstance(max_missing, numbers.Real)
-        or not math.isfinite(float(max_missing))
-        or not 0.0 <= float(max_missing) <= 1.0
-    ):
-        raise ParameterError(f"max_missing must be a fraction in [0, 1], got {max_missing!r}")
-    return float(max_missing)
 
 
 def _pick(cands: list[str], found: Lookup) -> tuple[str | None, bool]:
@@ -222,8 +205,9 @@ def resolve_sets(
     ParameterError
         ``max_missing`` outside [0, 1], non-boolean flags.
     """
-    threshold = _check_max_missing(max_missing)
-    _check_flags(casefold, strip_accents)
+    threshold = schema.number(max_missing, "max_missing", 0.0, maximum=1.0, inclusive=True)
+    schema.flag(casefold, "casefold")
+    schema.flag(strip_accents, "strip_accents")
     sets = _entries(sets)
     if not sets:
         raise ParameterError("sets is empty: nothing to resolve")

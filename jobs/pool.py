@@ -68,6 +68,7 @@ from typing import Any, Callable
 from actors.model_actor import MeasureRequest, ModelAssignment, actor_options, format_error, model_actor_class
 from actors.stats import AnalyseRequest, TaskOutcome, stats_task
 from audit.errors import AuditError
+from audit.schema import validate
 from jobs.contention import CONTENTION_GRACE_S, classify_wait, cluster_snapshot, worst
 from jobs.prefetch import Prefetcher, hub_snapshot
 from jobs.progress import Progress
@@ -76,30 +77,28 @@ from jobs.tracker import task_record
 
 log = logging.getLogger("jobs.pool")
 
-#: Settings of the ``ray:`` section this module reads, with their defaults (those of
-#: :class:`jobs.spec.RaySpec`, where they are documented; read with :func:`ray_option`).
-RAY_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(RaySpec)
-    if f.name in ("pending_timeout_s", "reuse_workers", "max_workers", "prefetch", "prefetch_disk_mb")
-}
+#: Settings of the ``ray:`` section this module reads (declared, with their defaults and
+#: documentation, once: :class:`jobs.spec.RaySpec`).
+POOL_OPTIONS = ("pending_timeout_s", "reuse_workers", "max_workers", "prefetch", "prefetch_disk_mb")
+RAY_DEFAULTS: dict[str, Any] = {k: RaySpec.model_fields[k].default for k in POOL_OPTIONS}
 
 #: Actor states in which a worker waits for a node (Ray's GCS actor table).
 _WAITING_STATES = ("PENDING_CREATION", "RESTARTING", "DEPENDENCIES_UNREADY")
 
 
 def ray_option(spec, name: str) -> Any:
-    """``spec.ray.<name>``, or its default in :data:`RAY_DEFAULTS`."""
-    v = getattr(spec.ray, name, None)
-    return RAY_DEFAULTS[name] if v is None else v
+    """``spec.ray.<name>`` (:class:`jobs.spec.RaySpec`, whose defaults fill what a spec leaves out)."""
+    return getattr(spec.ray, name)
 
 
 def with_ray_options(spec, **options):
-    """``spec`` with settings of :data:`RAY_DEFAULTS` changed (``pending_timeout_s=5``). For
-    tests, benchmarks and callers that build specs in code."""
-    unknown = set(options) - set(RAY_DEFAULTS)
+    """``spec`` with settings of :data:`POOL_OPTIONS` changed (``pending_timeout_s=5``), validated
+    as the spec's ``ray:`` section is. For tests, benchmarks and callers that build specs in code."""
+    unknown = set(options) - set(POOL_OPTIONS)
     if unknown:
         raise TypeError(f"unknown ray option(s): {', '.join(sorted(unknown))}")
-    return dataclasses.replace(spec, ray=dataclasses.replace(spec.ray, **options))
+    ray = validate(RaySpec, {**spec.ray.model_dump(exclude_unset=True), **options}, "with_ray_options", "ray")
+    return dataclasses.replace(spec, ray=ray)
 
 
 class SchedulingError(AuditError):
@@ -925,5 +924,6 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
 
 __all__ = ["run_tasks", "PoolResult", "WorkerPool", "Recording", "Seen", "RayEdge", "ModelWork", "Worker",
            "SchedulingError",
-           "RAY_DEFAULTS", "ray_option", "pool_size", "check_feasible", "entrypoint_reservation", "in_ray_job", "shape",
+           "POOL_OPTIONS", "RAY_DEFAULTS", "ray_option", "pool_size", "check_feasible", "entrypoint_reservation",
+           "in_ray_job", "shape",
            "fits", "NodeOffer", "cluster_nodes"]

@@ -53,11 +53,14 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
+
+from pydantic import Field, field_validator
 
 from audit import registry
 from audit.backends import table as backend_table
-from audit.errors import AuditError, ParameterError
+from audit.errors import AuditError, DataError, ParameterError
+from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, check, validate
 from audit.mitigation import get_mitigation, load_definitions
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
 from jobs.validators import (
@@ -69,12 +72,12 @@ from jobs.validators import (
     integer,
     location_overrides,
     mapping,
-    number,
     plain_values,
     read_yaml,
     str_list,
     string,
     suggest,
+    tracking,
 )
 
 #: ISO 639-1 codes (the spec accepts any of them; a language without tests is dropped at planning).
@@ -112,14 +115,7 @@ MITIGATION_SCOPES = ("all", "tests")
 MITIGATION_KIND = "mitigation"
 _DERIVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-+]*$")
 _METRIC_FIELDS = {"name", "params", "tests"}
-_TRACKING_FIELDS = {"uri", "experiment"}
-_RAY_FIELDS = {
-    "address", "num_cpus", "object_store_memory", "actor_num_cpus", "actor_num_gpus",
-    "max_restarts", "max_task_retries", "batch_size", "stats_num_cpus", "exact_shards",
-    "pending_timeout_s", "reuse_workers", "max_workers", "prefetch", "prefetch_disk_mb",
-}
 _BUILD_FIELDS = {"kind", "dim", "epoch", "language", "seed"}
-_MC_FIELDS = {"family", "marks"}
 #: Columns of the results table a multiple-comparison family may group by.
 FAMILY_COLUMNS = ("model", "metric", "language", "test", "params")
 #: Which p-value the significance marks of the reports read.
@@ -205,9 +201,9 @@ class MetricSpec:
     tests: tuple[str, ...] | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class RaySpec:
-    """How the sweep uses Ray.
+class RaySpec(Section):
+    """How the sweep uses Ray (the ``ray:`` section; each field declared here once, validated by
+    :func:`audit.schema.validate`; :mod:`jobs.pool` reads the same fields).
 
     address:            ``None``: an embedded local Ray (or the job's cluster inside
                         ``ray job submit``); ``auto`` or ``ray://...`` / ``host:port`` to connect.
@@ -233,25 +229,34 @@ class RaySpec:
     prefetch_disk_mb:   disk those prefetched snapshots may take together.
     """
 
-    address: str | None = None
-    num_cpus: float | None = None
-    object_store_memory: int = 200_000_000
-    actor_num_cpus: float = 1.0
+    address: Text | None = None
+    num_cpus: Num(0.0, strict=True) | None = None
+    object_store_memory: Int(78_643_200) = 200_000_000
+    actor_num_cpus: Num() = 1.0
     actor_num_gpus: float | str = "auto"
-    max_restarts: int = 3
-    max_task_retries: int = 3
-    batch_size: int = 4
-    stats_num_cpus: float = 1.0
-    exact_shards: int = 1
-    pending_timeout_s: float = 600.0
-    reuse_workers: bool = True
-    max_workers: int | None = None
-    prefetch: int = 2
-    prefetch_disk_mb: float = 4096.0
+    max_restarts: Int(-1) = 3
+    max_task_retries: Int(-1) = 3
+    batch_size: Int(1) = 4
+    stats_num_cpus: Num() = 1.0
+    exact_shards: Int(1) = 1
+    pending_timeout_s: Num(0.0, strict=True) = 600.0
+    reuse_workers: Flag = True
+    max_workers: Int(1) | None = None
+    prefetch: Int(0) = 2
+    prefetch_disk_mb: Num(0.0, strict=True) = 4096.0
+
+    @field_validator("actor_num_gpus", mode="plain")
+    @classmethod
+    def _gpus(cls, g: Any) -> float | str:
+        if g == "auto":
+            return g
+        g = check(Num(), g)
+        if g > 1 and g != int(g):
+            raise Refused(f"a model uses a fraction of one GPU or whole GPUs, got {g}")
+        return g
 
 
-@dataclasses.dataclass(frozen=True)
-class MultipleComparisons:
+class MultipleComparisons(Section):
     """How the reports adjust p-values for multiple comparisons (``multiple_comparisons:``).
 
     family: the results-table columns whose values define one family (:data:`FAMILY_COLUMNS`;
@@ -262,8 +267,22 @@ class MultipleComparisons:
             ``holm`` (default), ``bh`` or ``raw`` (uncorrected).
     """
 
-    family: tuple[str, ...] = ("model", "metric")
-    marks: str = "holm"
+    family: Annotated[tuple[OneOf("column", FAMILY_COLUMNS), ...], Field(strict=False)] = ("model", "metric")
+    marks: OneOf("marks", MARKS) = "holm"
+
+    @field_validator("family", mode="before")
+    @classmethod
+    def _a_list(cls, v: Any) -> Any:
+        if not isinstance(v, (list, tuple)):
+            raise DataError(f"expected a list of column names, got {v!r}")
+        return v
+
+    @field_validator("family")
+    @classmethod
+    def _distinct(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(v)) != len(v):
+            raise Refused(f"duplicate column in {list(v)}")
+        return v
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,11 +350,7 @@ def _languages(ctx: Ctx, path: str, v: Any) -> tuple[str, ...]:
 
 
 def _permutations(ctx: Ctx, path: str, v: Any) -> int | str:
-    if isinstance(v, str):
-        if v not in ("exact", "auto"):
-            raise ctx.param(path, f"expected exact, auto or a positive integer, got {v!r}")
-        return v
-    return integer(ctx, path, v, minimum=1)
+    return check(Permutations, v, ctx.source, path)
 
 
 def default_model_name(ref: str) -> str:
@@ -541,58 +556,15 @@ def _metric(ctx: Ctx, i: int, v: Any, known: tuple[str, ...]) -> MetricSpec:
 
 
 def _ray(ctx: Ctx, v: Any) -> RaySpec:
-    if v is None:
-        return RaySpec()
-    d = mapping(ctx, "ray", v)
-    check_fields(ctx, "ray", d, _RAY_FIELDS)
-    kw: dict[str, Any] = {}
-    if d.get("address") is not None:
-        kw["address"] = string(ctx, "ray.address", d["address"])
-    if d.get("num_cpus") is not None:
-        kw["num_cpus"] = number(ctx, "ray.num_cpus", d["num_cpus"], strict=True)
-    if d.get("object_store_memory") is not None:
-        kw["object_store_memory"] = integer(ctx, "ray.object_store_memory", d["object_store_memory"], minimum=78_643_200)
-    if d.get("actor_num_cpus") is not None:
-        kw["actor_num_cpus"] = number(ctx, "ray.actor_num_cpus", d["actor_num_cpus"])
-    if d.get("stats_num_cpus") is not None:
-        kw["stats_num_cpus"] = number(ctx, "ray.stats_num_cpus", d["stats_num_cpus"])
-    if d.get("actor_num_gpus") is not None:
-        g = d["actor_num_gpus"]
-        if g != "auto":
-            g = number(ctx, "ray.actor_num_gpus", g)
-            if g > 1 and g != int(g):
-                raise ctx.param("ray.actor_num_gpus", f"a model uses a fraction of one GPU or whole GPUs, got {g}")
-        kw["actor_num_gpus"] = g
-    for k, lo in (("max_restarts", -1), ("max_task_retries", -1), ("batch_size", 1), ("exact_shards", 1),
-                  ("max_workers", 1), ("prefetch", 0)):
-        if d.get(k) is not None:
-            kw[k] = integer(ctx, f"ray.{k}", d[k], minimum=lo)
-    for k in ("pending_timeout_s", "prefetch_disk_mb"):
-        if d.get(k) is not None:
-            kw[k] = number(ctx, f"ray.{k}", d[k], strict=True)
-    if d.get("reuse_workers") is not None:
-        kw["reuse_workers"] = boolean(ctx, "ray.reuse_workers", d["reuse_workers"])
-    return RaySpec(**kw)
+    """The ``ray:`` section; ``null`` fields take their defaults."""
+    d = mapping(ctx, "ray", v) if v is not None else {}
+    return validate(RaySpec, {k: x for k, x in d.items() if x is not None}, ctx.source, "ray")
 
 
 def _multiple_comparisons(ctx: Ctx, v: Any) -> MultipleComparisons:
-    d = mapping(ctx, "multiple_comparisons", v, _MC_FIELDS)
-    family: tuple[str, ...] = MultipleComparisons.family
-    if d.get("family") is not None:
-        if not isinstance(d["family"], list):
-            raise ctx.data("multiple_comparisons.family", f"expected a list of column names, got {d['family']!r}")
-        family = tuple(string(ctx, f"multiple_comparisons.family[{i}]", c) for i, c in enumerate(d["family"]))
-        for i, c in enumerate(family):
-            if c not in FAMILY_COLUMNS:
-                raise ctx.param(f"multiple_comparisons.family[{i}]", f"unknown column {c!r}{suggest(c, FAMILY_COLUMNS)}; "
-                                f"known: {', '.join(FAMILY_COLUMNS)}")
-        if len(set(family)) != len(family):
-            raise ctx.param("multiple_comparisons.family", f"duplicate column in {list(family)}")
-    marks = string(ctx, "multiple_comparisons.marks", d["marks"]) if d.get("marks") is not None else "holm"
-    if marks not in MARKS:
-        raise ctx.param("multiple_comparisons.marks", f"unknown marks {marks!r}{suggest(marks, MARKS)}; "
-                        f"known: {', '.join(MARKS)}")
-    return MultipleComparisons(family=family, marks=marks)
+    d = mapping(ctx, "multiple_comparisons", v)
+    return validate(MultipleComparisons, {k: x for k, x in d.items() if x is not None}, ctx.source,
+                    "multiple_comparisons")
 
 
 def _tags(ctx: Ctx, v: Any) -> dict[str, str]:
@@ -665,12 +637,8 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
         out = base_dir / out
     uri = experiment = None
     if d.get("tracking") is not None:
-        t = mapping(ctx, "tracking", d["tracking"])
-        check_fields(ctx, "tracking", t, _TRACKING_FIELDS)
-        uri = string(ctx, "tracking.uri", t.get("uri"), allow_none=True)
-        experiment = string(ctx, "tracking.experiment", t.get("experiment"), allow_none=True)
-        if uri and tracking_uri_problem(uri):
-            raise ctx.param("tracking.uri", tracking_uri_problem(uri))
+        t = tracking(ctx, d["tracking"])
+        uri, experiment = t.uri, t.experiment
     description = d.get("description") or ""
     if not isinstance(description, str):
         raise ctx.data("description", f"expected text, got {description!r}")

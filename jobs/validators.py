@@ -1,5 +1,7 @@
 """Validation of YAML specs, shared by the sweep spec (:mod:`jobs.spec`) and the watch spec
-(:mod:`jobs.watch.spec`): one rule, one place.
+(:mod:`jobs.watch.spec`): one rule, one place. The typed field checkers (``string``,
+``boolean``, ``integer``, ``number``) validate through the vocabulary of :mod:`audit.schema`
+(pydantic types, one error formatter), as the typed sections (``ray:``, ``backoff:`` ...) do.
 
 Every check raises an :class:`audit.errors.AuditError` whose message is one line,
 ``<file>: <field path>: <problem>``:
@@ -27,14 +29,15 @@ The pieces (all public):
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Annotated, Any, Iterable, Mapping
 
 import yaml
+from pydantic import AfterValidator
 
+from audit import schema
 from audit.errors import DataError, ParameterError, suggest  # noqa: F401 (suggest: re-exported)
 from jobs.uris import tracking_uri_problem
 
@@ -224,9 +227,9 @@ def string(ctx: Ctx, path: str, v: Any, *, allow_none: bool = False) -> str | No
     """A non-empty string, stripped (``None`` passes through with ``allow_none``)."""
     if v is None and allow_none:
         return None
-    if not isinstance(v, str) or not v.strip():
+    if isinstance(v, str) and not v.strip():
         raise ctx.data(path, f"expected a non-empty string, got {v!r}")
-    return v.strip()
+    return schema.check(schema.Text, v, ctx.source, path)
 
 
 def name(ctx: Ctx, path: str, v: Any) -> str:
@@ -238,35 +241,24 @@ def name(ctx: Ctx, path: str, v: Any) -> str:
 
 
 def boolean(ctx: Ctx, path: str, v: Any) -> bool:
-    """``true`` or ``false`` (not ``yes``, ``1`` or ``"true"``)."""
-    if not isinstance(v, bool):
-        raise ctx.data(path, f"expected true or false, got {v!r}")
-    return v
+    """``true`` or ``false`` (not ``yes``, ``1`` or ``"true"``): :data:`audit.schema.Flag`."""
+    return schema.check(schema.Flag, v, ctx.source, path)
 
 
 def integer(ctx: Ctx, path: str, v: Any, *, minimum: int | None = None) -> int:
-    """An integer (not a bool, not ``1.0``), at least ``minimum``."""
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ctx.data(path, f"expected an integer, got {v!r}")
-    if minimum is not None and v < minimum:
-        raise ctx.param(path, f"must be >= {minimum}, got {v}")
-    return v
+    """An integer (not a bool, not ``1.0``), at least ``minimum``: :func:`audit.schema.Int`."""
+    return schema.check(schema.Int(minimum), v, ctx.source, path)
 
 
 def number(ctx: Ctx, path: str, v: Any, *, minimum: float = 0.0, strict: bool = False) -> float:
-    """A finite number (int or float, not a bool) ``>= minimum`` (``> minimum`` with ``strict``).
+    """A finite number (int or float, not a bool) ``>= minimum`` (``> minimum`` with ``strict``):
+    :func:`audit.schema.Num`.
 
     Not a number (a string, a list, ``true``) and a float that is NaN or infinite (YAML ``.nan``,
     ``.inf``): :class:`DataError`, as for NaN among metric parameters (:func:`plain_values`) and
     in word vectors; a finite number below the minimum: :class:`ParameterError`.
     """
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ctx.data(path, f"expected a number, got {v!r}")
-    if not math.isfinite(v):
-        raise ctx.data(path, f"expected a finite number, got {v!r}")
-    if v < minimum or (strict and v == minimum):
-        raise ctx.param(path, f"must be {'>' if strict else '>='} {minimum:g}, got {v}")
-    return float(v)
+    return float(schema.check(schema.Num(float(minimum), strict=strict), v, ctx.source, path))
 
 
 def str_list(ctx: Ctx, path: str, v: Any) -> tuple[str, ...]:
@@ -294,7 +286,27 @@ def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
 
 __all__ = ["Ctx", "suggest", "first_line", "parse_yaml", "read_yaml", "ENV_VAR_RE", "SECRET_OK_FIELDS",
            "is_secret_name", "expand_env", "NAME_RE", "check_fields", "mapping", "given", "string", "name",
-           "boolean", "integer", "number", "str_list", "plain_values"]
+           "boolean", "integer", "number", "str_list", "plain_values", "Tracking", "tracking"]
+
+
+def _known_store(uri: str | None) -> str | None:
+    problem = tracking_uri_problem(uri) if uri else None
+    if problem:
+        raise schema.Refused(problem)
+    return uri
+
+
+class Tracking(schema.Section):
+    """The ``tracking:`` section of sweep and watch specs (blank values read as not given)."""
+
+    uri: Annotated[schema.Text, AfterValidator(_known_store)] | None = None
+    experiment: schema.Text | None = None
+
+
+def tracking(ctx: Ctx, v: Any) -> Tracking:
+    """``tracking:`` (``None``: the defaults) as a :class:`Tracking`, refused in the vocabulary's words."""
+    d = {k: x for k, x in mapping(ctx, "tracking", v).items() if given(x)} if v is not None else {}
+    return schema.validate(Tracking, d, ctx.source, "tracking")
 
 
 def location_overrides(output_dir: Any = None, tracking_uri: str | None = None) -> dict[str, Any]:

@@ -283,10 +283,11 @@ CASES = [
     # ---- parameters
     ("unknown-metric", [*S[:6], "weet"], "unknown metric 'weet' (did you mean 'weat'?); known metrics: weat, ‹*›"),
     ("zero-permutations", [*S, "--param", "permutations=0"],
-     "permutations=0: must be a positive number of random partitions"),
+     "parameter permutations of metric 'weat': must be >= 1, got 0"),
     ("unknown-metric-parameter", [*S, "--param", "foo=1"],
      "metric 'weat' does not accept parameter(s) foo; accepted: alternative, batch_size, casefold, ‹*›"),
-    ("max-missing-out-of-range", [*S, "--max-missing", "1.5"], "max_missing must be a fraction in [0, 1], got 1.5"),
+    ("max-missing-out-of-range", [*S, "--max-missing", "1.5"],
+     "parameter max_missing of metric 'weat': must be <= 1, got 1.5"),
     ("exact-test-too-large", ["score", "--model", "big.vec", "--test", "big.yaml", "--metric", "weat",
                               "--permutations", "exact"],
      "permutations='exact': C(80, 40) = 1.08e+23 partitions are too many to count exactly on one worker; "

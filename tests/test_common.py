@@ -327,11 +327,19 @@ def measurement(name: str, seed: int = 0) -> Measurement:
     return BUILDERS[e.family.name].make(e, np.random.default_rng(seed))
 
 
+def subject(name: str, prop: str) -> tuple[Any, Measurement] | None:
+    """The entry and synthetic measurement a property check runs on; ``None`` where the metric
+    declares the property not applicable (``n/a ...``)."""
+    if declared(name)[prop].startswith("n/a"):
+        return None
+    return registry.get(name), measurement(name)
+
+
 def check_item_order(name: str, tmp) -> None:
     props = declared(name)
-    if props["item_order"].startswith("n/a"):
+    if (got := subject(name, "item_order")) is None:
         return
-    m = measurement(name)
+    _, m = got
     base = run(name, m, tmp)
     drop = random_fields(props)
     for r in range(3):
@@ -341,12 +349,10 @@ def check_item_order(name: str, tmp) -> None:
 
 
 def check_group_swap(name: str, tmp) -> None:
-    props = declared(name)
-    how = props["group_swap"]
-    if how.startswith("n/a"):
+    how = declared(name)["group_swap"]
+    if (got := subject(name, "group_swap")) is None:
         return
-    e = registry.get(name)
-    m = measurement(name)
+    e, m = got
     v, w = run(name, m, tmp).value, run(name, swap_groups(e, m), tmp).value
     if how.startswith("flips"):
         assert abs(v - e.no_bias) > 1e-6, f"{name}: the synthetic measurement shows no bias ({v})"
@@ -357,11 +363,9 @@ def check_group_swap(name: str, tmp) -> None:
 
 
 def check_scale(name: str, tmp) -> None:
-    props = declared(name)
-    if props["scale"].startswith("n/a"):
+    if (got := subject(name, "scale")) is None:
         return
-    e = registry.get(name)
-    m = measurement(name)
+    e, m = got
     v = run(name, m, tmp).value
     for c in (0.01, 3.7, 250.0):
         w = run(name, scale(e, m, c), tmp).value
@@ -390,11 +394,9 @@ def check_seed(name: str, tmp) -> None:
 
 
 def check_non_finite(name: str, tmp) -> None:
-    props = declared(name)
-    if props["non_finite"].startswith("n/a"):
+    if (got := subject(name, "non_finite")) is None:
         return
-    e = registry.get(name)
-    m = measurement(name)
+    e, m = got
     for bad in (math.nan, math.inf, -math.inf):
         try:
             out = run(name, spoil(e, m, bad), tmp)
@@ -405,11 +407,9 @@ def check_non_finite(name: str, tmp) -> None:
 
 
 def check_min_set_size(name: str, tmp) -> None:
-    props = declared(name)
-    if props["min_set_size"].startswith("n/a"):
+    if (got := subject(name, "min_set_size")) is None:
         return
-    e = registry.get(name)
-    m = measurement(name)
+    e, m = got
     with pytest.raises(AuditError, match=f"at least {MIN_SET_SIZE}") as err:
         run(name, one_word_set(e, m), tmp)
     assert "\n" not in str(err.value)

@@ -316,7 +316,7 @@ def test_direct_bias_errors():
         direct_bias(w, pairs, k=2)
     with pytest.raises(ParameterError, match="strictness"):
         direct_bias(w, pairs, c=-1)
-    with pytest.raises(ParameterError, match="k must be a positive integer"):
+    with pytest.raises(ParameterError, match=r"^k: must be >= 1, got 0$"):
         direct_bias(w, pairs, k=0)
     with pytest.raises(DataError, match=r"targets\[0\]: vector dimension 3"):
         direct_bias([np.ones((2, 3))], pairs)

@@ -196,7 +196,7 @@ BAD = [
     ({"notify": {"url": "ftp://x"}}, ParameterError, "regression.notify.url: 'ftp://x': expected an http(s):// URL"),
     ({"notify": {"command": "'unclosed"}}, ParameterError, "regression.notify.command: \"'unclosed\": cannot be split"),
     ({"notfy": {}}, DataError, "regression.notfy: unknown field (did you mean 'notify'?)"),
-    ({"permutations": "many"}, ParameterError, "regression.permutations: expected auto, exact or a positive integer"),
+    ({"permutations": "many"}, ParameterError, "regression.permutations: expected exact, auto or a positive integer"),
 ]
 
 

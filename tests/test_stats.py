@@ -420,7 +420,7 @@ def test_errors_name_the_culprit():
         stats.exact_count_greater(s, 3, 0.0, shard=5)
     with pytest.raises(ParameterError, match="thresholds"):
         stats.exact_count_greater(s, 3, [np.nan])
-    with pytest.raises(ParameterError, match="n=0"):
+    with pytest.raises(ParameterError, match="^n: must be >= 1, got 0$"):
         stats.sampled_count_greater(s, 3, 0.0, 0, seed=1)
     with pytest.raises(ParameterError, match="counts_greater"):
         stats.n_extreme([1], 10, "two-sided")

@@ -55,6 +55,22 @@ def write_vectors(folder: Path, seed: int, mtime: float | None = None) -> Path:
     return p
 
 
+def local_models(tmp_path: Path) -> Path:
+    """A folder of local models holding ``tiny/v1/vectors.vec``, written an hour ago (settled)."""
+    root = tmp_path / "models"
+    write_vectors(root / "tiny" / "v1", 0, mtime=time.time() - 3600)
+    return root
+
+
+def json_hook(tmp_path: Path) -> tuple[str, Path]:
+    """A notification command appending each JSON it reads on stdin to a file: (command, file)."""
+    out = tmp_path / "hook.jsonl"
+    hook = tmp_path / "hook.py"
+    hook.write_text("import json, sys\n"
+                    f"open({str(out)!r}, 'a').write(json.dumps(json.load(sys.stdin)) + '\\n')\n", encoding="utf-8")
+    return f"{sys.executable} {hook}", out
+
+
 def write_watch(tmp_path: Path, watch: list, name: str = "w", **extra) -> Path:
     data = {
         "name": name,
@@ -709,17 +725,13 @@ def test_a_failed_audit_job_makes_watch_once_exit_1_and_notify_both_channels(tmp
     On the embedded SQLite store and on an MLflow server backed by PostgreSQL (``pg_mlflow``)."""
     pg = {"name": "w-failed-pg", "tracking": {"uri": request.getfixturevalue("pg_mlflow")["uri"]}} \
         if store == "postgresql" else {}
-    root = tmp_path / "models"
-    write_vectors(root / "tiny" / "v1", 0, mtime=time.time() - 3600)
-    hook_out = tmp_path / "hook.jsonl"
-    hook = tmp_path / "hook.py"
-    hook.write_text("import json, sys\n"
-                    f"open({str(hook_out)!r}, 'a').write(json.dumps(json.load(sys.stdin)) + '\\n')\n", encoding="utf-8")
+    root = local_models(tmp_path)
+    hook, hook_out = json_hook(tmp_path)
     rec = Recorder()
     monkeypatch.setattr("jobs.watch.watcher.RaySubmitter", lambda address=None: rec)  # the CLI's submitter
     with Receiver() as rx:
         p = write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}],
-                        notify={"command": f"{sys.executable} {hook}", "url": rx.url, "timeout": 20}, **pg)
+                        notify={"command": hook, "url": rx.url, "timeout": 20}, **pg)
         assert not pg or not (tmp_path / "watch" / "mlflow.db").exists()
 
         def once() -> tuple[int, str]:
@@ -774,8 +786,7 @@ def test_a_failed_audit_job_makes_watch_once_exit_1_and_notify_both_channels(tmp
 
 @pytest.mark.unit
 def test_a_failed_notification_is_an_error_and_retried(tmp_path):
-    root = tmp_path / "models"
-    write_vectors(root / "tiny" / "v1", 0, mtime=time.time() - 3600)
+    root = local_models(tmp_path)
     spec = load_watch_spec(write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}],
                                        notify={"command": f"{sys.executable} -c 'import sys; sys.exit(5)'"}))
     rec = Recorder()
@@ -813,14 +824,10 @@ def test_a_busy_job_is_retried_at_the_next_poll_not_failed_nor_counted(tmp_path,
     gives up. While the other driver's sweep run is RUNNING, a busy job does not make it stale."""
     from jobs.tracker import Tracker
 
-    root = tmp_path / "models"
-    write_vectors(root / "tiny" / "v1", 0, mtime=time.time() - 3600)
-    hook_out = tmp_path / "hook.jsonl"
-    hook = tmp_path / "hook.py"
-    hook.write_text("import json, sys\n"
-                    f"open({str(hook_out)!r}, 'a').write(json.dumps(json.load(sys.stdin)) + '\\n')\n", encoding="utf-8")
+    root = local_models(tmp_path)
+    hook, hook_out = json_hook(tmp_path)
     spec = load_watch_spec(write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}], max_attempts=1,
-                                       notify={"command": f"{sys.executable} {hook}"}))
+                                       notify={"command": hook}))
     rec = Recorder()
     import io
 

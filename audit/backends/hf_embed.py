@@ -73,7 +73,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from audit.backends.batching import run_batched
+from audit.backends.batching import PADDING_SIDES, pad_batch, positions, run_batched
 from audit.backends.hf_scoring import causal_start_id
 from audit.backends.table import pooling_of
 from audit.errors import DataError, ModelError, ParameterError
@@ -92,7 +92,6 @@ TARGET_METHODS = ("target_first", "target_pooled")
 DEFAULT_SENTENCE_METHOD = {"encoder": "cls", "mlm": "cls", "causal": "weighted_mean"}
 #: Pooling of words (in their templates) when none is given, per model kind.
 DEFAULT_WORD_METHOD = {"encoder": "target_pooled", "mlm": "target_pooled", "causal": "target_pooled"}
-PADDING_SIDES = ("right", "left")
 
 
 def default_method(kind: str, what: str = "sentence") -> str:
@@ -330,20 +329,16 @@ def embed_sentences(m: Any, sentences: list[str], *, method: str | None = "cls",
     with_pos = causal and "position_ids" in inspect.signature(net.forward).parameters
 
     def forward(batch: list[int]) -> np.ndarray:
-        width = max(lengths[i] for i in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        ids, mask, _, offs, _ = pad_batch([enc["input_ids"][i] for i in batch], pad_id, padding_side)
+        width = ids.shape[1]
         w = np.zeros((len(batch), width), dtype=np.float32)
         for r, i in enumerate(batch):
-            off = width - lengths[i] if padding_side == "left" else 0
-            ids[r, off: off + lengths[i]] = torch.tensor(enc["input_ids"][i], dtype=torch.long)
-            mask[r, off: off + lengths[i]] = 1
-            w[r] = _weights(sel[i], lengths[i], width, method, off)
+            w[r] = _weights(sel[i], lengths[i], width, method, int(offs[r]))
         inputs = {"input_ids": ids.to(m.device), "attention_mask": mask.to(m.device)}
         if want_tt:
             inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
         if with_pos:
-            inputs["position_ids"] = (mask.cumsum(1) - 1).clamp(min=0).to(m.device)
+            inputs["position_ids"] = positions(mask).to(m.device)
         if causal:
             inputs["use_cache"] = False
         with torch.inference_mode():

@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from audit.backends.batching import run_batched
+from audit.backends.batching import pad_batch, run_batched
 from audit.backends.hf_scoring import (
     START_MODES,
     causal_prefix_id,
@@ -136,13 +136,7 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
     order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i][0]), i))
 
     def run(batch: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-        L = max(len(seqs[i][0]) for i in batch)
-        ids = torch.full((len(batch), L), pad, dtype=torch.long)
-        att = torch.zeros((len(batch), L), dtype=torch.long)
-        for r, i in enumerate(batch):
-            s = seqs[i][0]
-            ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
-            att[r, : len(s)] = 1
+        ids, att, *_ = pad_batch([seqs[i][0] for i in batch], pad)
         b = torch.arange(len(batch))
         p = torch.tensor([seqs[i][1] for i in batch], dtype=torch.long)
         ids, att, b, p = ids.to(dev), att.to(dev), b.to(dev), p.to(dev)
@@ -286,12 +280,7 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
 
     def next_logp(batch: list[list[int]]) -> list[Any]:
         """log_softmax (float32, CPU) of the next token after each sequence (right padding)."""
-        L = max(len(s) for s in batch)
-        ids = torch.full((len(batch), L), pad, dtype=torch.long)
-        att = torch.zeros((len(batch), L), dtype=torch.long)
-        for r, s in enumerate(batch):
-            ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
-            att[r, : len(s)] = 1
+        ids, att, *_ = pad_batch(batch, pad)
         last = torch.tensor([len(s) - 1 for s in batch], dtype=torch.long, device=dev)
         with torch.inference_mode():
             logits = model(input_ids=ids.to(dev), attention_mask=att.to(dev), use_cache=False).logits
@@ -300,12 +289,8 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
 
     def greedy_more(batch: list[list[int]]) -> list[list[int]]:
         """``max_new_tokens - 1`` greedy tokens after each sequence (left padding, KV cache)."""
-        L = max(len(s) for s in batch)
-        ids = torch.full((len(batch), L), pad, dtype=torch.long)
-        att = torch.zeros((len(batch), L), dtype=torch.long)
-        for r, s in enumerate(batch):
-            ids[r, L - len(s):] = torch.tensor(s, dtype=torch.long)
-            att[r, L - len(s):] = 1
+        ids, att, *_ = pad_batch(batch, pad, "left")
+        L = ids.shape[1]
         from transformers.utils import logging as hf_logging
 
         level = hf_logging.get_verbosity()

@@ -51,13 +51,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-import itertools
 import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from audit.backends.batching import run_batched
+from audit.backends.batching import PADDING_SIDES, pad_batch, positions, run_batched
 from audit.errors import DataError, ModelError, ParameterError
 
 __all__ = [
@@ -352,15 +351,8 @@ def masked_token_logprobs(model: Any, tokenizer: Any, queries: Sequence[MaskedQu
     order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i))
 
     def run(batch: list[int]) -> list[dict[tuple[int, int], float]]:
-        L = max(len(seqs[i]) for i in batch)
-        ids = torch.full((len(batch), L), pad, dtype=torch.long)
-        att = torch.zeros((len(batch), L), dtype=torch.long)
-        asked: list[tuple[int, int, int]] = []  # (batch row, position, target)
-        for r, i in enumerate(batch):
-            s = seqs[i]
-            ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
-            att[r, : len(s)] = 1
-            asked += [(r, p, t) for p, t in wanted[i]]
+        ids, att, *_ = pad_batch([seqs[i] for i in batch], pad)
+        asked = [(r, p, t) for r, i in enumerate(batch) for p, t in wanted[i]]  # (batch row, position, target)
         ids, att = ids.to(dev), att.to(dev)
         b, p, t = (torch.tensor(col, dtype=torch.long, device=dev) for col in zip(*asked))
         with torch.inference_mode():
@@ -490,9 +482,8 @@ def masked_pll(model: Any, tokenizer: Any, sentences: Sequence[str], *,
 
 #: How a causal sequence starts (parameter ``start`` of :func:`continuation_loglik`).
 START_MODES = ("always", "harness")
-#: Padding sides of :func:`continuation_loglik` (both give the same numbers: positions are
-#: computed from the attention mask).
-PADDING_SIDES = ("right", "left")
+#: Padding sides of :func:`continuation_loglik` (:data:`audit.backends.batching.PADDING_SIDES`;
+#: both give the same numbers: positions are computed from the attention mask).
 
 
 def causal_start_id(tokenizer: Any) -> int | None:
@@ -662,23 +653,16 @@ def causal_token_logprobs(model: Any, sequences: Sequence[tuple[Sequence[int], i
     def run(batch: list[int]) -> list[np.ndarray]:
         # the padded batch built with numpy masks (no per-sequence tensor: a third of this
         # function's time on short CrowS-Pairs sentences went to building it row by row)
-        lens = np.fromiter((len(uniq[i][0]) for i in batch), dtype=np.int64, count=len(batch))
+        ids, att, real, off, _ = pad_batch([uniq[i][0] for i in batch], pad_id, padding_side)
         n_ctx = np.fromiter((uniq[i][1] for i in batch), dtype=np.int64, count=len(batch))
-        L = int(lens.max())
-        off = L - lens if padding_side == "left" else np.zeros_like(lens)
-        col = np.arange(L)[None, :]
-        real = (col >= off[:, None]) & (col < (off + lens)[:, None])
-        ids_np = np.full((len(batch), L), int(pad_id), dtype=np.int64)
-        ids_np[real] = np.fromiter(itertools.chain.from_iterable(uniq[i][0] for i in batch), dtype=np.int64,
-                                   count=int(lens.sum()))  # row-major: each row's tokens in order
+        col = np.arange(real.shape[1])[None, :]
         scored = real & (col >= (off + n_ctx)[:, None])
         b_np, t_np = np.nonzero(scored)  # row-major: sequence by sequence, t ascending
         counts = scored.sum(1).tolist()
-        ids, att = torch.from_numpy(ids_np), torch.from_numpy(real.astype(np.int64))
         b, t = torch.from_numpy(b_np), torch.from_numpy(t_np)
         kw = dict(fwd)
         if with_pos:
-            kw["position_ids"] = (att.cumsum(1) - 1).clamp(min=0).to(dev)
+            kw["position_ids"] = positions(att).to(dev)
         ids, att, b, t = ids.to(dev), att.to(dev), b.to(dev), t.to(dev)
         with torch.inference_mode():
             vals = _target_logprobs(model, ids, att, b, t - 1, ids[b, t], **kw).double().cpu().numpy()
@@ -757,14 +741,9 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
     try:
         for a in range(0, len(ctxs), batch_size):
             cb = ctxs[a: a + batch_size]
-            Lc = max(len(c) for c in cb)
-            ids = torch.full((len(cb), Lc), pad_id, dtype=torch.long)
-            att = torch.zeros((len(cb), Lc), dtype=torch.long)
-            for r, c in enumerate(cb):
-                ids[r, Lc - len(c):] = torch.tensor(c, dtype=torch.long)
-                att[r, Lc - len(c):] = 1
+            ids, att, *_ = pad_batch(cb, pad_id, "left")
             ids, att = ids.to(dev), att.to(dev)
-            pos = (att.cumsum(1) - 1).clamp(min=0)
+            pos = positions(att)
             with torch.inference_mode():
                 if head is None:
                     split = split_verified(model, ids, att, position_ids=pos, use_cache=False)
@@ -787,12 +766,8 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
                 for b0 in range(0, len(longer), batch_size):
                     mb = longer[b0: b0 + batch_size]
                     conts = [uniq[i][0][uniq[i][1]:] for _, i in mb]
-                    Lq = max(len(q) for q in conts) - 1
-                    q_ids = torch.full((len(mb), Lq), pad_id, dtype=torch.long)
-                    q_att = torch.zeros((len(mb), Lq), dtype=torch.long)
-                    for r, q in enumerate(conts):
-                        q_ids[r, : len(q) - 1] = torch.tensor(q[:-1], dtype=torch.long)
-                        q_att[r, : len(q) - 1] = 1
+                    q_ids, q_att, *_ = pad_batch([q[:-1] for q in conts], pad_id)
+                    Lq = q_ids.shape[1]
                     sel = torch.tensor([r for r, _ in mb], device=dev)
                     c2 = copy.deepcopy(cache)
                     c2.reorder_cache(sel)

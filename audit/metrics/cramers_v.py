@@ -52,6 +52,7 @@ from scipy.stats.contingency import association
 from sklearn.linear_model import LogisticRegression
 from sklearn.svm import LinearSVC
 
+from audit import schema
 from audit.errors import ParameterError
 from audit.metrics.weat import as_vectors, check_same_dim
 from audit.stats import check_seed
@@ -123,8 +124,7 @@ def cramers_v(
     """
     if classifier not in ("svm", "logistic"):
         raise ParameterError(f"classifier must be 'svm' or 'logistic', got {classifier!r}")
-    if isinstance(n_cases, bool) or not isinstance(n_cases, (int, np.integer)) or n_cases < 1:
-        raise ParameterError(f"n_cases must be a positive integer, got {n_cases!r}")
+    n_cases = schema.integer(n_cases, "n_cases", 1)
     if (
         isinstance(train_fraction, bool)
         or not isinstance(train_fraction, (int, float, np.floating))

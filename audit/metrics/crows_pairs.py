@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from audit import schema
 from audit.datasets.crows_pairs import DIRECTIONS
 from audit.errors import DataError, ParameterError
 from audit.result import MetricOutput
@@ -179,10 +180,7 @@ def crows_pairs_metric(
     if decimals is not None and (isinstance(decimals, bool) or not isinstance(decimals, (int, np.integer))
                                  or decimals < 0):
         raise ParameterError(f"decimals: must be a non-negative integer, None or 'auto', got {decimals!r}")
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float, np.floating)) or not (
-        0.0 < float(confidence) < 1.0
-    ):
-        raise ParameterError(f"confidence: must be a number in (0, 1), got {confidence!r}")
+    schema.number(confidence, "confidence", 0.0, strict=True, maximum=1.0)
     for col in ("sent_more_score", "sent_less_score"):
         v = pd.to_numeric(t[col], errors="coerce").to_numpy(dtype=np.float64)
         bad = np.flatnonzero(~np.isfinite(v))

@@ -63,7 +63,15 @@ import pandas as pd
 from audit.errors import DataError, ParameterError
 from audit.metrics.sets import check_set_sizes
 from audit.result import MetricOutput
-from audit.stats import DEFAULT_P_CONVENTION, STREAMS, effect_size_bootstrap, fresh_seed, permutation_test, stream
+from audit.stats import (
+    DEFAULT_P_CONVENTION,
+    STREAMS,
+    check_bootstrap,
+    effect_size_bootstrap,
+    fresh_seed,
+    permutation_test,
+    stream,
+)
 
 __all__ = ["lpbs_attribute_scores", "lpbs_metric"]
 
@@ -173,12 +181,7 @@ def lpbs_metric(table: pd.DataFrame, *, permutations: str | int = "auto", seed: 
     ParameterError
         Bad ``permutations``/``alternative``/``seed``/``n_bootstrap``/``confidence``.
     """
-    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, (int, np.integer)) or n_bootstrap < 0:
-        raise ParameterError(f"n_bootstrap must be an integer >= 0 (0 disables the CI), got {n_bootstrap!r}")
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float, np.floating)) or not (
-        0.0 < float(confidence) < 1.0
-    ):
-        raise ParameterError(f"confidence must be a number in (0, 1), got {confidence!r}")
+    check_bootstrap(n_bootstrap, confidence)
     items = lpbs_attribute_scores(table)
     sa = items.loc[items["attribute_set"] == 0, "score"].to_numpy(dtype=np.float64)
     sb = items.loc[items["attribute_set"] == 1, "score"].to_numpy(dtype=np.float64)

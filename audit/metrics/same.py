@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from sklearn.decomposition import PCA
 
+from audit import schema
 from audit.errors import DataError, ParameterError
 from audit.metrics.weat import as_vectors, check_same_dim, unit_rows
 from audit.result import MetricOutput
@@ -303,8 +304,7 @@ def bias_subspace(
     """
     if isinstance(defining_sets, np.ndarray) or not isinstance(defining_sets, Sequence) or not defining_sets:
         raise ParameterError(f"{name}: expected a non-empty list of 2-D arrays (one per defining set)")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ParameterError(f"k must be a positive integer (number of bias components), got {k!r}")
+    k = schema.integer(k, "k", 1)  # the number of bias components
     sets = [as_vectors(d, f"{name}[{i}]", nonzero=normalize) for i, d in enumerate(defining_sets)]
     check_same_dim([(f"{name}[{i}]", d) for i, d in enumerate(sets)])
     if normalize:
@@ -365,10 +365,8 @@ def direct_bias(
         (signed cosine with the first component; positive leans to defining set 0),
         ``projection`` (norm of the projection, = |cos| for k = 1), ``bias`` (``projection**c``).
     """
-    if isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating)) or not np.isfinite(c) or c < 0:
-        raise ParameterError(f"c (strictness) must be a finite number >= 0, got {c!r}")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ParameterError(f"k must be a positive integer (number of bias components), got {k!r}")
+    schema.number(c, "c (strictness)", 0.0)
+    k = schema.integer(k, "k", 1)  # the number of bias components
     T = _vector_sets(targets, "targets", minimum=1)
     G, evr = bias_subspace(
         paired_defining_sets(attributes, nonzero=normalize), k, normalize=normalize, require_rank=True,

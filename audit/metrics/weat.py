@@ -72,6 +72,7 @@ from audit.stats import (
     fresh_seed,
     percentile_interval,
     DEFAULT_P_CONVENTION,
+    check_bootstrap,
     check_ddof,
     permutation_test,
     resample_counts,
@@ -260,15 +261,6 @@ def weat_bootstrap_ci(
     return percentile_interval(es[ok], confidence), int(es.size - ok.sum()), es[ok]
 
 
-def _check_bootstrap_params(n_bootstrap: Any, confidence: Any) -> None:
-    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, (int, np.integer)) or n_bootstrap < 0:
-        raise ParameterError(f"n_bootstrap must be an integer >= 0 (0 disables the CI), got {n_bootstrap!r}")
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float, np.floating)) or not (
-        0.0 < float(confidence) < 1.0
-    ):
-        raise ParameterError(f"confidence must be a number in (0, 1), got {confidence!r}")
-
-
 def weat(
     X: Any,
     Y: Any,
@@ -339,7 +331,7 @@ def weat(
     ddof = check_ddof(ddof, X.shape[0] + Y.shape[0])
     if alternative not in ("greater", "less", "two-sided"):
         raise ParameterError(f"alternative must be 'greater', 'less' or 'two-sided', got {alternative!r}")
-    _check_bootstrap_params(n_bootstrap, confidence)
+    check_bootstrap(n_bootstrap, confidence)
     if ci_method not in CI_METHODS:
         raise ParameterError(f"ci_method must be one of {', '.join(map(repr, CI_METHODS))}, got {ci_method!r}")
 

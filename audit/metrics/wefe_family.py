@@ -22,6 +22,7 @@ from scipy.stats import entropy, spearmanr
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import train_test_split
 
+from audit import schema
 from audit.errors import DataError, ParameterError
 from audit.metrics.weat import as_vectors, check_same_dim, cosine_matrix
 from audit.result import MetricOutput
@@ -290,10 +291,8 @@ def rnsb(
     A0 = as_vectors(A0, "A0")
     A1 = as_vectors(A1, "A1")
     check_same_dim([("A0", A0), ("A1", A1)] + [(f"targets[{i}]", t) for i, t in enumerate(T)])
-    if not isinstance(holdout, (bool, np.bool_)):
-        raise ParameterError(f"holdout must be True or False, got {holdout!r}")
-    if isinstance(n_iterations, bool) or not isinstance(n_iterations, (int, np.integer)) or n_iterations < 1:
-        raise ParameterError(f"n_iterations must be a positive integer, got {n_iterations!r}")
+    schema.flag(holdout, "holdout")
+    n_iterations = schema.integer(n_iterations, "n_iterations", 1)
     seed = check_seed(seed)
     if seed is None:
         seed = fresh_seed()

@@ -9,19 +9,20 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 import os
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
-from audit import registry
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator
+
+from audit import registry, schema
 from audit.errors import ParameterError
-from jobs.uris import resolve_tracking_uri, store_identity, tracking_uri_problem
+from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, validate
+from jobs.uris import resolve_tracking_uri, store_identity
 from jobs.validators import (
     Ctx,
-    boolean,
     expand_env,
     given,
     integer,
@@ -30,9 +31,9 @@ from jobs.validators import (
     name,
     number,
     read_yaml,
-    str_list,
     string,
     suggest,
+    tracking,
 )
 from jobs.watch.backoff import Backoff
 
@@ -45,12 +46,7 @@ _TOP_FIELDS = {
     "name", "description", "output_dir", "interval", "max_attempts", "backoff", "tracking",
     "sweep_output_dir", "hub", "ray", "audit", "watch", "regression", "notify",
 }
-_REGRESSION_FIELDS = {"metrics", "tests", "min_increase", "alpha", "adjust", "baseline", "previous", "n_bootstrap",
-                      "permutations", "seed", "notify"}
 _NOTIFY_FIELDS = {"command", "url", "timeout"}
-_BACKOFF_FIELDS = {"initial", "factor", "max", "retries", "jitter", "seed", "max_interval"}
-_HUB_FIELDS = {"endpoint", "branch", "timeout"}
-_RAY_FIELDS = {"address", "runtime_env", "entrypoint", "entrypoint_num_cpus", "entrypoint_num_gpus", "max_jobs"}
 _AUDIT_FIELDS = {"spec", "overrides", "model"}
 _ENTRY_FIELDS = {
     "repo", "author", "local", "search", "limit", "branch", "revisions", "layout", "order", "file",
@@ -106,9 +102,8 @@ class WatchEntry:
         return f"repo {self.target}"
 
 
-@dataclasses.dataclass(frozen=True)
-class RaySubmit:
-    """How sweeps are submitted (``ray:`` of the watch spec).
+class RaySubmit(Section):
+    """How sweeps are submitted (``ray:`` of the watch spec; a typed model of :mod:`audit.schema`).
 
     entrypoint_num_cpus/gpus: resources the sweep's *driver* reserves for the job's lifetime
              (Ray's default, and the advice, is none: the driver mostly waits for its model
@@ -117,12 +112,40 @@ class RaySubmit:
              (``None``: no limit); further new revisions wait for a later poll (``deferred``).
     """
 
-    address: str | None = None
-    runtime_env: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    entrypoint: str = DEFAULT_ENTRYPOINT
-    entrypoint_num_cpus: float | None = None
-    entrypoint_num_gpus: float | None = None
-    max_jobs: int | None = None
+    address: Text | None = None
+    runtime_env: dict[str, Any] = {}
+    entrypoint: Text = DEFAULT_ENTRYPOINT
+    entrypoint_num_cpus: Num() | None = None
+    entrypoint_num_gpus: Num() | None = None
+    max_jobs: Int(1) | None = None
+
+
+def _http_url(url: str) -> str:
+    url = url.rstrip("/")
+    if not re.match(r"^https?://", url):
+        raise Refused(f"{url!r}: expected an http(s):// URL")
+    return url
+
+
+class HubFields(Section):
+    """The ``hub:`` section: the Hub's address (default: ``huggingface_hub``'s), the branch whose
+    commits are revisions, the seconds one request may take."""
+
+    endpoint: Annotated[Text, AfterValidator(_http_url)] | None = None
+    branch: Text = "main"
+    timeout: Num(0.0, strict=True) = 15.0
+
+
+class BackoffFields(Section):
+    """The types and ranges of the ``backoff:`` section (its defaults: :class:`Backoff`)."""
+
+    initial: Num() | None = None
+    max: Num() | None = None
+    max_interval: Num() | None = None
+    factor: Num(1.0) | None = None
+    jitter: Num(maximum=1.0) | None = None
+    retries: Int(0) | None = None
+    seed: Int(0) | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,10 +167,21 @@ class Notify:
     timeout: float = 10.0
 
 
-@dataclasses.dataclass(frozen=True)
-class RegressionSpec:
+def _comparable(m: str) -> str:
+    """A registered metric that offers a paired comparison (:func:`audit.registry.comparer`)."""
+    try:
+        comp = registry.comparer(m)
+    except ParameterError as e:
+        raise Refused(str(e)) from None
+    if comp is None:
+        raise Refused(f"{m} offers no paired comparison; comparable: "
+                      + ", ".join(n for n in registry.names() if registry.comparer(n) is not None))
+    return m
+
+
+class RegressionSpec(Section):
     """Regression detection between audited revisions (``regression:`` of the watch spec;
-    :mod:`jobs.watch.regression`).
+    :mod:`jobs.watch.regression`; a typed model of :mod:`audit.schema`).
 
     metrics:      the metrics compared (default: every metric of the audit that offers a paired
                   comparison, :func:`audit.registry.comparer`).
@@ -161,17 +195,36 @@ class RegressionSpec:
     notify:       :class:`Notify` (``None``: no notification).
     """
 
-    metrics: tuple[str, ...] | None = None
-    tests: tuple[str, ...] | None = None
-    min_increase: float = 0.0
-    alpha: float = 0.05
-    adjust: str = "holm"
-    baseline: str | None = None
-    previous: bool = True
-    n_bootstrap: int = 1000
-    permutations: int | str = "auto"
-    seed: int = 0
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    metrics: Annotated[tuple[Annotated[Text, AfterValidator(_comparable)], ...], Field(strict=False)] | None = None
+    tests: Annotated[tuple[Text, ...], Field(strict=False)] | None = None
+    min_increase: Num() = 0.0
+    alpha: Num(0.0, strict=True, maximum=1.0, inclusive=True) = 0.05
+    adjust: OneOf("adjustment", ("holm", "bh")) = "holm"
+    baseline: Text | None = None
+    previous: Flag = True
+    n_bootstrap: Int(0) = 1000
+    permutations: Permutations = "auto"
+    seed: Int(0) = 0
     notify: Notify | None = None
+
+    @field_validator("metrics", "tests", mode="before")
+    @classmethod
+    def _a_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("baseline", mode="before")
+    @classmethod
+    def _revision(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    @field_validator("previous")
+    @classmethod
+    def _something_to_compare(cls, v: bool, info: ValidationInfo) -> bool:
+        if not v and info.data.get("baseline") is None:
+            raise Refused("false needs a `baseline` revision: nothing to compare with")
+        return v
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,42 +370,16 @@ def _entry(ctx: Ctx, i: int, v: Any, default: AuditTemplate, hub_branch: str) ->
 
 
 def _backoff(ctx: Ctx, v: Any) -> Backoff:
-    b = mapping(ctx, "backoff", v, _BACKOFF_FIELDS)
-    kw: dict[str, Any] = {}
-    for k in ("initial", "max", "max_interval"):
-        if b.get(k) is not None:
-            kw[k] = number(ctx, f"backoff.{k}", b[k])
-    if b.get("factor") is not None:
-        kw["factor"] = number(ctx, "backoff.factor", b["factor"], minimum=1.0)
-    if b.get("jitter") is not None:
-        kw["jitter"] = number(ctx, "backoff.jitter", b["jitter"])
-        if kw["jitter"] >= 1:
-            raise ctx.param("backoff.jitter", f"must be < 1 (a fraction of the delay), got {kw['jitter']}")
-    if b.get("retries") is not None:
-        kw["retries"] = integer(ctx, "backoff.retries", b["retries"], minimum=0)
-    if b.get("seed") is not None:
-        kw["seed"] = integer(ctx, "backoff.seed", b["seed"], minimum=0)
-    return Backoff(**kw)
+    b = validate(BackoffFields, mapping(ctx, "backoff", v), ctx.source, "backoff")
+    return Backoff(**b.model_dump(exclude_none=True))
 
 
 def _ray(ctx: Ctx, v: Any) -> RaySubmit:
-    r = mapping(ctx, "ray", v, _RAY_FIELDS)
-    kw: dict[str, Any] = {}
-    if given(r.get("address")):
-        kw["address"] = string(ctx, "ray.address", r["address"])
-    if r.get("runtime_env") is not None:
-        env = mapping(ctx, "ray.runtime_env", r["runtime_env"])
-        if SPEC_ENV in (env.get("env_vars") or {}):
-            raise ctx.param(f"ray.runtime_env.env_vars.{SPEC_ENV}", "is set by the watcher (the generated sweep spec)")
-        kw["runtime_env"] = env
-    if r.get("entrypoint") is not None:
-        kw["entrypoint"] = string(ctx, "ray.entrypoint", r["entrypoint"])
-    for k in ("entrypoint_num_cpus", "entrypoint_num_gpus"):
-        if r.get(k) is not None:
-            kw[k] = number(ctx, f"ray.{k}", r[k])
-    if r.get("max_jobs") is not None:
-        kw["max_jobs"] = integer(ctx, "ray.max_jobs", r["max_jobs"], minimum=1)
-    return RaySubmit(**kw)
+    r = {k: x for k, x in mapping(ctx, "ray", v).items() if x is not None and (k != "address" or given(x))}
+    env = r.get("runtime_env")
+    if isinstance(env, Mapping) and isinstance(env.get("env_vars"), Mapping) and SPEC_ENV in env["env_vars"]:
+        raise ctx.param(f"ray.runtime_env.env_vars.{SPEC_ENV}", "is set by the watcher (the generated sweep spec)")
+    return validate(RaySubmit, r, ctx.source, "ray")
 
 
 def _notify(ctx: Ctx, path: str, v: Any) -> Notify:
@@ -374,54 +401,12 @@ def _notify(ctx: Ctx, path: str, v: Any) -> Notify:
 
 
 def _regression(ctx: Ctx, v: Any) -> RegressionSpec:
-    d = mapping(ctx, "regression", v, _REGRESSION_FIELDS)
-    kw: dict[str, Any] = {}
-    if d.get("metrics") is not None:
-        metrics = str_list(ctx, "regression.metrics", d["metrics"])
-        for i, m in enumerate(metrics):
-            try:
-                comp = registry.comparer(m)
-            except ParameterError as e:
-                raise ctx.param(f"regression.metrics[{i}]", str(e)) from None
-            if comp is None:
-                raise ctx.param(f"regression.metrics[{i}]", f"{m} offers no paired comparison; comparable: "
-                                + ", ".join(n for n in registry.names() if registry.comparer(n) is not None))
-        kw["metrics"] = metrics
-    if d.get("tests") is not None:
-        kw["tests"] = str_list(ctx, "regression.tests", d["tests"])
-    if d.get("min_increase") is not None:
-        kw["min_increase"] = number(ctx, "regression.min_increase", d["min_increase"])
-    if d.get("alpha") is not None:
-        kw["alpha"] = number(ctx, "regression.alpha", d["alpha"], strict=True)
-        if kw["alpha"] > 1:
-            raise ctx.param("regression.alpha", f"must be <= 1, got {kw['alpha']}")
-    if d.get("adjust") is not None:
-        adj = string(ctx, "regression.adjust", d["adjust"])
-        if adj not in ("holm", "bh"):
-            raise ctx.param("regression.adjust", f"unknown adjustment {adj!r}{suggest(adj, ('holm', 'bh'))}; known: holm, bh")
-        kw["adjust"] = adj
-    if given(d.get("baseline")):
-        kw["baseline"] = string(ctx, "regression.baseline", str(d["baseline"]) if isinstance(d["baseline"], (int, float))
-                                and not isinstance(d["baseline"], bool) else d["baseline"])
-    if d.get("previous") is not None:
-        kw["previous"] = boolean(ctx, "regression.previous", d["previous"])
-    if not kw.get("previous", True) and "baseline" not in kw:
-        raise ctx.param("regression.previous", "false needs a `baseline` revision: nothing to compare with")
-    if d.get("n_bootstrap") is not None:
-        kw["n_bootstrap"] = integer(ctx, "regression.n_bootstrap", d["n_bootstrap"], minimum=0)
-    if d.get("permutations") is not None:
-        pm = d["permutations"]
-        if isinstance(pm, str):
-            if pm not in ("auto", "exact"):
-                raise ctx.param("regression.permutations", f"expected auto, exact or a positive integer, got {pm!r}")
-            kw["permutations"] = pm
-        else:
-            kw["permutations"] = integer(ctx, "regression.permutations", pm, minimum=1)
-    if d.get("seed") is not None:
-        kw["seed"] = integer(ctx, "regression.seed", d["seed"], minimum=0)
-    if d.get("notify") is not None:
-        kw["notify"] = _notify(ctx, "regression.notify", d["notify"])
-    return RegressionSpec(**kw)
+    d = {k: x for k, x in mapping(ctx, "regression", v).items() if x is not None}
+    if not given(d.get("baseline")):
+        d.pop("baseline", None)
+    if "notify" in d:
+        d["notify"] = _notify(ctx, "regression.notify", d["notify"])
+    return validate(RegressionSpec, d, ctx.source, "regression")
 
 
 def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
@@ -440,23 +425,14 @@ def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
     backoff = _backoff(ctx, d["backoff"]) if d.get("backoff") is not None else Backoff()
     uri = experiment = None
     if d.get("tracking") is not None:
-        t = mapping(ctx, "tracking", d["tracking"], {"uri", "experiment"})
-        uri = string(ctx, "tracking.uri", t["uri"]) if given(t.get("uri")) else None
-        experiment = string(ctx, "tracking.experiment", t["experiment"]) if given(t.get("experiment")) else None
-        if uri and tracking_uri_problem(uri):
-            raise ctx.param("tracking.uri", tracking_uri_problem(uri))
+        t = tracking(ctx, d["tracking"])
+        uri, experiment = t.uri, t.experiment
     sweep_out = string(ctx, "sweep_output_dir", d["sweep_output_dir"]) if given(d.get("sweep_output_dir")) else None
-    endpoint, branch, timeout = None, "main", 15.0
-    if d.get("hub") is not None:
-        h = mapping(ctx, "hub", d["hub"], _HUB_FIELDS)
-        if given(h.get("endpoint")):
-            endpoint = string(ctx, "hub.endpoint", h["endpoint"]).rstrip("/")
-            if not re.match(r"^https?://", endpoint):
-                raise ctx.param("hub.endpoint", f"{endpoint!r}: expected an http(s):// URL")
-        if h.get("branch") is not None:
-            branch = string(ctx, "hub.branch", h["branch"])
-        if h.get("timeout") is not None:
-            timeout = number(ctx, "hub.timeout", h["timeout"], strict=True)
+    h = {k: x for k, x in mapping(ctx, "hub", d["hub"]).items() if x is not None} if d.get("hub") is not None else {}
+    if not given(h.get("endpoint")):
+        h.pop("endpoint", None)
+    hub = validate(HubFields, h, ctx.source, "hub")
+    endpoint, branch, timeout = hub.endpoint, hub.branch, hub.timeout
     ray = _ray(ctx, d["ray"]) if d.get("ray") is not None else RaySubmit()
     default = _audit(ctx, "audit", d["audit"]) if d.get("audit") is not None else AuditTemplate()
     if "watch" not in d:
@@ -484,11 +460,9 @@ def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | 
     spec = parse_watch_spec(expand_env(read_yaml(p, what="watch spec"), str(p)), source=str(p))
     changes: dict[str, Any] = location_overrides(output_dir, tracking_uri)
     if interval is not None:
-        if not math.isfinite(interval) or interval <= 0:
-            raise ParameterError(f"--interval must be a finite number > 0, got {interval}")
-        changes["interval"] = float(interval)
+        changes["interval"] = schema.number(interval, "--interval", 0.0, strict=True)
     if address is not None:
-        changes["ray"] = dataclasses.replace(spec.ray, address=address)
+        changes["ray"] = spec.ray.model_copy(update={"address": address})
     return dataclasses.replace(spec, **changes) if changes else spec
 
 
