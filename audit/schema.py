@@ -33,7 +33,7 @@ from typing import Annotated, Any, Mapping, get_args
 
 import numpy as np
 from pydantic import (
-    AfterValidator,
+    AfterValidator, BeforeValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -60,9 +60,15 @@ class Refused(ValueError):
 
 
 @functools.lru_cache(maxsize=None)
+def _integral(v: Any) -> Any:
+    """``1e5`` written for a count is the integer 100000 (a float with no fraction, as the command
+    line's ``--param n_bootstrap=1e5`` parses); any other value is left for the strict check."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 def Int(minimum: int | None = None) -> Any:  # noqa: N802 (a type constructor)
-    """An integer (not a bool, not ``1.0``), at least ``minimum``."""
-    return Annotated[int, Field(strict=True, ge=minimum)]
+    """An integer (not a bool; a float with no fraction, ``1e5``, is that integer), at least ``minimum``."""
+    return Annotated[int, BeforeValidator(_integral), Field(strict=True, ge=minimum)]
 
 
 @functools.lru_cache(maxsize=None)
