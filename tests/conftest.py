@@ -152,6 +152,20 @@ def _restore_service_environment():
     os.environ.update(before)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """Every in-process model runs on one torch thread: on this 2-core machine, shared with other
+    processes, a second intra-op thread spin-waits (MiniLM on the shipped ``weat1`` SEAT sentences:
+    3.2 s of CPU on one thread, 10.8 s on two, and slower in wall time too). Subprocesses and Ray
+    workers are not affected (Ray sets their ``OMP_NUM_THREADS``)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models run fastest on one torch thread, and on a shared CPU two threads spin-wait.
