@@ -514,15 +514,18 @@ def breakdown_latex(bd: pd.DataFrame, metric: str, table: str, score: str, *, mo
     for c in cats:
         n = _n_text(sub[sub["category"] == c]["n"])
         head.append(latex_escape(c) + (f" ({n})" if n else ""))
+    first: dict[tuple, tuple] = {}  # (model, category) -> its first row's value, low, high, n
+    for key, vals in zip(zip(sub["model"], sub["category"]),
+                         sub[["value", "low", "high", "n"]].itertuples(index=False, name=None)):
+        first.setdefault(key, vals)
     rows = []
     for m in rows_models:
         cells = []
         for c in cats:
-            x = sub[(sub["model"] == m) & (sub["category"] == c)]
-            if not len(x):
+            if (m, c) not in first:
                 cells.append("--")
                 continue
-            v, lo, hi, n = x.iloc[0][["value", "low", "high", "n"]]
+            v, lo, hi, n = first[(m, c)]
             cell = f"{v:.{digits}f}"
             if pd.notna(lo) and pd.notna(hi):
                 cell += f" [{lo:.2f}, {hi:.2f}]"

@@ -152,6 +152,25 @@ def _restore_service_environment():
     os.environ.update(before)
 
 
+def _torch_on_one_thread() -> None:
+    torch = sys.modules.get("torch")  # not imported here: a test that needs no torch pays nothing
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every in-process model runs on one torch thread (set before each test once torch is
+    imported, by a test module or a module-scoped model fixture, and again after a test that
+    imported it): on this 2-core machine, shared with other processes, a second intra-op thread
+    spin-waits (MiniLM on the shipped ``weat1`` SEAT sentences: 3.2 s of CPU on one thread, 10.8 s
+    on two, and slower in wall time too). Subprocesses and Ray workers are not affected (Ray sets
+    their ``OMP_NUM_THREADS``)."""
+    _torch_on_one_thread()
+    yield
+    _torch_on_one_thread()
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models run fastest on one torch thread, and on a shared CPU two threads spin-wait.

@@ -55,8 +55,8 @@ def _read_text(path: Path) -> str:
     return unicodedata.normalize("NFC", text)
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing duplicate mapping keys (which PyYAML silently drops)."""
+class _RefuseDuplicateKeys:
+    """Mixin of a safe loader: duplicate mapping keys (which PyYAML silently drops) are refused."""
 
     def construct_mapping(self, node, deep=False):  # noqa: D102 (PyYAML hook)
         if isinstance(node, yaml.MappingNode):
@@ -78,10 +78,23 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+class _StrictLoader(_RefuseDuplicateKeys, yaml.SafeLoader):
+    """PyYAML's safe loader, refusing duplicate mapping keys."""
+
+
+class _FastStrictLoader(_RefuseDuplicateKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """:class:`_StrictLoader` on libyaml's parser (about 5x faster, same constructor and resolver,
+    so the same data); its error wording differs, so a file it refuses is parsed again by
+    :class:`_StrictLoader` for the message."""
+
+
 def _load_yaml(path: Path) -> Any:
     text = _read_text(path)
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (safe loader subclass)
+        try:
+            return yaml.load(text, Loader=_FastStrictLoader)  # noqa: S506 (safe loader subclass)
+        except yaml.YAMLError:
+            return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (PyYAML's own message)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
