@@ -298,8 +298,10 @@ _ENTRIES: tuple[Metric, ...] = (
     ),
     Metric(
         name="honest", family=COMPLETIONS,
-        analyse=lambda m, **p: honest_metric(m.table, language=m.info["language"], **p),
-        params={"hurtlex": None, "hurtlex_level": "conservative", "k": [1, 5, 20], "category_rule": "all"},
+        analyse=lambda m, **p: honest_metric(m.table, language=m.info["language"],
+                                             completion_rule=m.info.get("completion_rule", "word"), **p),
+        params={"hurtlex": None, "hurtlex_level": "conservative", "k": [1, 5, 20], "category_rule": "all",
+                "group_count": "all_groups"},
         headline="HONEST@k (largest k): share of the top-k completions of the templates that are HurtLex lemmas",
         reference="Nozza, Bianchi & Hovy (2021), HONEST: Measuring Hurtful Sentence Completion in Language "
                   "Models, NAACL; HurtLex 1.2 (Bassignana, Basile & Patti 2018)",

@@ -72,12 +72,18 @@ class LanguageModel(Protocol):
       causal LMs ``log P(continuation | context)``; masked LMs the pseudo-log-likelihood of the
       continuation's tokens (BBQ options, causal LPBS).
     * ``loglikelihood_rolling(sentences)`` -> ``(ll, n_tokens)`` of whole sentences (CrowS-Pairs, causal).
+    * ``start`` (``loglikelihood``, ``loglikelihood_rolling``, ``first_words``, ``samples``; causal
+      LMs): the start-token rule, ``"always"`` (default: the start token first, always) or
+      ``"harness"`` (lm-evaluation-harness: only where the tokenizer adds one, or before an empty
+      context); the families' ``start_token`` parameter.
     * ``pair_pll(pairs)`` -> ``(n, 3)`` CrowS-Pairs masked-LM scores (shared tokens masked in turn).
     * ``masked_scores(requests)`` -- ``(text, scored span, other masked spans)`` -> per-token
       log-probabilities of the scored span's tokens (LPBS, masked).
     * ``topk_fills(templates, k, slot)`` -> ``(words, logprobs)`` (HONEST, masked).
     * ``first_words(prompts, k, decoding, seed, max_new_tokens)`` -> ``(words, logprobs)``:
       generation until the first word ends (HONEST, causal).
+    * ``samples(prompts, k, seed, max_new_tokens, temperature, top_k, top_p)`` -> per prompt ``k``
+      sampled continuations as text (HONEST ``official`` protocol, causal).
     * ``embed(sentences, method, spans, layer)`` -> float32 ``(n, dim)`` pooled embeddings of
       sentences or of character spans in them (SEAT, word metrics on contextual models).
     * ``count_tokens(texts)``, ``token_positions(text, spans)``, ``is_unknown_word(word)``: the
@@ -89,9 +95,11 @@ class LanguageModel(Protocol):
     revision: str
     kind: str
 
-    def loglikelihood(self, requests: Sequence[tuple[str, str]], *, batch_size: int | None = None): ...
+    def loglikelihood(self, requests: Sequence[tuple[str, str]], *, batch_size: int | None = None,
+                      start: str = "always"): ...
 
-    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None): ...
+    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None,
+                              start: str = "always"): ...
 
     def pair_pll(self, pairs: Sequence[tuple[str, str]], *, batch_size: int | None = None): ...
 
@@ -100,7 +108,11 @@ class LanguageModel(Protocol):
     def topk_fills(self, templates: Sequence[str], k: int, *, slot: str = "[M]", batch_size: int | None = None): ...
 
     def first_words(self, prompts: Sequence[str], k: int, *, decoding: str = "greedy", seed: int = 0,
-                    max_new_tokens: int = 8, batch_size: int | None = None): ...
+                    max_new_tokens: int = 8, batch_size: int | None = None, start: str = "always"): ...
+
+    def samples(self, prompts: Sequence[str], k: int, *, seed: int = 0, max_new_tokens: int = 10,
+                temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, batch_size: int | None = None,
+                start: str = "always"): ...
 
     def embed(self, sentences: Sequence[str], *, method: str | None = None, spans: Sequence | None = None,
               layer: int = -1, batch_size: int | None = 32, padding_side: str = "right"): ...

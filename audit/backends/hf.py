@@ -278,32 +278,34 @@ class HFModel:
 
         return hf_scoring.token_spans(self.tokenizer, text, spans)[1]
 
-    def loglikelihood(self, requests: Sequence[tuple[str, str]], *, batch_size: int | None = None
-                      ) -> tuple[Any, Any]:
+    def loglikelihood(self, requests: Sequence[tuple[str, str]], *, batch_size: int | None = None,
+                      start: str = "always") -> tuple[Any, Any]:
         """Score of each ``(context, continuation)``: ``(scores float64, n_tokens int64)``.
 
         Causal LMs: ``log P(continuation | context)``
         (:func:`audit.backends.hf_scoring.continuation_loglik`); masked LMs: the pseudo-log-likelihood
-        of the continuation's tokens given everything else (:func:`audit.backends.hf_scoring.span_pll`)."""
+        of the continuation's tokens given everything else (:func:`audit.backends.hf_scoring.span_pll`).
+        ``start`` (causal LMs): the start-token rule, ``"always"`` or ``"harness"``."""
         import numpy as np
 
 
         self._need("mlm", "causal", what="log-likelihood")
+        hf_scoring.check_start(start, "start_token")
         if self.kind == "mlm":
             return hf_scoring.span_pll(self.model, self.tokenizer, requests, batch_size=batch_size,
                                        device=self.device)
         ll, n = hf_scoring.continuation_loglik(self.model, self.tokenizer, list(requests), batch_size=batch_size,
-                                               device=self.device)
+                                               device=self.device, start=start)
         return np.asarray(ll, dtype=np.float64), np.asarray(n, dtype=np.int64)
 
-    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None
-                              ) -> tuple[Any, Any]:
+    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None,
+                              start: str = "always") -> tuple[Any, Any]:
         """Causal LMs: ``(ll, n_tokens)`` of whole sentences given only the start token
         (:func:`audit.backends.hf_scoring.causal_loglik`)."""
 
         self._need("causal", what="rolling log-likelihood")
         return hf_scoring.causal_loglik(self.model, self.tokenizer, sentences, batch_size=batch_size,
-                                        device=self.device, return_counts=True)
+                                        device=self.device, return_counts=True, start=start)
 
     def pair_pll(self, pairs: Sequence[tuple[str, str]], *, batch_size: int | None = None) -> Any:
         """Masked LMs: CrowS-Pairs pseudo-log-likelihoods of sentence pairs, the tokens both sentences
@@ -333,14 +335,26 @@ class HFModel:
         return words, lp
 
     def first_words(self, prompts: Sequence[str], k: int, *, decoding: str = "greedy", seed: int = 0,
-                    max_new_tokens: int = 8, batch_size: int | None = None) -> tuple[list[list[str]], Any]:
+                    max_new_tokens: int = 8, batch_size: int | None = None, start: str = "always"
+                    ) -> tuple[list[list[str]], Any]:
         """Causal LMs: ``k`` continuations of each prompt generated until the first word ends
         (:func:`audit.backends.hf_generate.causal_first_words`)."""
 
         self._need("causal", what="generation")
         return hf_generate.causal_first_words(self.model, self.tokenizer, prompts, k, decoding=decoding, seed=seed,
                                               max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                              device=self.device)
+                                              device=self.device, start=start)
+
+    def samples(self, prompts: Sequence[str], k: int, *, seed: int = 0, max_new_tokens: int = 10,
+                temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, batch_size: int | None = None,
+                start: str = "always") -> list[list[str]]:
+        """Causal LMs: ``k`` seeded sampled continuations of each prompt, as text
+        (:func:`audit.backends.hf_generate.causal_samples`)."""
+
+        self._need("causal", what="generation")
+        return hf_generate.causal_samples(self.model, self.tokenizer, prompts, k, seed=seed,
+                                          max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                          top_p=top_p, start=start, batch_size=batch_size, device=self.device)
 
     def embed(self, sentences: Sequence[str], *, method: str | None = None,
               spans: Sequence[tuple[int, int]] | None = None, layer: int = -1, batch_size: int | None = 32,

@@ -45,6 +45,9 @@ import numpy as np
 from audit.backends.batching import run_batched
 from audit.backends.hf_scoring import (
     causal_prefix_id,
+    causal_start_id,
+    check_start,
+    prepends_start,
     default_batch_size,
     max_sequence_length,
     model_device,
@@ -53,7 +56,8 @@ from audit.backends.hf_scoring import (
 )
 from audit.errors import DataError, ModelError, ParameterError
 
-__all__ = ["DECODINGS", "first_word", "check_k", "mlm_topk", "causal_first_words"]
+__all__ = ["DECODINGS", "first_word", "check_k", "mlm_topk", "causal_first_words", "causal_samples",
+           "sampling_probs"]
 
 DECODINGS = ("greedy", "sample")
 #: The slot a template marks for :func:`mlm_topk` to fill (HONEST's ``[M]``).
@@ -168,9 +172,151 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
 # --------------------------------------------------------------------------- causal LMs
 
 
+def _check_generation(max_new_tokens: Any, seed: Any, sampled: bool) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ParameterError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
+    if sampled and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ParameterError(f"seed: must be a non-negative integer, got {seed!r}")
+
+
+def _prompt_ids(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int,
+                start: str) -> list[list[int]]:
+    """The token ids of each prompt (no special tokens), the start token first as ``start`` says
+    (:func:`audit.backends.hf_scoring.prepends_start`; an empty prompt always gets it); a prompt
+    that with ``max_new_tokens`` more tokens exceeds the model's limit is a :class:`DataError`."""
+    check_start(start, "start_token")
+    sid = causal_prefix_id(tokenizer) if start == "always" else causal_start_id(tokenizer)
+    prepend = prepends_start(tokenizer, start)
+    limit = max_sequence_length(model, tokenizer)
+    out: list[list[int]] = []
+    for p in prompts:
+        ids = list(tokenizer(p, add_special_tokens=False)["input_ids"])
+        if (prepend or not ids) and (not ids or ids[0] != sid):
+            if sid is None:
+                raise ModelError(f"prompt {p!r} is empty and the tokenizer has neither a BOS nor an EOS token")
+            ids = [sid] + ids
+        if len(ids) + max_new_tokens > limit:
+            raise DataError(f"prompt {p!r} has {len(ids)} tokens; with {max_new_tokens} new tokens the model's limit "
+                            f"of {limit} is exceeded")
+        out.append(ids)
+    return out
+
+
+def _batched(fn: Any, seqs: list[list[int]], bs: int, dev: Any) -> list[Any]:
+    """``fn`` over ``seqs`` in batches sorted by length (longest first), results in input order."""
+    order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i))
+    res = run_batched(lambda batch: fn([seqs[i] for i in batch]), order, bs, device=dev)
+    out: list[Any] = [None] * len(seqs)
+    for i, v in zip(order, res):
+        out[i] = v
+    return out
+
+
+def _next_logp(model: Any, pad: int, dev: Any, batch: list[list[int]]) -> list[Any]:
+    """log_softmax (float32, CPU) of the next token after each sequence (right padding)."""
+    import torch
+
+    L = max(len(s) for s in batch)
+    ids = torch.full((len(batch), L), pad, dtype=torch.long)
+    att = torch.zeros((len(batch), L), dtype=torch.long)
+    for r, s in enumerate(batch):
+        ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
+        att[r, : len(s)] = 1
+    last = torch.tensor([len(s) - 1 for s in batch], dtype=torch.long, device=dev)
+    with torch.inference_mode():
+        logits = model(input_ids=ids.to(dev), attention_mask=att.to(dev), use_cache=False).logits
+        rows = logits[torch.arange(len(batch), device=dev), last]
+        return list(torch.log_softmax(rows.float(), dim=-1).cpu())
+
+
+def _uniforms(seed: int, n: int, k: int, steps: int) -> list[np.ndarray]:
+    """The uniform numbers of seeded sampling: prompt ``i``'s ``(k, steps)`` array from
+    ``default_rng(SeedSequence(seed).spawn(n)[i])`` (one independent stream per prompt, so the
+    samples do not depend on the batch size or the order of the prompts)."""
+    return [np.random.default_rng(s).random((k, steps)) for s in np.random.SeedSequence(int(seed)).spawn(n)]
+
+
+def sampling_probs(logp: Any, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """The next-token distribution that sampling draws from, float64 over the vocabulary: the
+    log-probabilities divided by ``temperature``, then only the ``top_k`` largest kept (ties with
+    the k-th kept; ``0``: all), then only the smallest set of the most probable tokens whose
+    probabilities sum above ``top_p`` (at least one; ``1.0``: all), renormalised. The order and rules
+    of transformers' ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and ``TopPLogitsWarper``
+    (``generate(do_sample=True)``), computed in float64."""
+    x = np.asarray(logp.double().numpy() if hasattr(logp, "double") else logp, dtype=np.float64) / float(temperature)
+    if top_k and top_k < x.size:
+        kth = np.partition(x, x.size - top_k)[x.size - top_k]
+        x = np.where(x < kth, -np.inf, x)
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(p, kind="stable")  # ascending, as TopPLogitsWarper sorts
+        cum = np.cumsum(p[order])
+        drop = cum <= 1.0 - top_p
+        drop[-1] = False
+        p[order[drop]] = 0.0
+        p /= p.sum()
+    return p
+
+
+def _draw(p: np.ndarray, u: float) -> int:
+    """Inverse-CDF draw: the first token id whose cumulative probability (token-id order) exceeds
+    ``u`` times the total."""
+    cdf = np.cumsum(p)
+    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
+
+
+def causal_samples(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *, seed: int = 0,
+                   max_new_tokens: int = 10, temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0,
+                   start: str = "always", batch_size: int | None = None, device: Any = None) -> list[list[str]]:
+    """``k`` sampled continuations of each prompt under a causal LM, as text (the HONEST
+    ``official`` protocol's generation; :mod:`audit.measure.honest`).
+
+    Each continuation is ``max_new_tokens`` tokens drawn one at a time from
+    :func:`sampling_probs` (temperature, top-k, top-p) of the model's next-token distribution,
+    stopped early at the end-of-sequence token (not kept), decoded with special tokens skipped.
+    The draws are inverse-CDF with the uniform numbers of :func:`_uniforms` (``uniforms[i][j, t]``
+    draws token ``t`` of sample ``j`` of prompt ``i``): reproducible for a seed, independent of
+    the batch size. The prompt's tokens start with the start token as ``start`` says
+    (``"always"`` | ``"harness"``; :func:`audit.backends.hf_scoring.prepends_start`).
+    """
+    k = check_k(k)
+    _check_generation(max_new_tokens, seed, True)
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+        raise ParameterError(f"top_k: must be a non-negative integer (0: no top-k), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ParameterError(f"top_p: must be a number in (0, 1], got {top_p!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ParameterError(f"temperature: must be a positive number, got {temperature!r}")
+    prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    dev = model_device(model, device)
+    pad = pad_token_id(tokenizer)
+    bs = default_batch_size(dev) if batch_size is None else batch_size
+    n = len(prefixes)
+    uniforms = _uniforms(seed, n, k, max_new_tokens)
+    gen: list[list[int]] = [[] for _ in range(n * k)]
+    done = [False] * (n * k)
+    for step in range(max_new_tokens):
+        live = [b for b in range(n * k) if not done[b]]
+        if not live:
+            break
+        lp = _batched(lambda batch: _next_logp(model, pad, dev, batch), [prefixes[b // k] + gen[b] for b in live],
+                      bs, dev)
+        for r, b in enumerate(live):
+            t = _draw(sampling_probs(lp[r], temperature=temperature, top_k=int(top_k), top_p=float(top_p)),
+                      uniforms[b // k][b % k, step])
+            if eos is not None and t == eos:
+                done[b] = True
+            else:
+                gen[b].append(t)
+    texts = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
+    return [texts[i * k:(i + 1) * k] for i in range(n)]
+
+
 def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *, decoding: str = "greedy",
                        seed: int = 0, max_new_tokens: int = 8, batch_size: int | None = None,
-                       device: Any = None) -> tuple[list[list[str]], np.ndarray]:
+                       device: Any = None, start: str = "always") -> tuple[list[list[str]], np.ndarray]:
     """``k`` first-word completions of each prompt under a causal LM (module docstring).
 
     Returns ``(words, logprobs)``: per prompt the ``k`` words and the log-probability of each
@@ -178,55 +324,27 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
 
     Greedy branches are continued with ``model.generate`` (greedy search, KV cache, left padding)
     for ``max_new_tokens - 1`` further tokens; sampled ones step by step (see the module
-    docstring for the random numbers).
+    docstring for the random numbers). ``start``: the start-token rule of the prompt
+    (:func:`_prompt_ids`).
     """
     import torch
 
     k = check_k(k)
     if decoding not in DECODINGS:
         raise ParameterError(f"decoding: must be one of {', '.join(DECODINGS)}, got {decoding!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ParameterError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
-    if decoding == "sample" and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise ParameterError(f"seed: must be a non-negative integer, got {seed!r}")
-    start = causal_prefix_id(tokenizer)
+    _check_generation(max_new_tokens, seed, decoding == "sample")
+    prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
     eos = getattr(tokenizer, "eos_token_id", None)
-    limit = max_sequence_length(model, tokenizer)
     dev = model_device(model, device)
     pad = pad_token_id(tokenizer)
     bs = default_batch_size(dev) if batch_size is None else batch_size
-    prefixes: list[list[int]] = []
-    for p in prompts:
-        ids = list(tokenizer(p, add_special_tokens=False)["input_ids"])
-        if not ids or ids[0] != start:
-            ids = [start] + ids
-        if len(ids) + max_new_tokens > limit:
-            raise DataError(f"prompt {p!r} has {len(ids)} tokens; with {max_new_tokens} new tokens the model's limit "
-                            f"of {limit} is exceeded")
-        prefixes.append(ids)
     n = len(prefixes)
 
     def batched(fn, seqs: list[list[int]]) -> list[Any]:
-        order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i))
-        res = run_batched(lambda batch: fn([seqs[i] for i in batch]), order, bs, device=dev)
-        out: list[Any] = [None] * len(seqs)
-        for i, v in zip(order, res):
-            out[i] = v
-        return out
+        return _batched(fn, seqs, bs, dev)
 
     def next_logp(batch: list[list[int]]) -> list[Any]:
-        """log_softmax (float32, CPU) of the next token after each sequence (right padding)."""
-        L = max(len(s) for s in batch)
-        ids = torch.full((len(batch), L), pad, dtype=torch.long)
-        att = torch.zeros((len(batch), L), dtype=torch.long)
-        for r, s in enumerate(batch):
-            ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
-            att[r, : len(s)] = 1
-        last = torch.tensor([len(s) - 1 for s in batch], dtype=torch.long, device=dev)
-        with torch.inference_mode():
-            logits = model(input_ids=ids.to(dev), attention_mask=att.to(dev), use_cache=False).logits
-            rows = logits[torch.arange(len(batch), device=dev), last]
-            return list(torch.log_softmax(rows.float(), dim=-1).cpu())
+        return _next_logp(model, pad, dev, batch)
 
     def greedy_more(batch: list[list[int]]) -> list[list[int]]:
         """``max_new_tokens - 1`` greedy tokens after each sequence (left padding, KV cache)."""
@@ -251,12 +369,10 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
 
     first = batched(next_logp, prefixes)
     if decoding == "sample":
-        streams = np.random.SeedSequence(int(seed)).spawn(n)
-        uniforms = [np.random.default_rng(s).random((k, max_new_tokens)) for s in streams]
+        uniforms = _uniforms(seed, n, k, max_new_tokens)
 
     def draw(row: Any, u: float) -> int:
-        cdf = np.cumsum(row.double().exp().numpy())
-        return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
+        return _draw(row.double().exp().numpy(), u)
 
     gen: list[list[int]] = []
     owner: list[int] = []

@@ -41,7 +41,8 @@ import pandas as pd
 from audit.datasets.bbq import N_OPTIONS, select_items
 from audit.entries import Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
-from audit.measure.options import KINDS, option_table, options_family, score_options, variant
+from audit.measure.options import (START_TOKEN, KINDS, option_table, options_family, score_options, start_info,
+                                   start_token_of, variant)
 from audit.suites import MultipleChoice
 
 __all__ = ["PROMPTS", "DEFAULT_PROMPT", "TABLE_COLUMNS", "TRUNCATIONS", "default_prompt", "item_prompts",
@@ -116,14 +117,14 @@ def fit_prompts(model: Any, prompts: Sequence[str], options: Sequence[Sequence[s
 
 
 def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_size: int | None = None,
-                      truncation: str = "none") -> pd.DataFrame:
+                      truncation: str = "none", start_token: str = START_TOKEN) -> pd.DataFrame:
     """The measurement table (:data:`TABLE_COLUMNS`, plus ``words_cut``) of the items of
     ``table`` (a :class:`MultipleChoice` table) on a masked or causal LM.
 
     ``truncation="none"`` (default): an item longer than the model accepts is a
     :class:`DataError`; ``"left"``: its prompt loses leading words until it fits (lm-evaluation-
     harness keeps the last tokens of an over-long causal input the same way), counted in
-    ``words_cut``."""
+    ``words_cut``. ``start_token``: causal LMs' start-token rule (:mod:`audit.measure.options`)."""
     kind = getattr(hf_model, "kind", None)
     if kind not in KINDS:
         raise ModelError(f"model {getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={kind!r}; BBQ needs a "
@@ -135,7 +136,8 @@ def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_
     cut = np.zeros(len(prompts), dtype=np.int64)
     if truncation == "left":
         prompts, cut = fit_prompts(hf_model, prompts, options)
-    sc, nt = score_options(hf_model, prompts, options, delimiter=DELIMITER, batch_size=batch_size, what="BBQ")
+    sc, nt = score_options(hf_model, prompts, options, delimiter=DELIMITER, batch_size=batch_size, what="BBQ",
+                           start_token=start_token)
     sc, nt = sc.reshape(len(prompts), N_OPTIONS), nt.reshape(len(prompts), N_OPTIONS)
     meta = table[["item", "category", "subcategory", "question_polarity", "context_condition", "label", "unknown",
                   "target", "biased"]]
@@ -151,13 +153,13 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
     items = select_items(test.table, mp["categories"], mp["limit"])
     prompt = mp["prompt"] or default_prompt(test.language)
     table = bbq_option_scores(model.handle, items, prompt=prompt, batch_size=mp["batch_size"],
-                              truncation=mp["truncation"])
+                              truncation=mp["truncation"], start_token=start_token_of(mp))
     return Measurement(family=CHOICES.name, table=table,
                        info={"language": test.language, "kind": model.kind, "prompt": prompt,
                              "truncation": mp["truncation"], "limit": mp["limit"],
                              "n_truncated": int((table["words_cut"] > 0).sum()),
                              "format": test.extra.get("format", ""),
-                             "variant": variant(model.kind)})
+                             "variant": variant(model.kind), **start_info(model.kind, mp)})
 
 
 def _method(kind: str, params: Mapping[str, Any]) -> str:
@@ -168,7 +170,8 @@ def _method(kind: str, params: Mapping[str, Any]) -> str:
 #: prompt as context): causal log-likelihood or masked PLL.
 CHOICES = options_family(
     "multiple_choice", "multiple_choice", measure_bbq,
-    {"batch_size": None, "categories": None, "limit": None, "prompt": None, "truncation": "none"},
+    {"batch_size": None, "categories": None, "limit": None, "prompt": None, "truncation": "none",
+     "start_token": START_TOKEN},
     "score of each answer option given the prompt: log-likelihood (causal LMs) or pseudo-log-likelihood of the "
     "answer's tokens (masked LMs)", method=_method,
 )
