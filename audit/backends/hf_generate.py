@@ -266,6 +266,47 @@ def _draw(p: np.ndarray, u: float) -> int:
     return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
 
 
+def _sample_batch(model: Any, seqs: list[list[int]], us: list[np.ndarray], max_new_tokens: int, pad: int,
+                  eos: int | None, dev: Any, probs: Any) -> list[list[int]]:
+    """Sampled continuations of a batch of prompts through ``model.generate`` (left padding, KV
+    cache): at each step a logits processor draws every row's token from ``probs(log_softmax)``
+    with its uniform number ``us[r][step]`` (:func:`_draw`) and makes that token the only
+    possible one, so greedy search takes it; a fresh ``GenerationConfig`` keeps the model's own
+    generation settings (repetition penalties and the like) out. Returns the new tokens of each row (EOS and the padding
+    after it included)."""
+    import torch
+    from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+    from transformers.utils import logging as hf_logging
+
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad, dtype=torch.long)
+    att = torch.zeros((len(seqs), L), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, L - len(s):] = torch.tensor(s, dtype=torch.long)
+        att[r, L - len(s):] = 1
+
+    class Draw(LogitsProcessor):
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            step = input_ids.shape[1] - L
+            logp = torch.log_softmax(scores.float(), dim=-1).cpu()
+            out = torch.full_like(scores, -float("inf"))
+            for r in range(scores.shape[0]):
+                out[r, _draw(probs(logp[r]), float(us[r][step]))] = 0.0
+            return out
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # generate's padding advice: the attention mask is passed
+    try:
+        with torch.inference_mode():
+            config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, pad_token_id=pad,
+                                      eos_token_id=eos)
+            out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), generation_config=config,
+                                 logits_processor=LogitsProcessorList([Draw()]))
+    finally:
+        hf_logging.set_verbosity(level)
+    return [row[L:].tolist() for row in out.cpu()]
+
+
 def causal_samples(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *, seed: int = 0,
                    max_new_tokens: int = 10, temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0,
                    start: str = "always", batch_size: int | None = None, device: Any = None) -> list[list[str]]:
@@ -274,7 +315,9 @@ def causal_samples(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *
 
     Each continuation is ``max_new_tokens`` tokens drawn one at a time from
     :func:`sampling_probs` (temperature, top-k, top-p) of the model's next-token distribution,
-    stopped early at the end-of-sequence token (not kept), decoded with special tokens skipped.
+    stopped early at the end-of-sequence token (not kept), decoded with special tokens skipped;
+    run through ``model.generate`` (left padding, KV cache) whose logits processor makes the draw
+    (:func:`_sample_batch`); the model's own generation settings are not used.
     The draws are inverse-CDF with the uniform numbers of :func:`_uniforms` (``uniforms[i][j, t]``
     draws token ``t`` of sample ``j`` of prompt ``i``): reproducible for a seed, independent of
     the batch size. The prompt's tokens start with the start token as ``start`` says
@@ -295,21 +338,18 @@ def causal_samples(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *
     bs = default_batch_size(dev) if batch_size is None else batch_size
     n = len(prefixes)
     uniforms = _uniforms(seed, n, k, max_new_tokens)
-    gen: list[list[int]] = [[] for _ in range(n * k)]
-    done = [False] * (n * k)
-    for step in range(max_new_tokens):
-        live = [b for b in range(n * k) if not done[b]]
-        if not live:
-            break
-        lp = _batched(lambda batch: _next_logp(model, pad, dev, batch), [prefixes[b // k] + gen[b] for b in live],
-                      bs, dev)
-        for r, b in enumerate(live):
-            t = _draw(sampling_probs(lp[r], temperature=temperature, top_k=int(top_k), top_p=float(top_p)),
-                      uniforms[b // k][b % k, step])
-            if eos is not None and t == eos:
-                done[b] = True
-            else:
-                gen[b].append(t)
+    rows = list(range(n * k))
+    order = sorted(rows, key=lambda b: (-len(prefixes[b // k]), b))
+
+    def run(batch: list[int]) -> list[list[int]]:
+        return _sample_batch(model, [prefixes[b // k] for b in batch],
+                             [uniforms[b // k][b % k] for b in batch], max_new_tokens, pad, eos, dev,
+                             lambda lp: sampling_probs(lp, temperature=temperature, top_k=int(top_k), top_p=float(top_p)))
+
+    res = run_batched(run, order, bs, device=dev)
+    gen: list[list[int]] = [[] for _ in rows]
+    for b, g in zip(order, res):
+        gen[b] = g[: g.index(eos)] if eos is not None and eos in g else g
     texts = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
     return [texts[i * k:(i + 1) * k] for i in range(n)]
 
