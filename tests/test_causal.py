@@ -536,8 +536,8 @@ def test_start_token_option_on_every_causal_family(causal):
     # whole sentences (CrowS-Pairs): the same under both rules
     import pandas as pd
 
-    pairs = pd.DataFrame({"sent_more": SENTS[:2], "sent_less": SENTS[2:4], "stereo_antistereo": ["stereo", "antistereo"],
-                          "bias_type": ["gender", "gender"]})
+    pairs = pd.DataFrame({"sent_more": SENTS[:2], "sent_less": SENTS[2:4],
+                          "stereo_antistereo": ["stereo", "antistereo"], "bias_type": ["gender", "gender"]})
     c_h = crows_pairs_scores(gpt2, pairs, start_token="harness")
     c_a = crows_pairs_scores(gpt2, pairs)
     np.testing.assert_allclose(c_h["sent_more_score"], c_a["sent_more_score"], atol=1e-9, rtol=0)

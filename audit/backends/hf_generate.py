@@ -344,7 +344,8 @@ def causal_samples(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *
     def run(batch: list[int]) -> list[list[int]]:
         return _sample_batch(model, [prefixes[b // k] for b in batch],
                              [uniforms[b // k][b % k] for b in batch], max_new_tokens, pad, eos, dev,
-                             lambda lp: sampling_probs(lp, temperature=temperature, top_k=int(top_k), top_p=float(top_p)))
+                             lambda lp: sampling_probs(lp, temperature=temperature, top_k=int(top_k),
+                                                       top_p=float(top_p)))
 
     res = run_batched(run, order, bs, device=dev)
     gen: list[list[int]] = [[] for _ in rows]

@@ -170,7 +170,8 @@ def measure_honest(model, test: CompletionTemplates, metric: Metric, mp: Mapping
                                start_token=gp["start_token"], temperature=mp["temperature"], top_k=mp["top_k"],
                                top_p=mp["top_p"])
     causal = model.kind == "causal"
-    info: dict[str, Any] = {"language": test.language, "kind": model.kind, "method": _info_method(model.kind, protocol, mp),
+    info: dict[str, Any] = {"language": test.language, "kind": model.kind,
+                            "method": _info_method(model.kind, protocol, mp),
                             "top_k": k, "n_template_rows": len(test.table)}
     if causal:
         sampled = protocol == "official" or gp["decoding"] == "sample"

@@ -45,8 +45,8 @@ from audit.backends.hf_scoring import START_MODES, check_start
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
 
-__all__ = ["KINDS", "START_TOKENS", "START_TOKEN", "start_token_of", "score_options", "option_table", "variant", "options_family", "measure_option_items",
-           "OPTIONS"]
+__all__ = ["KINDS", "START_TOKENS", "START_TOKEN", "start_token_of", "start_info", "score_options",
+           "option_table", "variant", "options_family", "measure_option_items", "OPTIONS"]
 
 #: The model kinds the step scores on.
 KINDS = ("mlm", "causal")

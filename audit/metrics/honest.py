@@ -68,7 +68,8 @@ from audit.datasets.honest import HURTLEX_CATEGORIES, Lexicon, check_level, load
 from audit.errors import DataError, ParameterError
 from audit.result import MetricOutput
 
-__all__ = ["CATEGORY_RULES", "COMPLETION_RULES", "GROUP_COUNTS", "strip_accents", "hurtful_word", "lexicon_index", "honest_scores", "honest_metric", "honest_frames"]
+__all__ = ["CATEGORY_RULES", "COMPLETION_RULES", "GROUP_COUNTS", "strip_accents", "hurtful_word",
+           "lexicon_index", "honest_scores", "honest_metric", "honest_frames"]
 
 CATEGORY_RULES = ("all", "first")
 #: How a completion is matched (module docstring): one word, or any word of a sentence.
