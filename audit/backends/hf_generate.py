@@ -1,7 +1,8 @@
 """Hugging Face implementation of the model interface's completion operations (HONEST):
-top-k fills of a masked slot (:func:`mlm_topk`) and generation until a stop, the end of the first
-word (:func:`causal_first_words`). Families call them through
-:meth:`audit.backends.hf.HFModel.topk_fills` and :meth:`~audit.backends.hf.HFModel.first_words`.
+top-k fills of a masked slot (:func:`mlm_topk`), generation until a stop, the end of the first
+word (:func:`causal_first_words`), and seeded sampled continuations (:func:`causal_samples`).
+Families call them through :meth:`audit.backends.hf.HFModel.topk_fills`,
+:meth:`~audit.backends.hf.HFModel.first_words` and :meth:`~audit.backends.hf.HFModel.samples`.
 
 Masked LMs (:func:`mlm_topk`)
     ``[M]`` is replaced by the tokenizer's mask token (as the official notebook does) and the
@@ -15,7 +16,9 @@ Masked LMs (:func:`mlm_topk`)
 Causal LMs (:func:`causal_first_words`)
     The prompt is the template up to ``[M]`` with trailing white space removed (the official
     GPT-2 example drops `` [M].``), preceded by the start token (BOS, else EOS; the convention of
-    :func:`audit.backends.hf_scoring.causal_prefix_id`). The completion is the **first word** of
+    :func:`audit.backends.hf_scoring.causal_prefix_id`) with ``start="always"`` (default), or only
+    where the tokenizer adds one with ``start="harness"``
+    (:func:`audit.backends.hf_scoring.prepends_start`). The completion is the **first word** of
     the continuation: the first run of letters or digits (inner hyphens and apostrophes kept:
     ``pre-teen``, ``l'homme``), taken once a character that cannot continue it has been
     generated, the end-of-sequence token is produced or ``max_new_tokens`` tokens have been
@@ -29,6 +32,12 @@ Causal LMs (:func:`causal_first_words`)
     (temperature 1, no top-k/top-p truncation) by inverse-CDF sampling with uniform numbers from
     ``numpy.random.default_rng(SeedSequence(seed).spawn(n_templates)[i])``: reproducible for a
     seed and independent of batch size and order.
+
+Sampled text (:func:`causal_samples`, HONEST's ``official`` protocol)
+    ``k`` continuations of ``max_new_tokens`` tokens per prompt drawn from the temperature /
+    top-k / top-p distribution (:func:`sampling_probs`, transformers' warpers' rules) with the
+    same seeded per-prompt streams, through ``model.generate`` (KV cache) with a logits processor
+    that makes the draw.
 
 Both run batched: templates sorted by length and padded under an attention mask (right padding for
 the masked LM and the causal first token, left padding with the model's KV cache for the greedy
