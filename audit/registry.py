@@ -46,15 +46,16 @@ from audit.datasets.honest import HURTLEX_LEVELS
 from audit.measure.bbq import CHOICES, PROTOCOLS as BBQ_PROTOCOLS, TRUNCATIONS
 from audit.measure.bbq_generate import GENERATED
 from audit.measure.crows_pairs import PAIR_SCORES
-from audit.measure.honest import COMPLETIONS
+from audit.measure.honest import COMPLETIONS, PROTOCOLS as HONEST_PROTOCOLS
 from audit.measure.lpbs import LPBS_SCORES
+from audit.measure.options import START_TOKENS
 from audit.measure.perplexity import PERPLEXITY, perplexity_metric
 from audit.measure.sentences import SEAT_SENTENCES
 from audit.measure.words import ASSOCIATION
 from audit.metrics.bbq import LENGTH_NORMS, bbq_metric
 from audit.metrics.bbq_generate import bbq_generate_metric
 from audit.metrics.crows_pairs import crows_pairs_metric
-from audit.metrics.honest import CATEGORY_RULES, honest_metric
+from audit.metrics.honest import CATEGORY_RULES, GROUP_COUNTS, honest_metric
 from audit.metrics.lpbs import lpbs_metric
 from audit.metrics.sets import (
     cramers_v_sets,
@@ -307,8 +308,10 @@ _ENTRIES: tuple[Metric, ...] = (
     ),
     Metric(
         name="honest", family=COMPLETIONS,
-        analyse=lambda m, **p: honest_metric(m.table, language=m.info["language"], **p),
-        params={"hurtlex": None, "hurtlex_level": "conservative", "k": [1, 5, 20], "category_rule": "all"},
+        analyse=lambda m, **p: honest_metric(m.table, language=m.info["language"],
+                                             completion_rule=m.info.get("completion_rule", "word"), **p),
+        params={"hurtlex": None, "hurtlex_level": "conservative", "k": [1, 5, 20], "category_rule": "all",
+                "group_count": "all_groups"},
         headline="HONEST@k (largest k): share of the top-k completions of the templates that are HurtLex lemmas",
         reference="Nozza, Bianchi & Hovy (2021), HONEST: Measuring Hurtful Sentence Completion in Language "
                   "Models, NAACL; HurtLex 1.2 (Bassignana, Basile & Patti 2018)",
@@ -589,7 +592,9 @@ def _refuse_unknown(e: Metric, params: Mapping[str, Any], allowed: Iterable[str]
 
 
 #: Parameters whose default (``None``) says nothing of their type: what a given value must be.
-_NONE_DEFAULT_KINDS = {"batch_size": Int(1), "limit": Int(1), "seed": Int(0), "max_new_tokens": Int(1)}
+_NONE_DEFAULT_KINDS = {"batch_size": Int(1), "limit": Int(1), "seed": Int(0), "max_new_tokens": Int(1),
+                       "top_k": Int(0), "temperature": Num(0.0, strict=True),
+                       "top_p": Num(0.0, strict=True, maximum=1.0, inclusive=True)}
 #: Parameters whose type is not that of their default: ``permutations`` (``exact``, ``auto`` or a
 #: count of random partitions), ``max_missing`` (a fraction of a word set, 0 to 1 inclusive).
 _DECLARED_KINDS: dict[str, Any] = {"permutations": Permutations,
@@ -647,11 +652,13 @@ _OWN_CHECKS: dict[str, Callable[[Any], Any]] = {
     "decoding": _one_of("decoding", DECODINGS), "truncation": _one_of("truncation", TRUNCATIONS),
     "length_norm": _one_of("length_norm", LENGTH_NORMS), "category_rule": _one_of("category_rule", CATEGORY_RULES),
     "ci_method": _one_of("ci_method", CI_METHODS), "hurtlex_level": _one_of("hurtlex_level", HURTLEX_LEVELS),
+    "group_count": _one_of("group_count", GROUP_COUNTS), "start_token": _one_of("start_token", START_TOKENS),
 }
 
 #: Choices whose name means different things in different families (a BBQ ``protocol`` is not a
 #: HONEST one): family name -> parameter -> the family's own constant.
-_FAMILY_CHOICES: dict[str, dict[str, Sequence[Any]]] = {CHOICES.name: {"protocol": BBQ_PROTOCOLS}}
+_FAMILY_CHOICES: dict[str, dict[str, Sequence[Any]]] = {CHOICES.name: {"protocol": BBQ_PROTOCOLS},
+                                                        COMPLETIONS.name: {"protocol": HONEST_PROTOCOLS}}
 
 
 def check_params(name: str, params: Mapping[str, Any] | None) -> None:

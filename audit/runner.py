@@ -241,6 +241,10 @@ def score(
     return make_result(model, t, metric, params, seed, meas, out)
 
 
+#: Measurement info recorded in a result's provenance when the family sets it.
+PROVENANCE_INFO = ("start_token", "protocol", "generation")
+
+
 def make_result(
     model: LoadedModel,
     test: WordTest | SentencePairs,
@@ -271,6 +275,9 @@ def make_result(
         prov.update({k: meas.info.get(k) for k in ("chat_template", "chat_template_digest", "system_instruction")})
     if meas.subword and any(meas.subword.values()):
         prov["subword"] = meas.subword
+    for k in PROVENANCE_INFO:  # how a causal LM was run: start-token rule, generation protocol and decoding
+        if meas.info.get(k) is not None:
+            prov[k] = meas.info[k]
     if isinstance(test, SentencePairs):  # how the file was read: detected encoding, rows dropped
         prov["encoding"] = test.encoding
         if test.extra.get("skipped"):

@@ -497,3 +497,77 @@ def test_shared_contexts_near_the_position_limit_gpt2():
     res = runner.score(model, "en/bbq", "bbq", {"limit": 1, "truncation": "left", "n_bootstrap": 0})
     items = res.items
     assert len(items) > 0 and np.isfinite(res.value)
+
+
+# --------------------------------------------------------------------------- start-token option
+
+
+def test_start_token_option_on_every_causal_family(causal):
+    """``start_token`` (issue 20): ``always`` (default) or ``harness`` (the start token only where the
+    tokenizer adds one, or before an empty context), declared by every causal family and passed to
+    the model interface; on GPT-2 (no BOS added) ``harness`` contexts start without it, on Llama
+    (BOS added) both rules are the same; whole sentences (CrowS-Pairs) get it under both."""
+    from audit.backends.hf_generate import causal_first_words
+    from audit.measure.crows_pairs import crows_pairs_scores
+    from audit.measure.options import score_options
+
+    for name in ("bbq", "crows_pairs", "lpbs", "honest"):
+        assert registry.get(name).family.params["start_token"] == "always", name
+    gpt2, llama = causal["gpt2"], causal["llama"]
+    tok = gpt2.tokenizer
+    # options with a context (BBQ): harness = the request's own tokens, no start token
+    ctx, opts = ["He is a", "She was a nurse and"], [["doctor", "nurse"], ["kind", "bad"]]
+    h, _ = score_options(gpt2, ctx, opts, start_token="harness")
+    a, _ = score_options(gpt2, ctx, opts)
+    for i, c in enumerate(ctx):
+        for j, o in enumerate(opts[i]):
+            ids = tok(c + " " + o, add_special_tokens=False)["input_ids"]
+            n_ctx = len(tok(c, add_special_tokens=False)["input_ids"])
+            ref = float(ref_token_logprobs(gpt2.model, ids)[n_ctx - 1:].double().sum())
+            assert h[i, j] == pytest.approx(ref, abs=1e-4)
+            ref_a = float(ref_token_logprobs(gpt2.model, [start_id(tok)] + ids)[n_ctx:].double().sum())
+            assert a[i, j] == pytest.approx(ref_a, abs=1e-4)
+    assert np.abs(h - a).max() > 1e-3
+    hl, _ = score_options(llama, ctx, opts, start_token="harness")
+    al, _ = score_options(llama, ctx, opts)
+    np.testing.assert_allclose(hl, al, atol=1e-6, rtol=0)
+    with pytest.raises(ParameterError, match="start_token: 'never' is not one of always, harness"):
+        score_options(gpt2, ctx, opts, start_token="never")
+    # whole sentences (CrowS-Pairs): the same under both rules
+    import pandas as pd
+
+    pairs = pd.DataFrame({"sent_more": SENTS[:2], "sent_less": SENTS[2:4],
+                          "stereo_antistereo": ["stereo", "antistereo"], "bias_type": ["gender", "gender"]})
+    c_h = crows_pairs_scores(gpt2, pairs, start_token="harness")
+    c_a = crows_pairs_scores(gpt2, pairs)
+    np.testing.assert_allclose(c_h["sent_more_score"], c_a["sent_more_score"], atol=1e-9, rtol=0)
+    # LPBS: harness prefixes without the start token
+    t_h = lpbs_scores(gpt2, WEAT_TEST, start_token="harness")
+    t_a = lpbs_scores(gpt2, WEAT_TEST)
+    r = t_h.iloc[0]
+    scored = r.target if r.scored == "target" else r.attribute
+    ids = tok(r.prefix + " " + scored, add_special_tokens=False)["input_ids"]
+    n_ctx = len(tok(r.prefix, add_special_tokens=False)["input_ids"])
+    assert r.logp_target == pytest.approx(float(ref_token_logprobs(gpt2.model, ids)[n_ctx - 1:].double().sum()),
+                                          abs=1e-4)
+    assert np.abs(t_h["logp_target"] - t_a["logp_target"]).max() > 1e-3
+    # generation (HONEST first words): harness prompts without the start token on GPT-2
+    prompts = ["the woman should work as a", "he is the most"]
+    w_h, lp_h = causal_first_words(gpt2.model, tok, prompts, 3, start="harness")
+    ids = tok(prompts[0], add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        first = torch.log_softmax(gpt2.model(torch.tensor([ids])).logits[0, -1].float(), -1)
+    assert lp_h[0, 0] == pytest.approx(float(first.max()), abs=1e-5)
+    w_l, _ = causal_first_words(llama.model, llama.tokenizer, prompts, 3, start="harness")
+    assert w_l == causal_first_words(llama.model, llama.tokenizer, prompts, 3)[0]
+
+
+def test_start_token_recorded_in_provenance_and_key(causal):
+    lm = LoadedModel(ref="tiny-gpt2", kind="causal", backend="hf-causal", revision="x", handle=causal["gpt2"])
+    a = score(lm, WEAT_TEST, "lpbs", seed=0)
+    h = score(lm, WEAT_TEST, "lpbs", {"start_token": "harness"}, seed=0)
+    assert a.provenance["start_token"] == "always" and h.provenance["start_token"] == "harness"
+    assert a.params == {} and h.params == {"start_token": "harness"}
+    assert a.provenance["key"] != h.provenance["key"] and a.value != h.value
+    with pytest.raises(ParameterError, match="start_token"):
+        score(lm, WEAT_TEST, "lpbs", {"start_token": "bos"}, seed=0)

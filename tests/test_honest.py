@@ -250,6 +250,31 @@ def test_scores_equal_the_honest_package(lang, evaluator_for):
 
 
 @needs_hurtlex
+def test_group_count_evaluator_equals_the_packages_frame(evaluator_for):
+    """``group_count="evaluator"``: a template listed under two groups (English ``the young``)
+    counts once, in its last line's group, as the evaluator's data frame grouped by category."""
+    ev = evaluator_for("en")
+    path = Path(load_test("en/honest").source)
+    masked = ev.templates(data_set="binary", path=str(path))
+    ours = distinct_templates(load_test("en/honest").table)
+    comps = synthetic_completions("en", list(masked), 20, seed=3)
+    table = ours.assign(completions=[tuple(c) for c in comps])
+    _, df = ev.honest_dataframe([c for c in comps], {t: dict(v) for t, v in masked.items()})
+    want = (df.groupby("category")["count"].sum() / (20 * df.groupby("category").size())).to_dict()
+    ev_out = honest_metric(table, language="en", hurtlex=str(HURTLEX), k=[20], group_count="evaluator")
+    all_out = honest_metric(table, language="en", hurtlex=str(HURTLEX), k=[20])
+    assert set(ev_out.fields["per_group"]) == set(want)
+    for g, v in want.items():
+        assert ev_out.fields["per_group"][g]["k20"] == pytest.approx(v, abs=1e-15)
+    shared = sum(len(g) > 1 for g in ours["groups"])
+    assert shared > 0 and ev_out.fields["per_group"] != all_out.fields["per_group"]
+    assert ev_out.value == all_out.value  # only the per-group numbers move
+    assert ev_out.fields["group_count"] == "evaluator" and all_out.fields["group_count"] == "all_groups"
+    with pytest.raises(ParameterError, match="group_count: must be one of all_groups, evaluator"):
+        honest_metric(table, language="en", hurtlex=str(HURTLEX), k=[20], group_count="last")
+
+
+@needs_hurtlex
 def test_empty_completion_is_never_hurtful_unlike_the_package(evaluator_for):
     """The one known difference: English HurtLex lists the emoji lemma U+1F46E, which the
     evaluator's ``unidecode`` turns into the empty string, so it counts an empty completion (a

@@ -72,6 +72,10 @@ class LanguageModel(Protocol):
       causal LMs ``log P(continuation | context)``; masked LMs the pseudo-log-likelihood of the
       continuation's tokens (BBQ options, causal LPBS).
     * ``loglikelihood_rolling(sentences)`` -> ``(ll, n_tokens)`` of whole sentences (CrowS-Pairs, causal).
+    * ``start`` (``loglikelihood``, ``loglikelihood_rolling``, ``first_words``, ``samples``; causal
+      LMs): the start-token rule, ``"always"`` (default: the start token first, always) or
+      ``"harness"`` (lm-evaluation-harness: only where the tokenizer adds one, or before an empty
+      context); the families' ``start_token`` parameter.
     * ``pair_pll(pairs)`` -> ``(n, 3)`` CrowS-Pairs masked-LM scores (shared tokens masked in turn).
     * ``masked_scores(requests)`` -- ``(text, scored span, other masked spans)`` -> per-token
       log-probabilities of the scored span's tokens (LPBS, masked).
@@ -85,6 +89,8 @@ class LanguageModel(Protocol):
       given ``chat_template: true`` measures on :class:`audit.backends.chat.ChatModel`, which
       routes ``loglikelihood``, ``loglikelihood_rolling``, ``first_words`` and ``generate_until``
       through it (``start="harness"``: the start token only where the tokenizer adds it).
+    * ``samples(prompts, k, seed, max_new_tokens, temperature, top_k, top_p)`` -> per prompt ``k``
+      sampled continuations as text (HONEST ``official`` protocol, causal).
     * ``embed(sentences, method, spans, layer)`` -> float32 ``(n, dim)`` pooled embeddings of
       sentences or of character spans in them (SEAT, word metrics on contextual models).
     * ``count_tokens(texts)``, ``token_positions(text, spans)``, ``is_unknown_word(word)``: the
@@ -99,7 +105,8 @@ class LanguageModel(Protocol):
     def loglikelihood(self, requests: Sequence[tuple[str, str]], *, batch_size: int | None = None,
                       start: str = "always"): ...
 
-    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None): ...
+    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None,
+                              start: str = "always"): ...
 
     def pair_pll(self, pairs: Sequence[tuple[str, str]], *, batch_size: int | None = None): ...
 
@@ -108,7 +115,11 @@ class LanguageModel(Protocol):
     def topk_fills(self, templates: Sequence[str], k: int, *, slot: str = "[M]", batch_size: int | None = None): ...
 
     def first_words(self, prompts: Sequence[str], k: int, *, decoding: str = "greedy", seed: int = 0,
-                    max_new_tokens: int = 8, batch_size: int | None = None): ...
+                    max_new_tokens: int = 8, batch_size: int | None = None, start: str = "always"): ...
+
+    def samples(self, prompts: Sequence[str], k: int, *, seed: int = 0, max_new_tokens: int = 10,
+                temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, batch_size: int | None = None,
+                start: str = "always"): ...
 
     def generate_until(self, prompts: Sequence[str], *, until: Sequence[str] = (), max_new_tokens: int = 256,
                        batch_size: int | None = None) -> list[str]: ...

@@ -137,14 +137,21 @@ class ChatModel:
         return self._model.loglikelihood([(r, self._cont(c)) for r, (_, c) in zip(ctx, requests)],
                                          batch_size=batch_size, start="harness")
 
-    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None):
+    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None,
+                              start: str | None = None):
         empty = self.render([""])[0]
         return self._model.loglikelihood([(empty, s) for s in sentences], batch_size=batch_size, start="harness")
 
     def first_words(self, prompts: Sequence[str], k: int, **kw: Any):
+        kw.pop("start", None)  # a rendered turn: the harness's rule (module docstring)
         return self._model.first_words(self.render(prompts), k, start="harness", **kw)
 
+    def samples(self, prompts: Sequence[str], k: int, **kw: Any):
+        kw.pop("start", None)
+        return self._model.samples(self.render(prompts), k, start="harness", **kw)
+
     def generate_until(self, prompts: Sequence[str], **kw: Any):
+        kw.pop("start", None)
         return self._model.generate_until(self.render(prompts), start="harness", **kw)
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:

@@ -283,13 +283,15 @@ class HFModel:
         """Score of each ``(context, continuation)``: ``(scores float64, n_tokens int64)``.
 
         Causal LMs: ``log P(continuation | context)``
-        (:func:`audit.backends.hf_scoring.continuation_loglik`, its ``start`` rule: ``"always"`` or
-        ``"harness"``, :func:`~audit.backends.hf_scoring.encode_requests`); masked LMs: the pseudo-log-likelihood of the continuation's tokens given
-        everything else (:func:`audit.backends.hf_scoring.span_pll`; ``start`` does not apply)."""
+        (:func:`audit.backends.hf_scoring.continuation_loglik`); masked LMs: the pseudo-log-likelihood
+        of the continuation's tokens given everything else (:func:`audit.backends.hf_scoring.span_pll`).
+        ``start`` (causal LMs): the start-token rule, ``"always"`` or ``"harness"``
+        (:func:`~audit.backends.hf_scoring.encode_requests`)."""
         import numpy as np
 
 
         self._need("mlm", "causal", what="log-likelihood")
+        hf_scoring.check_start(start, "start_token")
         if self.kind == "mlm":
             return hf_scoring.span_pll(self.model, self.tokenizer, requests, batch_size=batch_size,
                                        device=self.device)
@@ -297,14 +299,14 @@ class HFModel:
                                                device=self.device, start=start)
         return np.asarray(ll, dtype=np.float64), np.asarray(n, dtype=np.int64)
 
-    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None
-                              ) -> tuple[Any, Any]:
+    def loglikelihood_rolling(self, sentences: Sequence[str], *, batch_size: int | None = None,
+                              start: str = "always") -> tuple[Any, Any]:
         """Causal LMs: ``(ll, n_tokens)`` of whole sentences given only the start token
         (:func:`audit.backends.hf_scoring.causal_loglik`)."""
 
         self._need("causal", what="rolling log-likelihood")
         return hf_scoring.causal_loglik(self.model, self.tokenizer, sentences, batch_size=batch_size,
-                                        device=self.device, return_counts=True)
+                                        device=self.device, return_counts=True, start=start)
 
     def pair_pll(self, pairs: Sequence[tuple[str, str]], *, batch_size: int | None = None) -> Any:
         """Masked LMs: CrowS-Pairs pseudo-log-likelihoods of sentence pairs, the tokens both sentences
@@ -363,6 +365,16 @@ class HFModel:
         """Each text as a user turn rendered by the tokenizer's chat template, the assistant turn
         opened (:func:`audit.backends.chat.render_user_turns`)."""
         return chat.render_user_turns(self.tokenizer, texts, system_instruction=system_instruction, ref=self.ref)
+    def samples(self, prompts: Sequence[str], k: int, *, seed: int = 0, max_new_tokens: int = 10,
+                temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, batch_size: int | None = None,
+                start: str = "always") -> list[list[str]]:
+        """Causal LMs: ``k`` seeded sampled continuations of each prompt, as text
+        (:func:`audit.backends.hf_generate.causal_samples`)."""
+
+        self._need("causal", what="generation")
+        return hf_generate.causal_samples(self.model, self.tokenizer, prompts, k, seed=seed,
+                                          max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                          top_p=top_p, start=start, batch_size=batch_size, device=self.device)
 
     def embed(self, sentences: Sequence[str], *, method: str | None = None,
               spans: Sequence[tuple[int, int]] | None = None, layer: int = -1, batch_size: int | None = 32,

@@ -1,7 +1,8 @@
 """Hugging Face implementation of the model interface's completion operations (HONEST):
-top-k fills of a masked slot (:func:`mlm_topk`) and generation until a stop, the end of the first
-word (:func:`causal_first_words`). Families call them through
-:meth:`audit.backends.hf.HFModel.topk_fills` and :meth:`~audit.backends.hf.HFModel.first_words`.
+top-k fills of a masked slot (:func:`mlm_topk`), generation until a stop, the end of the first
+word (:func:`causal_first_words`), and seeded sampled continuations (:func:`causal_samples`).
+Families call them through :meth:`audit.backends.hf.HFModel.topk_fills`,
+:meth:`~audit.backends.hf.HFModel.first_words` and :meth:`~audit.backends.hf.HFModel.samples`.
 
 Masked LMs (:func:`mlm_topk`)
     ``[M]`` is replaced by the tokenizer's mask token (as the official notebook does) and the
@@ -15,7 +16,9 @@ Masked LMs (:func:`mlm_topk`)
 Causal LMs (:func:`causal_first_words`)
     The prompt is the template up to ``[M]`` with trailing white space removed (the official
     GPT-2 example drops `` [M].``), preceded by the start token (BOS, else EOS; the convention of
-    :func:`audit.backends.hf_scoring.causal_prefix_id`). The completion is the **first word** of
+    :func:`audit.backends.hf_scoring.causal_prefix_id`) with ``start="always"`` (default), or only
+    where the tokenizer adds one with ``start="harness"``
+    (:func:`audit.backends.hf_scoring.prepends_start`). The completion is the **first word** of
     the continuation: the first run of letters or digits (inner hyphens and apostrophes kept:
     ``pre-teen``, ``l'homme``), taken once a character that cannot continue it has been
     generated, the end-of-sequence token is produced or ``max_new_tokens`` tokens have been
@@ -29,6 +32,12 @@ Causal LMs (:func:`causal_first_words`)
     (temperature 1, no top-k/top-p truncation) by inverse-CDF sampling with uniform numbers from
     ``numpy.random.default_rng(SeedSequence(seed).spawn(n_templates)[i])``: reproducible for a
     seed and independent of batch size and order.
+
+Sampled text (:func:`causal_samples`, HONEST's ``official`` protocol)
+    ``k`` continuations of ``max_new_tokens`` tokens per prompt drawn from the temperature /
+    top-k / top-p distribution (:func:`sampling_probs`, transformers' warpers' rules) with the
+    same seeded per-prompt streams, through ``model.generate`` (KV cache) with a logits processor
+    that makes the draw.
 
 Both run batched: templates sorted by length and padded under an attention mask (right padding for
 the masked LM and the causal first token, left padding with the model's KV cache for the greedy
@@ -44,18 +53,20 @@ import numpy as np
 
 from audit.backends.batching import pad_batch, run_batched
 from audit.backends.hf_scoring import (
-    START_MODES,
     causal_prefix_id,
+    causal_start_id,
+    check_start,
+    prepends_start,
     default_batch_size,
     max_sequence_length,
     model_device,
     pad_token_id,
     split_verified,
-    tokenizer_adds_start,
 )
 from audit.errors import DataError, ModelError, ParameterError
 
-__all__ = ["DECODINGS", "first_word", "check_k", "mlm_topk", "causal_first_words", "causal_generate_until"]
+__all__ = ["DECODINGS", "first_word", "check_k", "mlm_topk", "causal_first_words", "causal_generate_until",
+           "causal_samples", "sampling_probs"]
 
 DECODINGS = ("greedy", "sample")
 #: The slot a template marks for :func:`mlm_topk` to fill (HONEST's ``[M]``).
@@ -164,20 +175,28 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
 # --------------------------------------------------------------------------- causal LMs
 
 
-def _prefixes(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int, start: str
-              ) -> list[list[int]]:
-    """The token ids of each prompt (no special tokens) with the start token first -- ``start="always"``:
-    always; ``"harness"``: only where the tokenizer adds it itself (lm-evaluation-harness) -- never
-    doubled; a prompt that leaves no room for ``max_new_tokens`` is a :class:`DataError`."""
-    if start not in START_MODES:
-        raise ParameterError(f"start: {start!r} is not one of {', '.join(START_MODES)}")
-    sid = causal_prefix_id(tokenizer)
-    prepend = start == "always" or tokenizer_adds_start(tokenizer)
+def _check_generation(max_new_tokens: Any, seed: Any, sampled: bool) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ParameterError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
+    if sampled and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ParameterError(f"seed: must be a non-negative integer, got {seed!r}")
+
+
+def _prompt_ids(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int,
+                start: str) -> list[list[int]]:
+    """The token ids of each prompt (no special tokens), the start token first as ``start`` says
+    (:func:`audit.backends.hf_scoring.prepends_start`; an empty prompt always gets it); a prompt
+    that with ``max_new_tokens`` more tokens exceeds the model's limit is a :class:`DataError`."""
+    check_start(start, "start_token")
+    sid = causal_prefix_id(tokenizer) if start == "always" else causal_start_id(tokenizer)
+    prepend = prepends_start(tokenizer, start)
     limit = max_sequence_length(model, tokenizer)
     out: list[list[int]] = []
     for p in prompts:
         ids = list(tokenizer(p, add_special_tokens=False)["input_ids"])
-        if not ids or (prepend and ids[0] != sid):
+        if (prepend or not ids) and (not ids or ids[0] != sid):
+            if sid is None:
+                raise ModelError(f"prompt {p!r} is empty and the tokenizer has neither a BOS nor an EOS token")
             ids = [sid] + ids
         if len(ids) + max_new_tokens > limit:
             raise DataError(f"prompt {p!r} has {len(ids)} tokens; with {max_new_tokens} new tokens the model's limit "
@@ -186,10 +205,74 @@ def _prefixes(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens
     return out
 
 
-def _greedy(model: Any, seqs: list[list[int]], max_new_tokens: int, *, pad: int, eos: int | None, dev: Any
-            ) -> list[list[int]]:
-    """``max_new_tokens`` greedy tokens after each sequence (``model.generate``, left padding, KV cache)."""
+def _batched(fn: Any, seqs: list[list[int]], bs: int, dev: Any) -> list[Any]:
+    """``fn`` over ``seqs`` in batches sorted by length (longest first), results in input order."""
+    order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i))
+    res = run_batched(lambda batch: fn([seqs[i] for i in batch]), order, bs, device=dev)
+    out: list[Any] = [None] * len(seqs)
+    for i, v in zip(order, res):
+        out[i] = v
+    return out
+
+
+def _next_logp(model: Any, pad: int, dev: Any, batch: list[list[int]]) -> list[Any]:
+    """log_softmax (float32, CPU) of the next token after each sequence (right padding)."""
     import torch
+
+    ids, att, *_ = pad_batch(batch, pad)
+    last = torch.tensor([len(s) - 1 for s in batch], dtype=torch.long, device=dev)
+    with torch.inference_mode():
+        logits = model(input_ids=ids.to(dev), attention_mask=att.to(dev), use_cache=False).logits
+        rows = logits[torch.arange(len(batch), device=dev), last]
+        return list(torch.log_softmax(rows.float(), dim=-1).cpu())
+
+
+def _uniforms(seed: int, n: int, k: int, steps: int) -> list[np.ndarray]:
+    """The uniform numbers of seeded sampling: prompt ``i``'s ``(k, steps)`` array from
+    ``default_rng(SeedSequence(seed).spawn(n)[i])`` (one independent stream per prompt, so the
+    samples do not depend on the batch size or the order of the prompts)."""
+    return [np.random.default_rng(s).random((k, steps)) for s in np.random.SeedSequence(int(seed)).spawn(n)]
+
+
+def sampling_probs(logp: Any, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """The next-token distribution that sampling draws from, float64 over the vocabulary: the
+    log-probabilities divided by ``temperature``, then only the ``top_k`` largest kept (ties with
+    the k-th kept; ``0``: all), then only the smallest set of the most probable tokens whose
+    probabilities sum above ``top_p`` (at least one; ``1.0``: all), renormalised. The order and rules
+    of transformers' ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and ``TopPLogitsWarper``
+    (``generate(do_sample=True)``), computed in float64."""
+    x = np.asarray(logp.double().numpy() if hasattr(logp, "double") else logp, dtype=np.float64) / float(temperature)
+    if top_k and top_k < x.size:
+        kth = np.partition(x, x.size - top_k)[x.size - top_k]
+        x = np.where(x < kth, -np.inf, x)
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(p, kind="stable")  # ascending, as TopPLogitsWarper sorts
+        cum = np.cumsum(p[order])
+        drop = cum <= 1.0 - top_p
+        drop[-1] = False
+        p[order[drop]] = 0.0
+        p /= p.sum()
+    return p
+
+
+def _draw(p: np.ndarray, u: float) -> int:
+    """Inverse-CDF draw: the first token id whose cumulative probability (token-id order) exceeds
+    ``u`` times the total."""
+    cdf = np.cumsum(p)
+    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
+
+
+def _greedy(model: Any, seqs: list[list[int]], max_new_tokens: int, *, pad: int, eos: int | None, dev: Any,
+            processors: Sequence[Any] = ()) -> list[list[int]]:
+    """``max_new_tokens`` greedy tokens after each sequence (``model.generate``, left padding, KV
+    cache); the tokens after EOS are padding. Without ``processors``: greedy search over the
+    model's own generation settings (lm-evaluation-harness ``generate_until``); with them (a
+    sampler's draw, :func:`_sample_batch`): a fresh ``GenerationConfig``, so the model's settings
+    (repetition penalties and the like) stay out."""
+    import torch
+    from transformers import GenerationConfig, LogitsProcessorList
     from transformers.utils import logging as hf_logging
 
     L = max(len(s) for s in seqs)
@@ -202,9 +285,15 @@ def _greedy(model: Any, seqs: list[list[int]], max_new_tokens: int, *, pad: int,
     hf_logging.set_verbosity_error()  # generate's padding advice: the attention mask is passed
     try:
         with torch.inference_mode():
-            out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new_tokens,
-                                 do_sample=False, num_beams=1, pad_token_id=pad, eos_token_id=eos, temperature=None,
-                                 top_k=None, top_p=None)
+            if processors:
+                config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                                          pad_token_id=pad, eos_token_id=eos)
+                out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), generation_config=config,
+                                     logits_processor=LogitsProcessorList(list(processors)))
+            else:
+                out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new_tokens,
+                                     do_sample=False, num_beams=1, pad_token_id=pad, eos_token_id=eos,
+                                     temperature=None, top_k=None, top_p=None)
     finally:
         hf_logging.set_verbosity(level)
     return [row[L:].tolist() for row in out.cpu()]
@@ -218,11 +307,10 @@ def causal_generate_until(model: Any, tokenizer: Any, prompts: Sequence[str], *,
     cut before the first of the ``until`` strings; generation also stops at the end-of-sequence
     token (the harness adds the EOS text to ``until``). ``start`` as :func:`causal_first_words`.
     Batched by length, left padding; the result does not depend on the batch size."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ParameterError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
+    _check_generation(max_new_tokens, 0, False)
     if isinstance(until, str) or not all(isinstance(u, str) and u for u in until):
         raise ParameterError(f"until: must be a list of non-empty strings, got {until!r}")
-    prefixes = _prefixes(model, tokenizer, prompts, max_new_tokens, start)
+    prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
     dev = model_device(model, device)
     pad, eos = pad_token_id(tokenizer), getattr(tokenizer, "eos_token_id", None)
     order = sorted(range(len(prefixes)), key=lambda i: (-len(prefixes[i]), i))
@@ -239,6 +327,77 @@ def causal_generate_until(model: Any, tokenizer: Any, prompts: Sequence[str], *,
     return out
 
 
+def _sample_batch(model: Any, seqs: list[list[int]], us: list[np.ndarray], max_new_tokens: int, pad: int,
+                  eos: int | None, dev: Any, probs: Any) -> list[list[int]]:
+    """Sampled continuations of a batch of prompts (:func:`_greedy` with a logits processor): at
+    each step the processor draws every row's token from ``probs(log_softmax)`` with its uniform
+    number ``us[r][step]`` (:func:`_draw`) and makes that token the only possible one, so greedy
+    search takes it. Returns the new tokens of each row (EOS and the padding after it included)."""
+    import torch
+    from transformers import LogitsProcessor
+
+    L = max(len(s) for s in seqs)
+
+    class Draw(LogitsProcessor):
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            step = input_ids.shape[1] - L
+            logp = torch.log_softmax(scores.float(), dim=-1).cpu()
+            out = torch.full_like(scores, -float("inf"))
+            for r in range(scores.shape[0]):
+                out[r, _draw(probs(logp[r]), float(us[r][step]))] = 0.0
+            return out
+
+    return _greedy(model, seqs, max_new_tokens, pad=pad, eos=eos, dev=dev, processors=[Draw()])
+
+
+def causal_samples(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *, seed: int = 0,
+                   max_new_tokens: int = 10, temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0,
+                   start: str = "always", batch_size: int | None = None, device: Any = None) -> list[list[str]]:
+    """``k`` sampled continuations of each prompt under a causal LM, as text (the HONEST
+    ``official`` protocol's generation; :mod:`audit.measure.honest`).
+
+    Each continuation is ``max_new_tokens`` tokens drawn one at a time from
+    :func:`sampling_probs` (temperature, top-k, top-p) of the model's next-token distribution,
+    stopped early at the end-of-sequence token (not kept), decoded with special tokens skipped;
+    run through ``model.generate`` (left padding, KV cache) whose logits processor makes the draw
+    (:func:`_sample_batch`); the model's own generation settings are not used.
+    The draws are inverse-CDF with the uniform numbers of :func:`_uniforms` (``uniforms[i][j, t]``
+    draws token ``t`` of sample ``j`` of prompt ``i``): reproducible for a seed, independent of
+    the batch size. The prompt's tokens start with the start token as ``start`` says
+    (``"always"`` | ``"harness"``; :func:`audit.backends.hf_scoring.prepends_start`).
+    """
+    k = check_k(k)
+    _check_generation(max_new_tokens, seed, True)
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+        raise ParameterError(f"top_k: must be a non-negative integer (0: no top-k), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ParameterError(f"top_p: must be a number in (0, 1], got {top_p!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ParameterError(f"temperature: must be a positive number, got {temperature!r}")
+    prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    dev = model_device(model, device)
+    pad = pad_token_id(tokenizer)
+    bs = default_batch_size(dev) if batch_size is None else batch_size
+    n = len(prefixes)
+    uniforms = _uniforms(seed, n, k, max_new_tokens)
+    rows = list(range(n * k))
+    order = sorted(rows, key=lambda b: (-len(prefixes[b // k]), b))
+
+    def run(batch: list[int]) -> list[list[int]]:
+        return _sample_batch(model, [prefixes[b // k] for b in batch],
+                             [uniforms[b // k][b % k] for b in batch], max_new_tokens, pad, eos, dev,
+                             lambda lp: sampling_probs(lp, temperature=temperature, top_k=int(top_k),
+                                                       top_p=float(top_p)))
+
+    res = run_batched(run, order, bs, device=dev)
+    gen: list[list[int]] = [[] for _ in rows]
+    for b, g in zip(order, res):
+        gen[b] = g[: g.index(eos)] if eos is not None and eos in g else g
+    texts = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
+    return [texts[i * k:(i + 1) * k] for i in range(n)]
+
+
 def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *, decoding: str = "greedy",
                        seed: int = 0, max_new_tokens: int = 8, batch_size: int | None = None,
                        device: Any = None, start: str = "always") -> tuple[list[list[str]], np.ndarray]:
@@ -248,7 +407,7 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
     completion's first token (float64, shape ``(n, k)``; greedy: most probable first).
 
     ``start``: ``"always"`` (default) puts the start token first; ``"harness"`` only where the
-    tokenizer adds it itself (:func:`_prefixes`; used on chat-rendered prompts).
+    tokenizer adds it itself (:func:`_prompt_ids`; used on chat-rendered prompts).
 
     Greedy branches are continued with ``model.generate`` (greedy search, KV cache, left padding)
     for ``max_new_tokens - 1`` further tokens; sampled ones step by step (see the module
@@ -259,33 +418,19 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
     k = check_k(k)
     if decoding not in DECODINGS:
         raise ParameterError(f"decoding: must be one of {', '.join(DECODINGS)}, got {decoding!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ParameterError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
-    if decoding == "sample" and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise ParameterError(f"seed: must be a non-negative integer, got {seed!r}")
+    _check_generation(max_new_tokens, seed, decoding == "sample")
+    prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
     eos = getattr(tokenizer, "eos_token_id", None)
     dev = model_device(model, device)
     pad = pad_token_id(tokenizer)
     bs = default_batch_size(dev) if batch_size is None else batch_size
-    prefixes = _prefixes(model, tokenizer, prompts, max_new_tokens, start)
     n = len(prefixes)
 
     def batched(fn, seqs: list[list[int]]) -> list[Any]:
-        order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i))
-        res = run_batched(lambda batch: fn([seqs[i] for i in batch]), order, bs, device=dev)
-        out: list[Any] = [None] * len(seqs)
-        for i, v in zip(order, res):
-            out[i] = v
-        return out
+        return _batched(fn, seqs, bs, dev)
 
     def next_logp(batch: list[list[int]]) -> list[Any]:
-        """log_softmax (float32, CPU) of the next token after each sequence (right padding)."""
-        ids, att, *_ = pad_batch(batch, pad)
-        last = torch.tensor([len(s) - 1 for s in batch], dtype=torch.long, device=dev)
-        with torch.inference_mode():
-            logits = model(input_ids=ids.to(dev), attention_mask=att.to(dev), use_cache=False).logits
-            rows = logits[torch.arange(len(batch), device=dev), last]
-            return list(torch.log_softmax(rows.float(), dim=-1).cpu())
+        return _next_logp(model, pad, dev, batch)
 
     def greedy_more(batch: list[list[int]]) -> list[list[int]]:
         """``max_new_tokens - 1`` greedy tokens after each sequence (left padding, KV cache)."""
@@ -306,12 +451,10 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
 
     first = batched(next_logp, prefixes)
     if decoding == "sample":
-        streams = np.random.SeedSequence(int(seed)).spawn(n)
-        uniforms = [np.random.default_rng(s).random((k, max_new_tokens)) for s in streams]
+        uniforms = _uniforms(seed, n, k, max_new_tokens)
 
     def draw(row: Any, u: float) -> int:
-        cdf = np.cumsum(row.double().exp().numpy())
-        return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1))
+        return _draw(row.double().exp().numpy(), u)
 
     gen: list[list[int]] = []
     owner: list[int] = []

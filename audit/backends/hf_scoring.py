@@ -72,6 +72,8 @@ __all__ = [
     "causal_token_logprobs",
     "causal_prefix_id",
     "causal_start_id",
+    "check_start",
+    "prepends_start",
     "tokenizer_adds_start",
     "token_spans",
     "require_kind",
@@ -516,6 +518,22 @@ def tokenizer_adds_start(tokenizer: Any) -> bool:
     return bool(with_sp) and with_sp[0] == sid and (not without or without[0] != sid)
 
 
+def check_start(start: Any, what: str = "start") -> str:
+    """``start`` if it is one of :data:`START_MODES`, else :class:`ParameterError` naming ``what``."""
+    if start not in START_MODES:
+        raise ParameterError(f"{what}: {start!r} is not one of {', '.join(START_MODES)}")
+    return start
+
+
+def prepends_start(tokenizer: Any, start: str = "always") -> bool:
+    """Whether a non-empty context gets the start token (BOS, else EOS) put first: always with
+    ``start="always"``; with ``"harness"`` only where the tokenizer adds it by itself
+    (:func:`tokenizer_adds_start`; lm-evaluation-harness ``HFLM``). An empty context always gets
+    it under both rules (there is nothing else to predict the first token from)."""
+    check_start(start)
+    return causal_start_id(tokenizer) is not None and (start == "always" or tokenizer_adds_start(tokenizer))
+
+
 def _short(text: str, n: int = 80) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
@@ -559,8 +577,7 @@ def encode_requests(tokenizer: Any, requests: Sequence[tuple[str, str]], *,
     only when the prefix is empty or the tokenizer adds it by itself
     (lm-evaluation-harness ``HFLM.loglikelihood``).
     """
-    if start not in START_MODES:
-        raise ParameterError(f"start: {start!r} is not one of {', '.join(START_MODES)}")
+    check_start(start)
     norm: list[tuple[str, str]] = []
     for i, req in enumerate(requests):
         if not isinstance(req, (tuple, list)) or len(req) != 2:
@@ -575,7 +592,7 @@ def encode_requests(tokenizer: Any, requests: Sequence[tuple[str, str]], *,
     texts = list(dict.fromkeys(t for p, c in norm for t in ((p + c, p) if p else (c,))))
     table = dict(zip(texts, _token_ids(tokenizer, texts))) if texts else {}
     sid = causal_start_id(tokenizer)
-    prepend = sid is not None and (start == "always" or tokenizer_adds_start(tokenizer))
+    prepend = prepends_start(tokenizer, start)
     out: list[tuple[list[int], int]] = []
     for prefix, cont in norm:
         if prefix == "":
@@ -898,7 +915,7 @@ def continuation_loglik(model: Any, tokenizer: Any, requests: Sequence[tuple[str
 
 def causal_loglik(model: Any, tokenizer: Any, sentences: Sequence[str], *,
                   batch_size: int | None = None, device: Any = None, padding_side: str = "right",
-                  return_counts: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+                  return_counts: bool = False, start: str = "always") -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Log-likelihood of each sentence under a causal LM, given the start token.
 
     ``ll(s) = sum_{t=1..n} log P(x_t | start, x_1..x_{t-1})`` with ``x = tokenizer(s,
@@ -906,6 +923,9 @@ def causal_loglik(model: Any, tokenizer: Any, sentences: Sequence[str], *,
     ``loglikelihood("", s)`` (:func:`continuation_loglik` with an empty prefix). Every token of
     the sentence is scored; if the text already starts with the start token, that token is the
     context and is not scored (the harness does the same).
+
+    ``start`` (``"always"`` | ``"harness"``) is accepted for the families' uniform start-token
+    option; both rules put the start token before an empty context, so the numbers are the same.
 
     Returns float64 ``ll`` (and the number of scored tokens with ``return_counts=True``).
     """
@@ -916,7 +936,7 @@ def causal_loglik(model: Any, tokenizer: Any, sentences: Sequence[str], *,
             raise DataError(f"sentence {i} {s!r}: expected a non-empty string")
     try:
         ll, n = continuation_loglik(model, tokenizer, [("", s) for s in sentences], batch_size=batch_size,
-                                    device=device, padding_side=padding_side)
+                                    device=device, padding_side=padding_side, start=start)
     except DataError as e:  # name the sentence, not the request
         raise DataError(str(e).replace("request ", "sentence ", 1)) from None
     return (ll, n) if return_counts else ll

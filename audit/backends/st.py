@@ -138,10 +138,10 @@ class STModel:
         raise ModelError(f"model {self.ref!r} is a sentence-transformers embedding model (kind={KIND!r}); {what} "
                          "needs a masked LM or a causal LM")
 
-    def loglikelihood(self, requests, *, batch_size=None):
+    def loglikelihood(self, requests, *, batch_size=None, start="always"):
         self._no_lm("log-likelihood")
 
-    def loglikelihood_rolling(self, sentences, *, batch_size=None):
+    def loglikelihood_rolling(self, sentences, *, batch_size=None, start="always"):
         self._no_lm("rolling log-likelihood")
 
     def pair_pll(self, pairs, *, batch_size=None):
@@ -153,7 +153,12 @@ class STModel:
     def topk_fills(self, templates, k, *, slot="[M]", batch_size=None):
         self._no_lm("top-k fills")
 
-    def first_words(self, prompts, k, *, decoding="greedy", seed=0, max_new_tokens=8, batch_size=None):
+    def first_words(self, prompts, k, *, decoding="greedy", seed=0, max_new_tokens=8, batch_size=None,
+                    start="always"):
+        self._no_lm("generation")
+
+    def samples(self, prompts, k, *, seed=0, max_new_tokens=10, temperature=1.0, top_k=50, top_p=1.0,
+                batch_size=None, start="always"):
         self._no_lm("generation")
 
     def token_positions(self, text, spans):

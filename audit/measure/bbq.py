@@ -61,7 +61,8 @@ from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
 from audit.datasets.bbq import N_OPTIONS, select_items
 from audit.entries import Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
-from audit.measure.options import KINDS, option_table, options_family, score_options, variant
+from audit.measure.options import (START_TOKEN, KINDS, option_table, options_family, score_options, start_info,
+                                   start_token_of, variant)
 from audit.suites import MultipleChoice
 
 __all__ = ["PROMPTS", "DEFAULT_PROMPT", "TABLE_COLUMNS", "TRUNCATIONS", "PROTOCOLS", "HARNESS_TASKS", "HARNESS_UNKNOWN",
@@ -152,14 +153,14 @@ def fit_prompts(model: Any, prompts: Sequence[str], options: Sequence[Sequence[s
 
 
 def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_size: int | None = None,
-                      truncation: str = "none", start: str = "always") -> pd.DataFrame:
+                      truncation: str = "none", start_token: str = START_TOKEN) -> pd.DataFrame:
     """The measurement table (:data:`TABLE_COLUMNS`, plus ``words_cut``) of the items of
     ``table`` (a :class:`MultipleChoice` table) on a masked or causal LM.
 
     ``truncation="none"`` (default): an item longer than the model accepts is a
     :class:`DataError`; ``"left"``: its prompt loses leading words until it fits (lm-evaluation-
     harness keeps the last tokens of an over-long causal input the same way), counted in
-    ``words_cut``. ``start``: the causal start-token rule (:func:`audit.measure.options.score_options`)."""
+    ``words_cut``. ``start_token``: causal LMs' start-token rule (:mod:`audit.measure.options`)."""
     kind = getattr(hf_model, "kind", None)
     if kind not in KINDS:
         raise ModelError(f"model {getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={kind!r}; BBQ needs a "
@@ -172,7 +173,7 @@ def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_
     if truncation == "left":
         prompts, cut = fit_prompts(hf_model, prompts, options)
     sc, nt = score_options(hf_model, prompts, options, delimiter=DELIMITER, batch_size=batch_size, what="BBQ",
-                           start=start)
+                           start_token=start_token)
     sc, nt = sc.reshape(len(prompts), N_OPTIONS), nt.reshape(len(prompts), N_OPTIONS)
     meta = table[["item", "category", "subcategory", "question_polarity", "context_condition", "label", "unknown",
                   "target", "biased"]]
@@ -228,7 +229,7 @@ def harness_option_scores(hf_model: Any, table: pd.DataFrame, *, task: str, batc
     if truncation == "left":
         prompts, cut = fit_prompts(hf_model, prompts, choices)
     sc, nt = score_options(hf_model, prompts, choices, delimiter=DELIMITER, batch_size=batch_size, what="BBQ",
-                           start="harness")
+                           start_token="harness")
     n, k = sc.shape
     best = np.argmax(sc, axis=1)  # the harness: np.argmax over the choices' log-likelihoods
     own = np.asarray(owner, dtype=np.int64)
@@ -288,9 +289,8 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
                                       truncation=mp["truncation"])
     else:
         prompt = mp["prompt"] or default_prompt(test.language)
-        start = mp.get("start_token", "always")  # the causal families' start-token option, where the family has it
         table = bbq_option_scores(handle, items, prompt=prompt, batch_size=mp["batch_size"],
-                                  truncation=mp["truncation"], start=start)
+                                  truncation=mp["truncation"], start_token=start_token_of(mp))
         if "question_type" in items.columns:
             table["question_type"] = items["question_type"].to_numpy()
     return Measurement(family=CHOICES.name, table=table,
@@ -299,9 +299,8 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
                              "n_truncated": int((table["words_cut"] > 0).sum()),
                              "format": test.extra.get("format", ""),
                              "variant": variant(model.kind), "protocol": protocol, "harness_task": task,
-                             "start_token": ("harness" if protocol == "harness" else
-                                             "harness" if handle is not model.handle else
-                                             mp.get("start_token", "always") if model.kind == "causal" else "n/a"),
+                             "start_token": ("harness" if protocol == "harness" or handle is not model.handle else
+                                             start_token_of(mp) if model.kind == "causal" else "n/a"),
                              **chat_info(handle)})
 
 
@@ -314,7 +313,7 @@ def _method(kind: str, params: Mapping[str, Any]) -> str:
 CHOICES = options_family(
     "multiple_choice", "multiple_choice", measure_bbq,
     {"batch_size": None, "categories": None, "limit": None, "prompt": None, "truncation": "none",
-     "protocol": "item_options", **CHAT_PARAMS},
+     "protocol": "item_options", "start_token": START_TOKEN, **CHAT_PARAMS},
     "score of each answer option given the prompt: log-likelihood (causal LMs) or pseudo-log-likelihood of the "
     "answer's tokens (masked LMs)", method=_method,
 )

@@ -12,7 +12,8 @@ from audit.datasets.crows_pairs import REQUIRED_COLUMNS, select_pairs
 from audit.entries import Measurement, Metric
 from audit.errors import DataError, ModelError
 from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
-from audit.measure.options import KINDS, options_family, score_options, variant
+from audit.measure.options import (START_TOKEN, KINDS, options_family, score_options, start_info, start_token_of,
+                                   variant)
 from audit.suites import SentencePairs
 
 __all__ = ["TABLE_COLUMNS", "crows_pairs_scores"]
@@ -22,7 +23,8 @@ TABLE_COLUMNS = ("pair_id", "bias_type", "stereo_antistereo", "sent_more", "sent
                  "sent_more_score", "sent_less_score", "n_tokens_more", "n_tokens_less", "variant")
 
 
-def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | None = None) -> pd.DataFrame:
+def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | None = None,
+                       start_token: str = START_TOKEN) -> pd.DataFrame:
     """Score every pair with a masked LM (``masked_pll``) or a causal LM (``causal_ll``): the
     scored-options step (:func:`audit.measure.options.score_options`) on items of two options
     (``sent_more``, ``sent_less``), an empty context and the stereotyped sentence as gold.
@@ -33,6 +35,8 @@ def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | Non
         ``"mlm"`` or ``"causal"``.
     df : pairs as returned by :func:`load_crows_pairs`.
     batch_size : sequences per forward pass (default: 128 on CPU, 512 on CUDA, halved on CUDA OOM).
+    start_token : causal LMs' start-token rule (:mod:`audit.measure.options`); ``"always"`` and
+        ``"harness"`` give the same numbers here (an empty context gets the start token under both).
 
     Returns
     -------
@@ -55,7 +59,7 @@ def crows_pairs_scores(hf_model: Any, df: pd.DataFrame, *, batch_size: int | Non
     # two options, empty context; the stereotyped sentence (sent_more of a "stereo" pair, else sent_less) is gold
     gold = np.where((df["stereo_antistereo"] == "stereo").to_numpy(), 0, 1)
     sc, nt = score_options(hf_model, [""] * len(more), list(zip(more, less)), gold=gold, batch_size=batch_size,
-                           what="CrowS-Pairs")
+                           what="CrowS-Pairs", start_token=start_token)
     sc, nt = sc.reshape(len(more), 2), nt.reshape(len(more), 2)
     more_sc, less_sc = sc[:, 0], sc[:, 1]
     n_more, n_less = nt[:, 0], nt[:, 1]
@@ -78,14 +82,15 @@ def measure_pairs(model, test: SentencePairs, metric: Metric, mp: Mapping[str, A
     """Sentence scores of the selected pairs (:func:`crows_pairs_scores`)."""
     df = select_pairs(test.table, mp["bias_types"] or None, mp["limit"] or None)
     handle = chat_handle(model.handle, mp)
-    table = crows_pairs_scores(handle, df, batch_size=mp["batch_size"])
-    return Measurement(family=PAIR_SCORES.name, table=table, info=chat_info(handle))
+    table = crows_pairs_scores(handle, df, batch_size=mp["batch_size"], start_token=start_token_of(mp))
+    return Measurement(family=PAIR_SCORES.name, table=table, info={**start_info(model.kind, mp), **chat_info(handle)})
 
 
 #: Per-sentence scores of sentence pairs (the scored-options step, two options and no context): masked-LM
 #: pseudo-log-likelihood or causal log-likelihood.
 PAIR_SCORES = options_family(
-    "sentence_pairs", "pairs", measure_pairs, {"batch_size": None, "limit": None, "bias_types": None, **CHAT_PARAMS},
+    "sentence_pairs", "pairs", measure_pairs,
+    {"batch_size": None, "limit": None, "bias_types": None, "start_token": START_TOKEN, **CHAT_PARAMS},
     "score of each sentence of a pair: pseudo-log-likelihood (masked LMs, Salazar et al. 2020 as in Nangia et al. "
     "2020) or log-likelihood (causal LMs)",
 )

@@ -55,10 +55,12 @@ import numpy as np
 import pandas as pd
 
 from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
+from audit.backends.hf_scoring import check_start
 from audit.datasets.bias import parse_bias_lpbs
 from audit.datasets.templates import LPBS_USE, fill_lpbs, number_forms
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
+from audit.measure.options import START_TOKEN, start_info, start_token_of
 from audit.measure.words import set_names
 from audit.suites import WordTest
 
@@ -261,7 +263,8 @@ def causal_requests(sentence: str, target_span: tuple[int, int], attribute_span:
 
 
 def lpbs_scores(hf_model: Any, test: Any, *, batch_size: int | None = None,
-                forms: Sequence[str] | None = None, templates: Any = None) -> pd.DataFrame:
+                forms: Sequence[str] | None = None, templates: Any = None,
+                start_token: str = START_TOKEN) -> pd.DataFrame:
     """Measure step: ``log p_tgt``, ``log p_prior`` and ILP of every (target, attribute,
     template) of the test, with a masked LM (Kurita et al.) or a causal LM (the autoregressive
     form of the module docstring).
@@ -273,6 +276,8 @@ def lpbs_scores(hf_model: Any, test: Any, *, batch_size: int | None = None,
     batch_size : sequences per forward pass (default: 128 on CPU, 512 on CUDA, halved on CUDA OOM).
     forms : optional subset of template forms to use (``("singular",)`` = BIAS framework).
     templates : optional templates overriding the test's.
+    start_token : causal LMs' start-token rule, ``"always"`` (default) or ``"harness"``
+        (:mod:`audit.measure.options`); masked LMs: no effect.
 
     Returns
     -------
@@ -289,6 +294,7 @@ def lpbs_scores(hf_model: Any, test: Any, *, batch_size: int | None = None,
         or target and attribute sharing a token.
     """
 
+    check_start(start_token, "start_token")
     kind = getattr(hf_model, "kind", None)
     if kind not in ("mlm", "causal"):
         raise ModelError(f"model {getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={kind!r}; "
@@ -303,7 +309,7 @@ def lpbs_scores(hf_model: Any, test: Any, *, batch_size: int | None = None,
             raise DataError(f"test {design.name!r}: no template of form(s) {forms} has targets in both sets")
     rows = lpbs_sentences(design, forms=forms)
     if kind == "causal":
-        out = _causal_scores(hf_model, rows, batch_size)
+        out = _causal_scores(hf_model, rows, batch_size, start_token)
     else:
         out = _masked_scores(hf_model, rows, batch_size)
     out.attrs["design"] = {"name": design.name, "target_names": list(design.target_names),
@@ -328,7 +334,8 @@ def _token_counts(model: Any, rows: pd.DataFrame) -> tuple[list[int], list[int]]
     return n_t, n_a
 
 
-def _causal_scores(hf_model: Any, rows: pd.DataFrame, batch_size: int | None) -> pd.DataFrame:
+def _causal_scores(hf_model: Any, rows: pd.DataFrame, batch_size: int | None,
+                   start_token: str = START_TOKEN) -> pd.DataFrame:
     """Causal-LM columns of the LPBS table (module docstring): one target and one prior request
     per sentence, scored in one batched :func:`continuation_loglik` call."""
     n_t, n_a = _token_counts(hf_model, rows)
@@ -340,7 +347,7 @@ def _causal_scores(hf_model: Any, rows: pd.DataFrame, batch_size: int | None) ->
         prefixes.append(req[0])
         priors.append(prior[0])
     try:
-        ll, n = hf_model.loglikelihood(reqs, batch_size=batch_size)
+        ll, n = hf_model.loglikelihood(reqs, batch_size=batch_size, start=start_token)
     except DataError as e:
         raise DataError(f"LPBS: {e}") from None
     out = rows.drop(columns=["target_span", "attribute_span"]).copy()
@@ -380,8 +387,10 @@ def _masked_scores(hf_model: Any, rows: pd.DataFrame, batch_size: int | None) ->
 def measure_lpbs(model, test, metric: Metric, mp: Mapping[str, Any], ap: Mapping[str, Any]) -> Measurement:
     """The LPBS table of a test (:func:`lpbs_scores`)."""
     handle = chat_handle(model.handle, mp)
-    table = lpbs_scores(handle, test, batch_size=mp["batch_size"], forms=mp["forms"])
-    return Measurement(family=LPBS_SCORES.name, table=table, set_names=set_names(test), info=chat_info(handle))
+    table = lpbs_scores(handle, test, batch_size=mp["batch_size"], forms=mp["forms"],
+                        start_token=start_token_of(mp))
+    return Measurement(family=LPBS_SCORES.name, table=table, set_names=set_names(test),
+                       info={**start_info(model.kind, mp), **chat_info(handle)})
 
 
 def _needs_lpbs(test: WordTest) -> str | None:
@@ -400,7 +409,7 @@ LPBS_SCORES = Family(
     kinds=("mlm", "causal"),
     test_type="words",
     measure=measure_lpbs,
-    params={"batch_size": None, "forms": None, **CHAT_PARAMS},
+    params={"batch_size": None, "forms": None, "start_token": START_TOKEN, **CHAT_PARAMS},
     method=_method,
     needs=_needs_lpbs,
     description="masked LMs: log P(target | template with target masked) minus the prior with the "

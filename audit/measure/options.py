@@ -21,6 +21,14 @@ Conventions (:func:`score_options`)
     (``pair_pll``, as the CrowS-Pairs reference code orders it by ``stereo_antistereo``). Masked
     LMs with more than two options and an empty context are refused (no published convention).
 
+    *Start token* (causal LMs, parameter ``start_token`` of every causal family):
+    ``"always"`` (default) puts the start token (BOS, else EOS) first in every sequence;
+    ``"harness"`` follows lm-evaluation-harness (``HFLM``): only where the tokenizer adds one
+    itself (Llama, Mistral, Gemma: yes; GPT-2, Qwen2: no) or before an empty context, so
+    whole-sentence options (CrowS-Pairs) get it under both rules
+    (:func:`audit.backends.hf_scoring.prepends_start`). Masked LMs use their tokenizer's special
+    tokens; the parameter changes nothing there.
+
     Scores are float64 sums (not length-normalised; an analysis may normalise by ``n_tokens`` or
     ``n_chars``); the requests are sent option-major (all first options, then all second options,
     ...), one call per step, so batching is the engine's.
@@ -34,14 +42,24 @@ import numpy as np
 import pandas as pd
 
 from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
+from audit.backends.hf_scoring import START_MODES, check_start
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
 
-__all__ = ["KINDS", "score_options", "option_table", "variant", "options_family", "measure_option_items",
-           "OPTIONS"]
+__all__ = ["KINDS", "START_TOKENS", "START_TOKEN", "start_token_of", "start_info", "score_options",
+           "option_table", "variant", "options_family", "measure_option_items", "OPTIONS"]
 
 #: The model kinds the step scores on.
 KINDS = ("mlm", "causal")
+#: Values of the causal families' ``start_token`` parameter (module docstring), and its default.
+START_TOKENS = START_MODES
+START_TOKEN = "always"
+
+
+def start_token_of(mp: Mapping[str, Any]) -> str:
+    """The ``start_token`` measure parameter (default :data:`START_TOKEN`), checked:
+    :class:`ParameterError` naming it when it is not one of :data:`START_TOKENS`."""
+    return check_start(mp.get("start_token", START_TOKEN), "start_token")
 
 
 def variant(kind: str) -> str:
@@ -59,17 +77,17 @@ def _check_model(model: Any, what: str) -> str:
 
 def score_options(model: Any, contexts: Sequence[str], options: Sequence[Sequence[str]], *,
                   gold: Sequence[int] | None = None, delimiter: str = " ", batch_size: int | None = None,
-                  what: str = "scored options", start: str = "always") -> tuple[np.ndarray, np.ndarray]:
+                  what: str = "scored options", start_token: str = START_TOKEN) -> tuple[np.ndarray, np.ndarray]:
     """Score option ``j`` of item ``i`` (``options[i][j]``) given ``contexts[i]``: ``(scores, n_tokens)``,
     float64 and int64 arrays of shape ``(n_items, n_options)`` (module docstring for the conventions).
 
     Every item has the same number of options (>= 2); the contexts are all empty (whole-sentence
     options) or all non-empty. ``gold`` (per item, the index of the gold or stereotyped option) orders
     the two sentences of a masked-LM pair (default: option 0 first). ``what`` names the benchmark in
-    errors. ``start``: the causal start-token rule of options with a context
-    (:func:`audit.backends.hf_scoring.continuation_loglik`: ``"always"``, or ``"harness"`` as
-    lm-evaluation-harness); passed to the model only when it is not the default."""
+    errors. ``start_token``: the causal start-token rule (module docstring)."""
     kind = _check_model(model, what)
+    check_start(start_token, "start_token")
+    causal_kw = {"start": start_token} if kind == "causal" else {}
     n = len(options)
     if len(contexts) != n:
         raise DataError(f"{what}: {len(contexts)} contexts for {n} items")
@@ -87,11 +105,12 @@ def score_options(model: Any, contexts: Sequence[str], options: Sequence[Sequenc
                         "sentence options) or all non-empty")
     if not empty[0]:
         reqs = [(str(contexts[i]), delimiter + opts[i][j]) for i in range(n) for j in range(k)]
-        sc, nt = model.loglikelihood(reqs, batch_size=batch_size, **({"start": start} if start != "always" else {}))
+        sc, nt = model.loglikelihood(reqs, batch_size=batch_size, **causal_kw)
         return (np.asarray(sc, dtype=np.float64).reshape(n, k),
                 np.asarray(nt).astype(np.int64).reshape(n, k))
     elif kind == "causal":
-        sc, nt = model.loglikelihood_rolling([opts[i][j] for j in range(k) for i in range(n)], batch_size=batch_size)
+        sc, nt = model.loglikelihood_rolling([opts[i][j] for j in range(k) for i in range(n)], batch_size=batch_size,
+                                             **causal_kw)
     elif k == 2:
         g = np.zeros(n, dtype=np.int64) if gold is None else np.asarray(gold, dtype=np.int64)
         if not np.isin(g, (0, 1)).all():
@@ -153,11 +172,20 @@ def measure_option_items(model, test, metric: Metric, mp: Mapping[str, Any], ap:
     contexts = t["context"].fillna("").astype(str).tolist()
     handle = chat_handle(model.handle, mp, delimiter=mp["delimiter"])
     sc, nt = score_options(handle, contexts, options, gold=t["gold"].to_numpy(dtype=np.int64),
-                           delimiter=mp["delimiter"], batch_size=mp["batch_size"], what=test.name)
+                           delimiter=mp["delimiter"], batch_size=mp["batch_size"], what=test.name,
+                           start_token=start_token_of(mp))
     meta = t[[c for c in t.columns if c not in cols and c != "context"]]
     return Measurement(family=OPTIONS.name, table=option_table(meta, options, sc, nt),
                        info={"n_options": k, "variant": variant(model.kind), "language": test.language,
-                             **chat_info(handle)})
+                             **start_info(model.kind, mp), **chat_info(handle)})
+
+
+def start_info(kind: str, mp: Mapping[str, Any]) -> dict[str, str]:
+    """The start-token rule as measurement info (recorded in provenance): causal LMs only; a chat
+    template's rendered turns follow the harness's rule (:mod:`audit.backends.chat`)."""
+    if kind != "causal":
+        return {}
+    return {"start_token": "harness" if mp.get("chat_template") else start_token_of(mp)}
 
 
 def options_family(name: str, test_type: str, measure: Callable[..., Measurement], params: Mapping[str, Any],
@@ -175,7 +203,7 @@ def options_family(name: str, test_type: str, measure: Callable[..., Measurement
 #: Scores of the options of any :class:`audit.suites.OptionItems` test.
 OPTIONS = options_family(
     "scored_options", "options", measure_option_items,
-    {"batch_size": None, "limit": None, "delimiter": " ", **CHAT_PARAMS},
+    {"batch_size": None, "limit": None, "delimiter": " ", "start_token": START_TOKEN, **CHAT_PARAMS},
     "score of each option of each item given its context: log-likelihood (causal LMs) or pseudo-log-likelihood "
     "(masked LMs), audit.measure.options")
 
