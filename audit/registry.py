@@ -48,7 +48,7 @@ from audit.measure.bbq_generate import GENERATED
 from audit.measure.crows_pairs import PAIR_SCORES
 from audit.measure.honest import COMPLETIONS, PROTOCOLS as HONEST_PROTOCOLS
 from audit.measure.lpbs import LPBS_SCORES
-from audit.measure.options import START_TOKENS
+from audit.backends.hf_scoring import check_start
 from audit.measure.perplexity import PERPLEXITY, perplexity_metric
 from audit.measure.sentences import SEAT_SENTENCES
 from audit.measure.words import ASSOCIATION
@@ -652,7 +652,7 @@ _OWN_CHECKS: dict[str, Callable[[Any], Any]] = {
     "decoding": _one_of("decoding", DECODINGS), "truncation": _one_of("truncation", TRUNCATIONS),
     "length_norm": _one_of("length_norm", LENGTH_NORMS), "category_rule": _one_of("category_rule", CATEGORY_RULES),
     "ci_method": _one_of("ci_method", CI_METHODS), "hurtlex_level": _one_of("hurtlex_level", HURTLEX_LEVELS),
-    "group_count": _one_of("group_count", GROUP_COUNTS), "start_token": _one_of("start_token", START_TOKENS),
+    "group_count": _one_of("group_count", GROUP_COUNTS), "start_token": lambda v: check_start(v, "start_token"),
 }
 
 #: Choices whose name means different things in different families (a BBQ ``protocol`` is not a

@@ -194,7 +194,7 @@ def test_protocol_parameters_are_checked(gpt2, small_test):
                      language="en")
     with pytest.raises(ParameterError, match="start_token: 'sometimes' is not one of always, harness"):
         runner.score(gpt2, small_test, "honest", {**base, "start_token": "sometimes"}, language="en")
-    with pytest.raises(ParameterError, match="top_k: must be a non-negative integer"):
+    with pytest.raises(ParameterError, match="parameter top_k of metric 'honest': must be >= 0, got -1"):
         runner.score(gpt2, small_test, "honest", {**base, "protocol": "official", "top_k": -1}, language="en")
 
 

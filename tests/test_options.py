@@ -90,13 +90,13 @@ def test_option_items_are_checked_before_scoring():
 
 
 def test_start_rule_reaches_the_model(models):
-    """``start="harness"``: the continuation scored without the start token GPT-2's tokenizer does
+    """``start_token="harness"``: the continuation scored without the start token GPT-2's tokenizer does
     not add (lm-evaluation-harness's ``HFLM``); the default puts it first, so the scores differ."""
     from audit.backends.hf_scoring import continuation_loglik
 
     m = models["causal"]
     ctx = ["Q: who is it?\nA:", "Q: what happened?\nA:"]
-    sc, _ = score_options(m, ctx, OPTIONS, start="harness")
+    sc, _ = score_options(m, ctx, OPTIONS, start_token="harness")
     want, _ = continuation_loglik(m.model, m.tokenizer, [(c, " " + o) for c, row in zip(ctx, OPTIONS) for o in row],
                                   start="harness")
     np.testing.assert_allclose(sc.ravel(), want, rtol=0, atol=1e-6)
