@@ -15,10 +15,10 @@ import shlex
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
-from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from audit import registry, schema
-from audit.errors import ParameterError
+from audit.errors import DataError, ParameterError
 from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, validate
 from jobs.uris import resolve_tracking_uri, store_identity
 from jobs.validators import (
@@ -48,10 +48,6 @@ _TOP_FIELDS = {
 }
 _NOTIFY_FIELDS = {"command", "url", "timeout"}
 _AUDIT_FIELDS = {"spec", "overrides", "model"}
-_ENTRY_FIELDS = {
-    "repo", "author", "local", "search", "limit", "branch", "revisions", "layout", "order", "file",
-    "settle", "audit", "model",
-}
 _SOURCE_KEYS = ("repo", "author", "local")
 _LAYOUTS = ("revisions", "digest")
 _ORDERS = ("mtime", "name")
@@ -315,58 +311,86 @@ def _model_fields(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
     return d
 
 
-def _entry(ctx: Ctx, i: int, v: Any, default: AuditTemplate, hub_branch: str) -> WatchEntry:
-    path = f"watch[{i}]"
-    if isinstance(v, str):
-        v = {"repo": v}
-    d = mapping(ctx, path, v, _ENTRY_FIELDS)
-    kinds = [k for k in _SOURCE_KEYS if d.get(k) is not None]
-    if len(kinds) != 1:
-        raise ctx.data(path, f"give exactly one of {', '.join(_SOURCE_KEYS)} (got {kinds or 'none'})")
-    kind = kinds[0]
-    target = string(ctx, f"{path}.{kind}", d[kind])
-    if kind == "repo":
-        from huggingface_hub.utils import HFValidationError, validate_repo_id
+def _hub_id(repo: str) -> str:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-        try:
-            validate_repo_id(target)
-        except HFValidationError as e:
-            raise ctx.param(f"{path}.repo", f"{target!r} is not a hub repository id: {str(e).splitlines()[0]}") from None
-        for k in ("search", "limit"):
-            if d.get(k) is not None:
-                raise ctx.param(f"{path}.{k}", "applies to `author` and `local` entries, not to an exact `repo`")
-    local_only = ("layout", "order", "file", "settle")
-    if kind != "local":
-        for k in local_only:
-            if d.get(k) is not None:
-                raise ctx.param(f"{path}.{k}", "applies to `local` entries only")
-    elif d.get("branch") is not None:
-        raise ctx.param(f"{path}.branch", "applies to hub entries only")
-    search = string(ctx, f"{path}.search", d["search"]) if d.get("search") is not None else None
-    limit = integer(ctx, f"{path}.limit", d["limit"], minimum=1) if d.get("limit") is not None else 50
-    branch = string(ctx, f"{path}.branch", d["branch"]) if d.get("branch") is not None else (hub_branch if kind != "local" else None)
-    revisions = integer(ctx, f"{path}.revisions", d["revisions"], minimum=1) if d.get("revisions") is not None else 1
-    layout = d.get("layout") or "revisions"
-    if layout not in _LAYOUTS:
-        raise ctx.param(f"{path}.layout", f"unknown layout {layout!r}{suggest(layout, _LAYOUTS)}; known: {', '.join(_LAYOUTS)}")
-    if layout == "digest" and revisions != 1:
-        raise ctx.param(f"{path}.revisions", "a `digest` layout has one revision (the folder's current content)")
-    order = d.get("order") or "mtime"
-    if order not in _ORDERS:
-        raise ctx.param(f"{path}.order", f"unknown order {order!r}; known: {', '.join(_ORDERS)}")
-    file = string(ctx, f"{path}.file", d["file"]) if d.get("file") is not None else None
-    if file is not None and (Path(file).is_absolute() or ".." in Path(file).parts):
-        raise ctx.param(f"{path}.file", f"{file!r}: give a file name inside the model folder")
-    settle = number(ctx, f"{path}.settle", d["settle"]) if d.get("settle") is not None else 0.0
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        raise Refused(f"{repo!r} is not a hub repository id: {str(e).splitlines()[0]}") from None
+    return repo
+
+
+def _inside(file: str) -> str:
+    if Path(file).is_absolute() or ".." in Path(file).parts:
+        raise Refused(f"{file!r}: give a file name inside the model folder")
+    return file
+
+
+class EntryFields(Section):
+    """The fields of one ``watch[i]`` entry (see :class:`WatchEntry`; a string is ``{repo: <string>}``):
+    exactly one of ``repo``, ``author``, ``local``; the fields that apply to another kind of entry
+    refused, naming the field."""
+
+    repo: Annotated[Text, AfterValidator(_hub_id)] | None = None
+    author: Text | None = None
+    local: Text | None = None
+    search: Text | None = None
+    limit: Int(1) | None = None
+    branch: Text | None = None
+    layout: OneOf("layout", _LAYOUTS) | None = None
+    revisions: Int(1) | None = None
+    order: OneOf("order", _ORDERS) | None = None
+    file: Annotated[Text, AfterValidator(_inside)] | None = None
+    settle: Num() | None = None
+    audit: Any = None
+    model: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, d: Any) -> Any:
+        kinds = [k for k in _SOURCE_KEYS if isinstance(d, Mapping) and d.get(k) is not None]
+        if isinstance(d, Mapping) and len(kinds) != 1:
+            raise DataError(f"give exactly one of {', '.join(_SOURCE_KEYS)} (got {kinds or 'none'})")
+        return d
+
+    @field_validator("search", "limit", "branch", "layout", "order", "file", "settle", mode="before")
+    @classmethod
+    def _applies(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is None:
+            return v
+        if info.field_name in ("search", "limit") and info.data.get("repo") is not None:
+            raise Refused("applies to `author` and `local` entries, not to an exact `repo`")
+        if info.field_name == "branch" and info.data.get("local") is not None:
+            raise Refused("applies to hub entries only")
+        if info.field_name in ("layout", "order", "file", "settle") and info.data.get("local") is None:
+            raise Refused("applies to `local` entries only")
+        return v
+
+    @field_validator("revisions")
+    @classmethod
+    def _one_digest(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if info.data.get("layout") == "digest" and v not in (None, 1):
+            raise Refused("a `digest` layout has one revision (the folder's current content)")
+        return v
+
+
+def _entry(ctx: Ctx, i: int, v: Any, default: AuditTemplate, hub_branch: str) -> WatchEntry:
+    """``watch[i]`` (:class:`EntryFields`) as a :class:`WatchEntry` with its audit template."""
+    path = f"watch[{i}]"
+    f = validate(EntryFields, {"repo": v} if isinstance(v, str) else v, ctx.source, path)
+    kind = next(k for k in _SOURCE_KEYS if getattr(f, k) is not None)
     audit = default
-    if d.get("audit") is not None:
-        audit = _audit(ctx, f"{path}.audit", d["audit"], default)
-    if d.get("model") is not None:
-        audit = dataclasses.replace(audit, model={**audit.model, **_model_fields(ctx, f"{path}.model", d["model"])})
+    if f.audit is not None:
+        audit = _audit(ctx, f"{path}.audit", f.audit, default)
+    if f.model is not None:
+        audit = dataclasses.replace(audit, model={**audit.model, **_model_fields(ctx, f"{path}.model", f.model)})
     if audit.spec is None and not audit.overrides:
         raise ctx.data(f"{path}.audit", "no audit to run: set `audit.spec` (a sweep spec template) at the top or here")
-    return WatchEntry(kind=kind, target=target, search=search, limit=limit, branch=branch, revisions=revisions,
-                      layout=layout, order=order, file=file, settle=settle, audit=audit, where=path)
+    return WatchEntry(kind=kind, target=getattr(f, kind), search=f.search, limit=f.limit or 50,
+                      branch=f.branch or (hub_branch if kind != "local" else None), revisions=f.revisions or 1,
+                      layout=f.layout or "revisions", order=f.order or "mtime", file=f.file,
+                      settle=float(f.settle) if f.settle is not None else 0.0, audit=audit, where=path)
 
 
 def _backoff(ctx: Ctx, v: Any) -> Backoff:
@@ -467,5 +491,5 @@ def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | 
 
 
 __all__ = ["SPEC_ENV", "DEFAULT_ENTRYPOINT", "AuditTemplate", "WatchEntry", "RaySubmit", "WatchSpec", "Notify",
-           "RegressionSpec",
+           "RegressionSpec", "EntryFields",
            "deep_merge", "parse_watch_spec", "load_watch_spec"]
