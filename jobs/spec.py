@@ -40,7 +40,11 @@ that differs between a laptop and the cluster); an unset variable without defaul
 naming the field, and so is a variable that holds a secret (``HF_TOKEN``, ``*_PASSWORD`` ...)
 anywhere but ``tracking.uri``.
 
-The checks themselves (YAML loading, variables, typed fields, suggestions) are the shared ones of
+Each entry is a typed model of :mod:`audit.schema` (the top level :class:`SpecFields`, ``models[i]``
+:class:`ModelFields`, its ``build`` :class:`BuildSpec`, ``metrics[i]`` :class:`MetricFields`,
+``ray`` :class:`RaySpec`, ``multiple_comparisons`` :class:`MultipleComparisons`), refused in the
+vocabulary's one-line words; what is left to code are rules across entries (duplicate names) and
+``mitigation`` (:func:`_mitigation`). YAML loading and variables are the shared ones of
 :mod:`jobs.validators`, also used by the watch spec (:mod:`jobs.watch.spec`). ``read_yaml``,
 ``expand_env`` and ``default_tracking_uri`` are importable from here as before.
 """
@@ -325,7 +329,7 @@ class SweepSpec:
 
 
 # --------------------------------------------------------------------------------------
-# Validation (the typed checkers are the shared ones of jobs.validators)
+# Validation (typed models of audit.schema; shared field types from jobs.validators)
 # --------------------------------------------------------------------------------------
 
 

@@ -1,7 +1,10 @@
 """Validation of YAML specs, shared by the sweep spec (:mod:`jobs.spec`) and the watch spec
-(:mod:`jobs.watch.spec`): one rule, one place. The typed field checkers (``string``,
-``boolean``, ``integer``, ``number``) validate through the vocabulary of :mod:`audit.schema`
-(pydantic types, one error formatter), as the typed sections (``ray:``, ``backoff:`` ...) do.
+(:mod:`jobs.watch.spec`): one rule, one place. The specs' entries (``models[i]``, ``build``,
+``metrics[i]``, ``watch[i]``, the sweep's top level) and sections (``ray:``, ``backoff:`` ...) are
+typed models of :mod:`audit.schema`'s vocabulary (pydantic types, one error formatter); the
+field types they share (:data:`Name`, :data:`Strings`, :data:`PlainValues`) are declared here, and
+the few checkers left for fields outside a model (``string``, ``integer``, ``number``) validate
+through the same types.
 
 Every check raises an :class:`audit.errors.AuditError` whose message is one line,
 ``<file>: <field path>: <problem>``:
@@ -21,8 +24,9 @@ The pieces (all public):
 ``expand_env(data, source, env=, ...)``   ``${VAR}`` / ``${VAR:-default}`` in every string
 ``is_secret_name(name)``                  the names ``expand_env`` refuses to interpolate
 ``suggest(word, choices)``                `` (did you mean 'x'?)`` or ``""``
-``check_fields`` ``mapping`` ``string`` ``given`` ``boolean`` ``integer`` ``number``
-``str_list`` ``plain_values`` ``name``    typed field checkers
+``Name`` ``Strings`` ``PlainValues``      field types (:mod:`audit.schema` pieces) of both specs' models
+``check_fields`` ``mapping`` ``string`` ``given`` ``integer`` ``number``
+``plain_values`` ``name``                 checkers of the fields not yet in a model, over the same types
 ``first_line(exc)``                       the first line of an exception's message
 """
 
@@ -275,11 +279,6 @@ def name(ctx: Ctx, path: str, v: Any) -> str:
     return schema.check(Name, v, ctx.source, path)
 
 
-def boolean(ctx: Ctx, path: str, v: Any) -> bool:
-    """``true`` or ``false`` (not ``yes``, ``1`` or ``"true"``): :data:`audit.schema.Flag`."""
-    return schema.check(schema.Flag, v, ctx.source, path)
-
-
 def integer(ctx: Ctx, path: str, v: Any, *, minimum: int | None = None) -> int:
     """An integer (not a bool, not ``1.0``), at least ``minimum``: :func:`audit.schema.Int`."""
     return schema.check(schema.Int(minimum), v, ctx.source, path)
@@ -296,11 +295,6 @@ def number(ctx: Ctx, path: str, v: Any, *, minimum: float = 0.0, strict: bool = 
     return float(schema.check(schema.Num(float(minimum), strict=strict), v, ctx.source, path))
 
 
-def str_list(ctx: Ctx, path: str, v: Any) -> tuple[str, ...]:
-    """A non-empty list of non-empty strings (a single string is a list of one): :data:`Strings`."""
-    return schema.check(Strings, v, ctx.source, path)
-
-
 def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
     """A mapping (``None``: empty) whose values are plain JSON: :data:`PlainValues`."""
     if v is None:
@@ -310,7 +304,7 @@ def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
 
 __all__ = ["Ctx", "suggest", "first_line", "parse_yaml", "read_yaml", "ENV_VAR_RE", "SECRET_OK_FIELDS",
            "is_secret_name", "expand_env", "NAME_RE", "check_fields", "mapping", "given", "string", "name",
-           "boolean", "integer", "number", "str_list", "plain_values", "Tracking", "tracking", "Name", "Strings",
+           "integer", "number", "plain_values", "Tracking", "tracking", "Name", "Strings",
            "PlainValues", "as_list"]
 
 

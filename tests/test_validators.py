@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from audit import schema
 from audit.errors import DataError, ParameterError
 from audit.naming import natural_key
 from jobs import validators as V
@@ -40,7 +41,7 @@ def test_typed_checkers_name_file_and_field_and_pick_the_error_class():
         V.mapping(V.Ctx(""), "", [1])
     with pytest.raises(ParameterError, match=r"'a b': use letters, digits"):
         V.name(ctx, "name", "a b")
-    assert V.str_list(ctx, "t", "weat1") == ("weat1",) and V.string(ctx, "s", None, allow_none=True) is None
+    assert schema.check(V.Strings, "weat1") == ("weat1",) and V.string(ctx, "s", None, allow_none=True) is None
     assert not V.given("  ") and not V.given(None) and V.given(0)
     with pytest.raises(DataError, match=r"p\.k: value nan is not a plain number"):
         V.plain_values(ctx, "p", {"k": float("nan")})

@@ -1,7 +1,8 @@
 """The watch spec: what to watch, which audit to run on it, where to submit it.
 
-Validated with the shared checkers of :mod:`jobs.validators` (the same rules, messages and error
-classes as the sweep spec); every error names the file and the field.
+Validated with the vocabulary of :mod:`audit.schema` (the same rules, messages and error classes as
+the sweep spec): ``watch[i]`` is :class:`EntryFields`, ``ray``/``hub``/``backoff``/``regression`` have
+their models; every error names the file and the field.
 """
 
 from __future__ import annotations
