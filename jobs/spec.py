@@ -74,6 +74,8 @@ from jobs.validators import (
     Strings,
     as_list,
     check_fields,
+    named,
+    non_empty,
     expand_env,
     location_overrides,
     mapping,
@@ -467,18 +469,6 @@ class MetricFields(Section):
     tests: Strings | None = None
 
 
-def _non_empty(what: str) -> Any:
-    def a_list(v: Any) -> Any:
-        if not isinstance(v, list) or not v:
-            raise DataError(f"expected a non-empty list of {what}, got {v!r}")
-        return v
-    return BeforeValidator(a_list)
-
-
-def _named(key: str) -> Any:
-    return BeforeValidator(lambda v: {key: v} if isinstance(v, str) else v)
-
-
 class SpecFields(Section):
     """The top level of a sweep spec (the module docstring lists the fields). ``tracking``,
     ``ray``, ``multiple_comparisons`` and ``tags`` are sections with models of their own."""
@@ -488,8 +478,8 @@ class SpecFields(Section):
     seed: Int(0) | None = None
     output_dir: Text | None = None
     tracking: Any = None
-    models: Annotated[tuple[Annotated[ModelFields, _named("ref")], ...], _non_empty("models"), Field(strict=False)]
-    metrics: Annotated[tuple[Annotated[MetricFields, _named("name")], ...], _non_empty("metrics"),
+    models: Annotated[tuple[Annotated[ModelFields, named("ref")], ...], non_empty("models"), Field(strict=False)]
+    metrics: Annotated[tuple[Annotated[MetricFields, named("name")], ...], non_empty("metrics"),
                        Field(strict=False)]
     tests: Strings | None = None
     languages: Languages | None = None

@@ -272,6 +272,22 @@ def _plain(x: Any) -> Any:
 PlainValues = dict[str, Annotated[Any, AfterValidator(_plain)]]
 
 
+def non_empty(what: str) -> Any:
+    """A field's check (a :class:`pydantic.BeforeValidator`) that it holds a non-empty list
+    (``models``, ``metrics``, ``watch``), refused as ``expected a non-empty list of <what>, got x``."""
+    def a_list(v: Any) -> Any:
+        if not isinstance(v, list) or not v:
+            raise DataError(f"expected a non-empty list of {what}, got {v!r}")
+        return v
+    return BeforeValidator(a_list)
+
+
+def named(key: str) -> Any:
+    """A list item's reading (a :class:`pydantic.BeforeValidator`): a string ``s`` is ``{key: s}``
+    (``models: [glove]``, ``watch: [org/model]``)."""
+    return BeforeValidator(lambda v: {key: v} if isinstance(v, str) else v)
+
+
 def name(ctx: Ctx, path: str, v: Any) -> str:
     """A name (:data:`Name`)."""
     if isinstance(v, str) and not v.strip():
@@ -305,7 +321,7 @@ def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
 __all__ = ["Ctx", "suggest", "first_line", "parse_yaml", "read_yaml", "ENV_VAR_RE", "SECRET_OK_FIELDS",
            "is_secret_name", "expand_env", "NAME_RE", "check_fields", "mapping", "given", "string", "name",
            "integer", "number", "plain_values", "Tracking", "tracking", "Name", "Strings",
-           "PlainValues", "as_list"]
+           "PlainValues", "as_list", "non_empty", "named"]
 
 
 def _known_store(uri: str | None) -> str | None:

@@ -128,6 +128,8 @@ SAME_WORDS = [
          ("DataError", "s.yaml: models[1].build.dim: expected an integer, got 'x'")),
         (lambda: parse_watch_spec(_watch({**LOCAL, "revisions": "x"}), "w.yaml"),
          ("DataError", "w.yaml: watch[1].revisions: expected an integer, got 'x'")),
+        (lambda: parse_watch_spec({**_watch("a/b"), "max_attempts": "x"}, "w.yaml"),
+         ("DataError", "w.yaml: max_attempts: expected an integer, got 'x'")),
         (lambda: parse_spec(_sweep(seed="x"), "s.yaml"), ("DataError", "s.yaml: seed: expected an integer, got 'x'"))]),
     ("a count below its minimum", [
         (lambda: parse_spec(_sweep({**BUILD, "build": {"kind": "fasttext", "epoch": 0}}), "s.yaml"),
@@ -182,7 +184,7 @@ def test_models_build_metrics_and_watch_entries_refuse_in_the_same_words(what, c
 
 def test_unknown_fields_read_the_same_in_models_build_metrics_watch_and_the_top_level():
     from jobs.spec import BuildSpec, MetricFields, ModelFields, SpecFields
-    from jobs.watch.spec import EntryFields
+    from jobs.watch.spec import EntryFields, WatchFields
 
     cases = [(lambda: parse_spec(_sweep({"batch_size": 2}), "s.yaml"), "s.yaml: models[1].batch_size", ModelFields),
              (lambda: parse_spec(_sweep({**BUILD, "build": {"kind": "fasttext", "dimm": 8}}), "s.yaml"),
@@ -191,10 +193,12 @@ def test_unknown_fields_read_the_same_in_models_build_metrics_watch_and_the_top_
               MetricFields),
              (lambda: parse_spec(_sweep(seeed=1), "s.yaml"), "s.yaml: seeed", SpecFields),
              (lambda: parse_watch_spec(_watch({"repo": "a/b", "limt": 1}), "w.yaml"), "w.yaml: watch[1].limt",
-              EntryFields)]
+              EntryFields),
+             (lambda: parse_watch_spec({**_watch("a/b"), "intervall": 60}, "w.yaml"), "w.yaml: intervall", WatchFields)]
     for fn, where, model in cases:
         cls, line = _refusal(fn)
         assert cls == "DataError" and line.startswith(f"{where}: unknown field")
         assert line.endswith("; allowed fields: " + ", ".join(sorted(model.model_fields))), line
     assert "(did you mean 'dim'?)" in _refusal(cases[1][0])[1] and "(did you mean 'seed'?)" in _refusal(cases[3][0])[1]
     assert "(did you mean 'limit'?)" in _refusal(cases[4][0])[1]
+    assert "(did you mean 'interval'?)" in _refusal(cases[5][0])[1]

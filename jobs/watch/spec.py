@@ -1,7 +1,7 @@
 """The watch spec: what to watch, which audit to run on it, where to submit it.
 
 Validated with the vocabulary of :mod:`audit.schema` (the same rules, messages and error classes as
-the sweep spec): ``watch[i]`` is :class:`EntryFields`, ``ray``/``hub``/``backoff``/``regression`` have
+the sweep spec): the top level is :class:`WatchFields`, ``watch[i]`` :class:`EntryFields`, ``ray``/``hub``/``backoff``/``regression`` have
 their models; every error names the file and the field.
 """
 
@@ -26,14 +26,14 @@ from jobs.validators import (
     Ctx,
     expand_env,
     given,
-    integer,
+    Name,
     location_overrides,
     mapping,
-    name,
+    named,
+    non_empty,
     number,
     read_yaml,
     string,
-    suggest,
     tracking,
 )
 from jobs.watch.backoff import Backoff
@@ -43,10 +43,6 @@ SPEC_ENV = "BIASAUDIT_SWEEP_SPEC"
 #: What a submitted job runs unless the watch spec sets ``ray.entrypoint``.
 DEFAULT_ENTRYPOINT = f"python -m jobs.watch --run-spec-env {SPEC_ENV} --no-progress"
 
-_TOP_FIELDS = {
-    "name", "description", "output_dir", "interval", "max_attempts", "backoff", "tracking",
-    "sweep_output_dir", "hub", "ray", "audit", "watch", "regression", "notify",
-}
 _NOTIFY_FIELDS = {"command", "url", "timeout"}
 _AUDIT_FIELDS = {"spec", "overrides", "model"}
 _SOURCE_KEYS = ("repo", "author", "local")
@@ -376,10 +372,9 @@ class EntryFields(Section):
         return v
 
 
-def _entry(ctx: Ctx, i: int, v: Any, default: AuditTemplate, hub_branch: str) -> WatchEntry:
-    """``watch[i]`` (:class:`EntryFields`) as a :class:`WatchEntry` with its audit template."""
+def _entry(ctx: Ctx, i: int, f: EntryFields, default: AuditTemplate, hub_branch: str) -> WatchEntry:
+    """``watch[i]`` (validated as ``f``) as a :class:`WatchEntry` with its audit template."""
     path = f"watch[{i}]"
-    f = validate(EntryFields, {"repo": v} if isinstance(v, str) else v, ctx.source, path)
     kind = next(k for k in _SOURCE_KEYS if getattr(f, k) is not None)
     audit = default
     if f.audit is not None:
@@ -392,6 +387,28 @@ def _entry(ctx: Ctx, i: int, v: Any, default: AuditTemplate, hub_branch: str) ->
                       branch=f.branch or (hub_branch if kind != "local" else None), revisions=f.revisions or 1,
                       layout=f.layout or "revisions", order=f.order or "mtime", file=f.file,
                       settle=float(f.settle) if f.settle is not None else 0.0, audit=audit, where=path)
+
+
+class WatchFields(Section):
+    """The top level of a watch spec (:mod:`jobs.watch` lists the fields); ``watch[i]`` is
+    :class:`EntryFields`; ``backoff``, ``tracking``, ``hub``, ``ray``, ``audit``, ``regression``
+    and ``notify`` are sections read by their own functions."""
+
+    name: Name
+    description: Annotated[str, Field(strict=True)] | None = None
+    output_dir: Text | None = None
+    interval: Num(0.0, strict=True) | None = None
+    max_attempts: Int(1) | None = None
+    backoff: Any = None
+    tracking: Any = None
+    sweep_output_dir: Text | None = None
+    hub: Any = None
+    ray: Any = None
+    audit: Any = None
+    watch: Annotated[tuple[Annotated[EntryFields, named("repo")], ...], non_empty("repositories or folders"),
+                     Field(strict=False)]
+    regression: Any = None
+    notify: Any = None
 
 
 def _backoff(ctx: Ctx, v: Any) -> Backoff:
@@ -440,40 +457,29 @@ def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
     ctx = Ctx(source, "<watch spec>")
     if data is None:
         raise ctx.data("", "the watch spec is empty")
-    d = mapping(ctx, "", data, _TOP_FIELDS)
-    if "name" not in d:
-        raise ctx.data("name", "missing required field")
-    watch_name = name(ctx, "name", d["name"])
-    out = Path(string(ctx, "output_dir", d["output_dir"])) if d.get("output_dir") is not None else Path("out") / "watch" / watch_name
-    interval = number(ctx, "interval", d["interval"], strict=True) if d.get("interval") is not None else 3600.0
-    max_attempts = integer(ctx, "max_attempts", d["max_attempts"], minimum=1) if d.get("max_attempts") is not None else 2
-    backoff = _backoff(ctx, d["backoff"]) if d.get("backoff") is not None else Backoff()
+    d = {k: (None if k == "sweep_output_dir" and not given(x) else x) for k, x in mapping(ctx, "", data).items()}
+    f = validate(WatchFields, d, ctx.source)
+    backoff = _backoff(ctx, f.backoff) if f.backoff is not None else Backoff()
     uri = experiment = None
-    if d.get("tracking") is not None:
-        t = tracking(ctx, d["tracking"])
+    if f.tracking is not None:
+        t = tracking(ctx, f.tracking)
         uri, experiment = t.uri, t.experiment
-    sweep_out = string(ctx, "sweep_output_dir", d["sweep_output_dir"]) if given(d.get("sweep_output_dir")) else None
-    h = {k: x for k, x in mapping(ctx, "hub", d["hub"]).items() if x is not None} if d.get("hub") is not None else {}
+    h = {k: x for k, x in mapping(ctx, "hub", f.hub).items() if x is not None} if f.hub is not None else {}
     if not given(h.get("endpoint")):
         h.pop("endpoint", None)
     hub = validate(HubFields, h, ctx.source, "hub")
-    endpoint, branch, timeout = hub.endpoint, hub.branch, hub.timeout
-    ray = _ray(ctx, d["ray"]) if d.get("ray") is not None else RaySubmit()
-    default = _audit(ctx, "audit", d["audit"]) if d.get("audit") is not None else AuditTemplate()
-    if "watch" not in d:
-        raise ctx.data("watch", "missing required field (the repositories or folders to watch)")
-    if not isinstance(d["watch"], list) or not d["watch"]:
-        raise ctx.data("watch", f"expected a non-empty list, got {d['watch']!r}")
-    entries = tuple(_entry(ctx, i, e, default, branch) for i, e in enumerate(d["watch"]))
-    regression = _regression(ctx, d["regression"]) if d.get("regression") is not None else None
-    notify = _notify(ctx, "notify", d["notify"]) if d.get("notify") is not None else None
-    description = d.get("description") or ""
-    if not isinstance(description, str):
-        raise ctx.data("description", f"expected text, got {description!r}")
-    return WatchSpec(name=watch_name, entries=entries, output_dir=out, interval=interval, max_attempts=max_attempts,
-                     backoff=backoff, tracking_uri=uri, experiment=experiment, sweep_output_dir=sweep_out,
-                     hub_endpoint=endpoint, hub_branch=branch, hub_timeout=timeout, ray=ray,
-                     description=description, source=source, regression=regression, notify=notify)
+    ray = _ray(ctx, f.ray) if f.ray is not None else RaySubmit()
+    default = _audit(ctx, "audit", f.audit) if f.audit is not None else AuditTemplate()
+    entries = tuple(_entry(ctx, i, e, default, hub.branch) for i, e in enumerate(f.watch))
+    regression = _regression(ctx, f.regression) if f.regression is not None else None
+    notify = _notify(ctx, "notify", f.notify) if f.notify is not None else None
+    return WatchSpec(name=f.name, entries=entries,
+                     output_dir=Path(f.output_dir) if f.output_dir is not None else Path("out") / "watch" / f.name,
+                     interval=float(f.interval) if f.interval is not None else 3600.0,
+                     max_attempts=f.max_attempts if f.max_attempts is not None else 2,
+                     backoff=backoff, tracking_uri=uri, experiment=experiment, sweep_output_dir=f.sweep_output_dir,
+                     hub_endpoint=hub.endpoint, hub_branch=hub.branch, hub_timeout=hub.timeout, ray=ray,
+                     description=f.description or "", source=source, regression=regression, notify=notify)
 
 
 def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | None = None,
@@ -492,5 +498,5 @@ def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | 
 
 
 __all__ = ["SPEC_ENV", "DEFAULT_ENTRYPOINT", "AuditTemplate", "WatchEntry", "RaySubmit", "WatchSpec", "Notify",
-           "RegressionSpec", "EntryFields",
+           "RegressionSpec", "EntryFields", "WatchFields",
            "deep_merge", "parse_watch_spec", "load_watch_spec"]
