@@ -40,7 +40,11 @@ that differs between a laptop and the cluster); an unset variable without defaul
 naming the field, and so is a variable that holds a secret (``HF_TOKEN``, ``*_PASSWORD`` ...)
 anywhere but ``tracking.uri``.
 
-The checks themselves (YAML loading, variables, typed fields, suggestions) are the shared ones of
+Each entry is a typed model of :mod:`audit.schema` (the top level :class:`SpecFields`, ``models[i]``
+:class:`ModelFields`, its ``build`` :class:`BuildSpec`, ``metrics[i]`` :class:`MetricFields`,
+``ray`` :class:`RaySpec`, ``multiple_comparisons`` :class:`MultipleComparisons`), refused in the
+vocabulary's one-line words; what is left to code are rules across entries (duplicate names) and
+``mitigation`` (:func:`_mitigation`). YAML loading and variables are the shared ones of
 :mod:`jobs.validators`, also used by the watch spec (:mod:`jobs.watch.spec`). ``read_yaml``,
 ``expand_env`` and ``default_tracking_uri`` are importable from here as before.
 """
@@ -55,7 +59,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from audit import registry
 from audit.backends import table as backend_table
@@ -64,17 +68,19 @@ from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, 
 from audit.mitigation import get_mitigation, load_definitions
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
 from jobs.validators import (
-    NAME_RE,
     Ctx,
-    boolean,
+    Name,
+    PlainValues,
+    Strings,
+    as_list,
     check_fields,
+    named,
+    non_empty,
     expand_env,
-    integer,
     location_overrides,
     mapping,
     plain_values,
     read_yaml,
-    str_list,
     string,
     suggest,
     tracking,
@@ -99,14 +105,6 @@ BUILD_KINDS = ("fasttext", "bert", "roberta", "gpt2", "llama", "qwen2", "mistral
 #: multilingual model).
 _LANGUAGE_BUILDS = {"fasttext": False, "llama": True, "qwen2": True, "mistral": True}
 
-_TOP_FIELDS = {
-    "name", "description", "seed", "output_dir", "tracking", "languages", "tests", "permutations",
-    "n_bootstrap", "metrics", "models", "ray", "multiple_comparisons", "tags",
-}
-_MODEL_FIELDS = {
-    "ref", "name", "languages", "backend", "revision", "dtype", "device", "device_map", "allow_pickle",
-    "trust_remote_code", "subword", "params", "build", "tests", "mitigation",
-}
 _MITIGATION_FIELDS = {"method", "definitions", "params", "name", "scope"}
 #: ``models[i].mitigation[j].scope``: which words the method changes (``tests``: only the words
 #: the model's tests need, e.g. for RAN, whose cost grows with the number of words debiased).
@@ -114,8 +112,6 @@ MITIGATION_SCOPES = ("all", "tests")
 #: The ``build.kind`` of a debiased copy (set by the parser, not written in specs).
 MITIGATION_KIND = "mitigation"
 _DERIVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-+]*$")
-_METRIC_FIELDS = {"name", "params", "tests"}
-_BUILD_FIELDS = {"kind", "dim", "epoch", "language", "seed"}
 #: Columns of the results table a multiple-comparison family may group by.
 FAMILY_COLUMNS = ("model", "metric", "language", "test", "params")
 #: Which p-value the significance marks of the reports read.
@@ -335,22 +331,8 @@ class SweepSpec:
 
 
 # --------------------------------------------------------------------------------------
-# Validation (the typed checkers are the shared ones of jobs.validators)
+# Validation (typed models of audit.schema; shared field types from jobs.validators)
 # --------------------------------------------------------------------------------------
-
-
-def _languages(ctx: Ctx, path: str, v: Any) -> tuple[str, ...]:
-    langs = str_list(ctx, path, v)
-    for i, lang in enumerate(langs):
-        if lang not in ISO_639_1:
-            raise ctx.param(f"{path}[{i}]", f"unknown language {lang!r}{suggest(lang, ISO_639_1)}; use an ISO 639-1 code such as en, de, fr")
-    if len(set(langs)) != len(langs):
-        raise ctx.param(path, f"duplicate language in {list(langs)}")
-    return langs
-
-
-def _permutations(ctx: Ctx, path: str, v: Any) -> int | str:
-    return check(Permutations, v, ctx.source, path)
 
 
 def default_model_name(ref: str) -> str:
@@ -370,84 +352,163 @@ def default_model_name(ref: str) -> str:
     return name
 
 
-def _model(ctx: Ctx, i: int, v: Any) -> ModelSpec:
+def _iso_639_1(lang: str) -> str:
+    if lang not in ISO_639_1:
+        raise Refused(f"unknown language {lang!r}{suggest(lang, ISO_639_1)}; use an ISO 639-1 code such as en, de, fr")
+    return lang
+
+
+def _distinct(langs: tuple[str, ...]) -> tuple[str, ...]:
+    if len(set(langs)) != len(langs):
+        raise Refused(f"duplicate language in {list(langs)}")
+    return langs
+
+
+#: ISO 639-1 codes (a single code is a list of one), none twice.
+Languages = Annotated[tuple[Annotated[Text, AfterValidator(_iso_639_1)], ...], BeforeValidator(as_list),
+                      Field(strict=False), AfterValidator(_distinct)]
+
+
+def _known_backend(b: str) -> str:
+    if b not in BACKENDS:
+        raise Refused(f"unknown backend {b!r}{suggest(b, BACKENDS)}; known backends: {', '.join(BACKENDS)}")
+    return b
+
+
+def _known_metric(name: str) -> str:
+    known = registry.names()
+    if name not in known:
+        raise Refused(f"unknown metric {name!r}{suggest(name, known)}; known metrics: {', '.join(known)}")
+    return name
+
+
+def _as_text(v: Any) -> Any:
+    """A revision or a device written as a number (``revision: 2``, ``device: 0``) is its text."""
+    return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+#: A revision or a device: a non-empty string (a number is read as its text).
+Label = Annotated[Text, BeforeValidator(_as_text)]
+
+
+class BuildSpec(Section):
+    """``models[i].build``: a tiny model built on demand into ``<output_dir>/models/``
+    (:mod:`jobs.builders`). ``kind`` one of :data:`BUILD_KINDS`; ``dim``, ``epoch`` >= 1; ``seed``
+    >= 0; ``language``: the training language of fastText (one code) and the causal kinds (a code
+    or a list: one multilingual model)."""
+
+    kind: OneOf("kind", BUILD_KINDS)
+    dim: Int(1) = None
+    epoch: Int(1) = None
+    seed: Int(0) = None
+    language: Languages = None
+
+    @field_validator("language", mode="before")
+    @classmethod
+    def _training_language(cls, v: Any, info: ValidationInfo) -> Any:
+        kind = info.data.get("kind")
+        if kind is not None and kind not in _LANGUAGE_BUILDS:
+            raise Refused("a training language applies to fastText, llama, qwen2 and mistral builds only")
+        if kind is not None and isinstance(v, (list, tuple)) and not _LANGUAGE_BUILDS[kind]:
+            raise Refused("a fastText build takes one language")
+        return v
+
+
+class ModelFields(Section):
+    """The fields of one ``models[i]`` entry (see :class:`ModelSpec` for what each becomes; a
+    string is ``{ref: <string>}``). ``mitigation`` is checked by :func:`_mitigation`."""
+
+    build: BuildSpec | None = None
+    ref: Text = None
+    name: Name = None
+    backend: Annotated[Text, AfterValidator(_known_backend)] | None = None
+    revision: Label | None = None
+    device: Label | None = None
+    dtype: OneOf("dtype", _DTYPES) | None = None
+    device_map: Any = None
+    allow_pickle: Flag = None
+    trust_remote_code: Flag = None
+    subword: Flag = None
+    languages: Languages | None = None
+    tests: Strings | None = None
+    mitigation: Any = None
+    params: PlainValues | None = None
+
+    @field_validator("revision")
+    @classmethod
+    def _hub_only(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v and backend_table.kind_of_backend(info.data.get("backend")) == "static":
+            raise Refused("a revision applies to Hugging Face checkpoints only (static models are identified by "
+                          "their content digest)")
+        return v
+
+    @field_validator("device_map", mode="plain")
+    @classmethod
+    def _device_map(cls, v: Any) -> Any:  # models larger than one GPU (needs accelerate): docs/causal.md
+        if v is None or isinstance(v, str):
+            return v if v is None else check(Text, v)
+        if isinstance(v, Mapping):
+            return {str(k): x for k, x in v.items()}
+        raise Refused(f"expected 'auto', 'balanced', ... or a mapping module -> device, got {v!r}")
+
+    @model_validator(mode="after")
+    def _a_ref(self) -> ModelFields:
+        if self.ref is None and self.build is None:
+            raise DataError("missing required field 'ref'")
+        if self.ref is None and self.name is None:
+            raise DataError("a model with 'build' and no 'ref' needs a 'name'")
+        return self
+
+
+class MetricFields(Section):
+    """One ``metrics[i]`` entry (a string is ``{name: <string>}``); its parameters are checked
+    against the metric's own model (:func:`audit.registry.check_params`) by :func:`_metric`."""
+
+    name: Annotated[Text, AfterValidator(_known_metric)]
+    params: PlainValues | None = None
+    tests: Strings | None = None
+
+
+class SpecFields(Section):
+    """The top level of a sweep spec (the module docstring lists the fields). ``tracking``,
+    ``ray``, ``multiple_comparisons`` and ``tags`` are sections with models of their own."""
+
+    name: Name
+    description: Annotated[str, Field(strict=True)] | None = None
+    seed: Int(0) | None = None
+    output_dir: Text | None = None
+    tracking: Any = None
+    models: Annotated[tuple[Annotated[ModelFields, named("ref")], ...], non_empty("models"), Field(strict=False)]
+    metrics: Annotated[tuple[Annotated[MetricFields, named("name")], ...], non_empty("metrics"),
+                       Field(strict=False)]
+    tests: Strings | None = None
+    languages: Languages | None = None
+    permutations: Permutations | None = None
+    n_bootstrap: Int(0) | None = None
+    ray: Any = None
+    multiple_comparisons: Any = None
+    tags: Any = None
+
+
+def _model(ctx: Ctx, i: int, f: ModelFields, raw: Any) -> ModelSpec:
+    """``models[i]`` (validated as ``f``; ``raw`` as written) as a :class:`ModelSpec`."""
     path = f"models[{i}]"
-    if isinstance(v, str):
-        v = {"ref": v}
-    d = mapping(ctx, path, v)
-    check_fields(ctx, path, d, _MODEL_FIELDS)
-    build = None
-    if d.get("build") is not None:
-        build = mapping(ctx, f"{path}.build", d["build"])
-        check_fields(ctx, f"{path}.build", build, _BUILD_FIELDS)
-        kind = string(ctx, f"{path}.build.kind", build.get("kind"))
-        if kind not in BUILD_KINDS:
-            raise ctx.param(f"{path}.build.kind", f"unknown kind {kind!r}{suggest(kind, BUILD_KINDS)}; known: {', '.join(BUILD_KINDS)}")
-        for k in ("dim", "epoch"):
-            if k in build:
-                integer(ctx, f"{path}.build.{k}", build[k], minimum=1)
-        if "seed" in build:
-            integer(ctx, f"{path}.build.seed", build["seed"], minimum=0)
-        if "language" in build:
-            if kind not in _LANGUAGE_BUILDS:
-                raise ctx.param(f"{path}.build.language", "a training language applies to fastText, llama, qwen2 "
-                                                          "and mistral builds only")
-            many = isinstance(build["language"], (list, tuple))
-            if many and not _LANGUAGE_BUILDS[kind]:
-                raise ctx.param(f"{path}.build.language", "a fastText build takes one language")
-            _languages(ctx, f"{path}.build.language", list(build["language"]) if many else [build["language"]])
-    if "ref" not in d and build is None:
-        raise ctx.data(path, "missing required field 'ref'")
-    ref = string(ctx, f"{path}.ref", d["ref"]) if "ref" in d else None
-    name = string(ctx, f"{path}.name", d["name"]) if "name" in d else None
-    if ref is None:  # a built model: its ref is the built file, named after the model
-        if name is None:
-            raise ctx.data(path, "a model with 'build' and no 'ref' needs a 'name'")
-        ref = f"built:{name}"
-    name = name or default_model_name(ref)
-    if not NAME_RE.match(name):
-        raise ctx.param(f"{path}.name", f"{name!r}: use letters, digits, '-', '_' and '.' only")
-    options: dict[str, Any] = {}
-    if d.get("backend") is not None:
-        b = string(ctx, f"{path}.backend", d["backend"])
-        if b not in BACKENDS:
-            raise ctx.param(f"{path}.backend", f"unknown backend {b!r}{suggest(b, BACKENDS)}; known backends: {', '.join(BACKENDS)}")
-        options["backend"] = b
-    for k in ("revision", "device"):
-        if d.get(k) is not None:
-            options[k] = string(ctx, f"{path}.{k}", str(d[k]) if isinstance(d[k], (int, float)) and not isinstance(d[k], bool) else d[k])
-    if d.get("dtype") is not None:
-        dt = string(ctx, f"{path}.dtype", d["dtype"])
-        if dt not in _DTYPES:
-            raise ctx.param(f"{path}.dtype", f"unknown dtype {dt!r}; known: {', '.join(_DTYPES)}")
-        options["dtype"] = dt
-    if d.get("device_map") is not None:  # models larger than one GPU (needs accelerate): docs/causal.md
-        dm = d["device_map"]
-        if isinstance(dm, str):
-            dm = string(ctx, f"{path}.device_map", dm)
-        elif isinstance(dm, dict):
-            dm = {str(k): v for k, v in dm.items()}
-        else:
-            raise ctx.param(f"{path}.device_map", f"expected 'auto', 'balanced', ... or a mapping module -> device, got {dm!r}")
-        options["device_map"] = dm
-    for k in ("allow_pickle", "trust_remote_code", "subword"):
-        if k in d:
-            options[k] = boolean(ctx, f"{path}.{k}", d[k])
-    if options.get("revision") and backend_table.kind_of_backend(options.get("backend")) == "static":
-        raise ctx.param(f"{path}.revision", "a revision applies to Hugging Face checkpoints only (static models are identified by their content digest)")
-    langs = _languages(ctx, f"{path}.languages", d["languages"]) if d.get("languages") is not None else None
-    tests = str_list(ctx, f"{path}.tests", d["tests"]) if d.get("tests") is not None else None
+    build = dict(raw["build"]) if f.build is not None else None
+    ref = f.ref or f"built:{f.name}"  # a built model without ref: its ref is the built file, named after the model
+    name = check(Name, f.name or default_model_name(ref), ctx.source, f"{path}.name")
+    options = {k: getattr(f, k) for k in ("backend", "revision", "device", "dtype", "device_map", "allow_pickle",
+                                          "trust_remote_code", "subword") if getattr(f, k) is not None}
     steps: tuple[MitigationStep, ...] = ()
-    if d.get("mitigation") is not None:
-        steps = _mitigation(ctx, f"{path}.mitigation", d["mitigation"], name)
+    if f.mitigation is not None:
+        steps = _mitigation(ctx, f"{path}.mitigation", f.mitigation, name)
         not_static = backend_table.kind_of_backend(options.get("backend")) not in (None, "static")
         if not_static or (build is not None and build["kind"] != "fasttext"):
             what = options.get("backend") or f"build kind {build['kind']}"  # type: ignore[index]
             raise ctx.param(f"{path}.mitigation", f"model {name!r} is not static word vectors ({what}); "
                             "debiasing applies to static embeddings only")
     return ModelSpec(
-        ref=ref, name=name, languages=langs, options=options,
-        params=plain_values(ctx, f"{path}.params", d.get("params")), build=build, tests=tests, mitigation=steps,
+        ref=ref, name=name, languages=f.languages, options=options,
+        params=dict(f.params or {}), build=build, tests=f.tests, mitigation=steps,
     )
 
 
@@ -527,22 +588,14 @@ def _expand_mitigation(models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
     return tuple(out)
 
 
-def _metric(ctx: Ctx, i: int, v: Any, known: tuple[str, ...]) -> MetricSpec:
+def _metric(ctx: Ctx, i: int, f: MetricFields) -> MetricSpec:
+    """``metrics[i]`` (validated as ``f``): its parameters checked as the metric's model words it."""
     path = f"metrics[{i}]"
-    if isinstance(v, str):
-        v = {"name": v}
-    d = mapping(ctx, path, v)
-    check_fields(ctx, path, d, _METRIC_FIELDS)
-    if "name" not in d:
-        raise ctx.data(path, "missing required field 'name'")
-    name = string(ctx, f"{path}.name", d["name"])
-    if name not in known:
-        raise ctx.param(f"{path}.name", f"unknown metric {name!r}{suggest(name, known)}; known metrics: {', '.join(known)}")
-    params = plain_values(ctx, f"{path}.params", d.get("params"))
+    name, params = f.name, dict(f.params or {})
     if "seed" in params:
         raise ctx.param(f"{path}.params.seed", "set the seed once at the top of the spec (`seed:`)")
     if "permutations" in params:
-        _permutations(ctx, f"{path}.params.permutations", params["permutations"])
+        check(Permutations, params["permutations"], ctx.source, f"{path}.params.permutations")
     bad = [k for k in params if k not in registry.accepted_params(name)]
     if bad:
         raise ctx.param(f"{path}.params.{bad[0]}", f"metric {name!r} takes no parameter {bad[0]!r}")
@@ -551,8 +604,7 @@ def _metric(ctx: Ctx, i: int, v: Any, known: tuple[str, ...]) -> MetricSpec:
             registry.check_params(name, {k: v})
         except ParameterError as e:
             raise ctx.param(f"{path}.params.{k}", str(e)) from None
-    tests = str_list(ctx, f"{path}.tests", d["tests"]) if d.get("tests") is not None else None
-    return MetricSpec(name=name, params=params, tests=tests)
+    return MetricSpec(name=name, params=params, tests=f.tests)
 
 
 def _ray(ctx: Ctx, v: Any) -> RaySpec:
@@ -591,17 +643,9 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
     if data is None:
         raise ctx.data("", "the spec is empty")
     d = mapping(ctx, "", expand_env(data, source))
-    check_fields(ctx, "", d, _TOP_FIELDS)
-    if "name" not in d:
-        raise ctx.data("name", "missing required field")
-    name = string(ctx, "name", d["name"])
-    if not NAME_RE.match(name):
-        raise ctx.param("name", f"{name!r}: use letters, digits, '-', '_' and '.' only")
-    if "models" not in d:
-        raise ctx.data("models", "missing required field")
-    if not isinstance(d["models"], list) or not d["models"]:
-        raise ctx.data("models", f"expected a non-empty list of models, got {d['models']!r}")
-    models = tuple(_model(ctx, i, m) for i, m in enumerate(d["models"]))
+    f = validate(SpecFields, d, ctx.source)
+    name = f.name
+    models = tuple(_model(ctx, i, m, d["models"][i]) for i, m in enumerate(f.models))
     seen: dict[str, int] = {}
     for i, m in enumerate(models):
         if m.name in seen:
@@ -616,39 +660,28 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
                                 f"duplicate model name {st.name!r} (also {where}); give the step a distinct `name:`")
             seen[st.name] = f"models[{i}].mitigation[{j}]"  # type: ignore[assignment]
     models = _expand_mitigation(models)
-    if "metrics" not in d:
-        raise ctx.data("metrics", "missing required field")
-    if not isinstance(d["metrics"], list) or not d["metrics"]:
-        raise ctx.data("metrics", f"expected a non-empty list of metrics, got {d['metrics']!r}")
-    metrics = tuple(_metric(ctx, i, m, registry.names()) for i, m in enumerate(d["metrics"]))
+    metrics = tuple(_metric(ctx, i, m) for i, m in enumerate(f.metrics))
     mseen: dict[tuple, int] = {}
     for i, m in enumerate(metrics):
         k = (m.name, json.dumps(dict(m.params), sort_keys=True), m.tests)
         if k in mseen:
             raise ctx.param(f"metrics[{i}]", f"same metric and parameters as metrics[{mseen[k]}]")
         mseen[k] = i
-    tests = str_list(ctx, "tests", d["tests"]) if d.get("tests") is not None else ("*",)
-    languages = _languages(ctx, "languages", d["languages"]) if d.get("languages") is not None else None
-    seed = integer(ctx, "seed", d["seed"], minimum=0) if d.get("seed") is not None else 0
-    perms = _permutations(ctx, "permutations", d["permutations"]) if d.get("permutations") is not None else None
-    nboot = integer(ctx, "n_bootstrap", d["n_bootstrap"], minimum=0) if d.get("n_bootstrap") is not None else None
-    out = Path(string(ctx, "output_dir", d["output_dir"])) if d.get("output_dir") is not None else Path("out") / name
+    out = Path(f.output_dir) if f.output_dir is not None else Path("out") / name
     if base_dir is not None and not out.is_absolute():
         out = base_dir / out
     uri = experiment = None
-    if d.get("tracking") is not None:
-        t = tracking(ctx, d["tracking"])
+    if f.tracking is not None:
+        t = tracking(ctx, f.tracking)
         uri, experiment = t.uri, t.experiment
-    description = d.get("description") or ""
-    if not isinstance(description, str):
-        raise ctx.data("description", f"expected text, got {description!r}")
-    mc = _multiple_comparisons(ctx, d["multiple_comparisons"]) if d.get("multiple_comparisons") is not None \
+    mc = _multiple_comparisons(ctx, f.multiple_comparisons) if f.multiple_comparisons is not None \
         else MultipleComparisons()
     return SweepSpec(
-        name=name, models=models, metrics=metrics, tests=tests, languages=languages, seed=seed,
-        permutations=perms, n_bootstrap=nboot, output_dir=out, tracking_uri=uri, experiment=experiment,
-        ray=_ray(ctx, d.get("ray")), description=description, source=source, raw=copy.deepcopy(d),
-        multiple_comparisons=mc, tags=_tags(ctx, d["tags"]) if d.get("tags") is not None else {},
+        name=name, models=models, metrics=metrics, tests=f.tests or ("*",), languages=f.languages,
+        seed=f.seed if f.seed is not None else 0, permutations=f.permutations, n_bootstrap=f.n_bootstrap,
+        output_dir=out, tracking_uri=uri, experiment=experiment, ray=_ray(ctx, f.ray),
+        description=f.description or "", source=source, raw=copy.deepcopy(d),
+        multiple_comparisons=mc, tags=_tags(ctx, f.tags) if f.tags is not None else {},
     )
 
 

@@ -1,7 +1,10 @@
 """Validation of YAML specs, shared by the sweep spec (:mod:`jobs.spec`) and the watch spec
-(:mod:`jobs.watch.spec`): one rule, one place. The typed field checkers (``string``,
-``boolean``, ``integer``, ``number``) validate through the vocabulary of :mod:`audit.schema`
-(pydantic types, one error formatter), as the typed sections (``ray:``, ``backoff:`` ...) do.
+(:mod:`jobs.watch.spec`): one rule, one place. The specs' entries (``models[i]``, ``build``,
+``metrics[i]``, ``watch[i]``, the sweep's top level) and sections (``ray:``, ``backoff:`` ...) are
+typed models of :mod:`audit.schema`'s vocabulary (pydantic types, one error formatter); the
+field types they share (:data:`Name`, :data:`Strings`, :data:`PlainValues`) are declared here, and
+the few checkers left for fields outside a model (``string``, ``integer``, ``number``) validate
+through the same types.
 
 Every check raises an :class:`audit.errors.AuditError` whose message is one line,
 ``<file>: <field path>: <problem>``:
@@ -21,8 +24,9 @@ The pieces (all public):
 ``expand_env(data, source, env=, ...)``   ``${VAR}`` / ``${VAR:-default}`` in every string
 ``is_secret_name(name)``                  the names ``expand_env`` refuses to interpolate
 ``suggest(word, choices)``                `` (did you mean 'x'?)`` or ``""``
-``check_fields`` ``mapping`` ``string`` ``given`` ``boolean`` ``integer`` ``number``
-``str_list`` ``plain_values`` ``name``    typed field checkers
+``Name`` ``Strings`` ``PlainValues``      field types (:mod:`audit.schema` pieces) of both specs' models
+``check_fields`` ``mapping`` ``string`` ``given`` ``integer`` ``number``
+``plain_values`` ``name``                 checkers of the fields not yet in a model, over the same types
 ``first_line(exc)``                       the first line of an exception's message
 """
 
@@ -35,7 +39,7 @@ from pathlib import Path
 from typing import Annotated, Any, Iterable, Mapping
 
 import yaml
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from audit import schema
 from audit.errors import DataError, ParameterError, suggest  # noqa: F401 (suggest: re-exported)
@@ -232,17 +236,63 @@ def string(ctx: Ctx, path: str, v: Any, *, allow_none: bool = False) -> str | No
     return schema.check(schema.Text, v, ctx.source, path)
 
 
-def name(ctx: Ctx, path: str, v: Any) -> str:
-    """A name (:data:`NAME_RE`): letters, digits, ``-``, ``_`` and ``.``."""
-    s = string(ctx, path, v)
+def _a_name(s: str) -> str:
     if not NAME_RE.match(s):
-        raise ctx.param(path, f"{s!r}: use letters, digits, '-', '_' and '.' only")
+        raise schema.Refused(f"{s!r}: use letters, digits, '-', '_' and '.' only")
     return s
 
 
-def boolean(ctx: Ctx, path: str, v: Any) -> bool:
-    """``true`` or ``false`` (not ``yes``, ``1`` or ``"true"``): :data:`audit.schema.Flag`."""
-    return schema.check(schema.Flag, v, ctx.source, path)
+#: A name of a spec or a model (:data:`NAME_RE`): letters, digits, ``-``, ``_`` and ``.``.
+Name = Annotated[schema.Text, AfterValidator(_a_name)]
+
+
+def as_list(v: Any) -> Any:
+    """A single string as a list of one; anything but a non-empty list refused (:data:`Strings`)."""
+    if isinstance(v, str):
+        return [v]
+    if not isinstance(v, (list, tuple)) or not v:
+        raise DataError(f"expected a non-empty list of strings, got {v!r}")
+    return v
+
+
+#: A non-empty list of non-empty strings (a single string is a list of one), as a tuple.
+Strings = Annotated[tuple[schema.Text, ...], BeforeValidator(as_list), Field(strict=False)]
+
+
+def _plain(x: Any) -> Any:
+    try:
+        json.dumps(x, allow_nan=False)
+    except (TypeError, ValueError):
+        raise DataError(f"value {x!r} is not a plain number, string, list or mapping") from None
+    return x
+
+
+#: A mapping whose values are plain JSON (finite numbers, strings, lists, mappings): the
+#: parameters of metrics, models and mitigation methods.
+PlainValues = dict[str, Annotated[Any, AfterValidator(_plain)]]
+
+
+def non_empty(what: str) -> Any:
+    """A field's check (a :class:`pydantic.BeforeValidator`) that it holds a non-empty list
+    (``models``, ``metrics``, ``watch``), refused as ``expected a non-empty list of <what>, got x``."""
+    def a_list(v: Any) -> Any:
+        if not isinstance(v, list) or not v:
+            raise DataError(f"expected a non-empty list of {what}, got {v!r}")
+        return v
+    return BeforeValidator(a_list)
+
+
+def named(key: str) -> Any:
+    """A list item's reading (a :class:`pydantic.BeforeValidator`): a string ``s`` is ``{key: s}``
+    (``models: [glove]``, ``watch: [org/model]``)."""
+    return BeforeValidator(lambda v: {key: v} if isinstance(v, str) else v)
+
+
+def name(ctx: Ctx, path: str, v: Any) -> str:
+    """A name (:data:`Name`)."""
+    if isinstance(v, str) and not v.strip():
+        raise ctx.data(path, f"expected a non-empty string, got {v!r}")
+    return schema.check(Name, v, ctx.source, path)
 
 
 def integer(ctx: Ctx, path: str, v: Any, *, minimum: int | None = None) -> int:
@@ -261,32 +311,17 @@ def number(ctx: Ctx, path: str, v: Any, *, minimum: float = 0.0, strict: bool = 
     return float(schema.check(schema.Num(float(minimum), strict=strict), v, ctx.source, path))
 
 
-def str_list(ctx: Ctx, path: str, v: Any) -> tuple[str, ...]:
-    """A non-empty list of non-empty strings (a single string is a list of one)."""
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not v:
-        raise ctx.data(path, f"expected a non-empty list of strings, got {v!r}")
-    return tuple(string(ctx, f"{path}[{i}]", x) for i, x in enumerate(v))
-
-
 def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
-    """A mapping (``None``: empty) whose values are plain JSON: numbers (finite), strings, lists,
-    mappings; the parameters of metrics, models and mitigation methods."""
+    """A mapping (``None``: empty) whose values are plain JSON: :data:`PlainValues`."""
     if v is None:
         return {}
-    d = mapping(ctx, path, v)
-    for k, x in d.items():
-        try:
-            json.dumps(x, allow_nan=False)
-        except (TypeError, ValueError):
-            raise ctx.data(f"{path}.{k}", f"value {x!r} is not a plain number, string, list or mapping") from None
-    return d
+    return dict(schema.check(PlainValues, mapping(ctx, path, v), ctx.source, path))
 
 
 __all__ = ["Ctx", "suggest", "first_line", "parse_yaml", "read_yaml", "ENV_VAR_RE", "SECRET_OK_FIELDS",
            "is_secret_name", "expand_env", "NAME_RE", "check_fields", "mapping", "given", "string", "name",
-           "boolean", "integer", "number", "str_list", "plain_values", "Tracking", "tracking"]
+           "integer", "number", "plain_values", "Tracking", "tracking", "Name", "Strings",
+           "PlainValues", "as_list", "non_empty", "named"]
 
 
 def _known_store(uri: str | None) -> str | None:

@@ -101,3 +101,104 @@ def test_pad_batch_right_and_left():
     assert (left.real == left.mask.numpy().astype(bool)).all()
     with pytest.raises(ParameterError, match="padding_side: 'top'"):
         pad_batch(seqs, 0, "top")
+
+
+def _sweep(model=None, metric="weat", **top):
+    m = model if model and "build" in model else {"ref": "glove-6b-50d", "name": "g2", **(model or {})}
+    return {"name": "s", "models": ["glove-6b-50d", m], "metrics": [metric], **top}
+
+
+def _watch(entry):
+    return {"name": "w", "audit": {"spec": "s.yaml"}, "watch": ["org/model", entry]}
+
+
+def _refusal(fn):
+    with pytest.raises((DataError, ParameterError)) as e:
+        fn()
+    return type(e.value).__name__, str(e.value)
+
+
+BUILD = {"name": "tiny", "build": {"kind": "fasttext"}}
+LOCAL = {"local": "/models"}
+#: (what, [(the input, the line it is refused with)]): the same bad value in models[i], models[i].build,
+#: metrics[i], watch[i] and the top level reads the same after its field path.
+SAME_WORDS = [
+    ("an integer written as a word", [
+        (lambda: parse_spec(_sweep({**BUILD, "build": {"kind": "fasttext", "dim": "x"}}), "s.yaml"),
+         ("DataError", "s.yaml: models[1].build.dim: expected an integer, got 'x'")),
+        (lambda: parse_watch_spec(_watch({**LOCAL, "revisions": "x"}), "w.yaml"),
+         ("DataError", "w.yaml: watch[1].revisions: expected an integer, got 'x'")),
+        (lambda: parse_watch_spec({**_watch("a/b"), "max_attempts": "x"}, "w.yaml"),
+         ("DataError", "w.yaml: max_attempts: expected an integer, got 'x'")),
+        (lambda: parse_spec(_sweep(seed="x"), "s.yaml"), ("DataError", "s.yaml: seed: expected an integer, got 'x'"))]),
+    ("a count below its minimum", [
+        (lambda: parse_spec(_sweep({**BUILD, "build": {"kind": "fasttext", "epoch": 0}}), "s.yaml"),
+         ("ParameterError", "s.yaml: models[1].build.epoch: must be >= 1, got 0")),
+        (lambda: parse_watch_spec(_watch({"author": "org", "limit": 0}), "w.yaml"),
+         ("ParameterError", "w.yaml: watch[1].limit: must be >= 1, got 0"))]),
+    ("a flag written as yes", [
+        (lambda: parse_spec(_sweep({"subword": "yes"}), "s.yaml"),
+         ("DataError", "s.yaml: models[1].subword: expected true or false, got 'yes'"))]),
+    ("an empty string", [
+        (lambda: parse_spec(_sweep({"ref": ""}), "s.yaml"),
+         ("DataError", "s.yaml: models[1].ref: expected a non-empty string, got ''")),
+        (lambda: parse_spec(_sweep(metric={"name": "weat", "tests": ["weat1", ""]}), "s.yaml"),
+         ("DataError", "s.yaml: metrics[0].tests[1]: expected a non-empty string, got ''")),
+        (lambda: parse_watch_spec(_watch({"author": ""}), "w.yaml"),
+         ("DataError", "w.yaml: watch[1].author: expected a non-empty string, got ''"))]),
+    ("a required field left out", [
+        (lambda: parse_spec(_sweep({**BUILD, "build": {"dim": 8}}), "s.yaml"),
+         ("DataError", "s.yaml: models[1].build.kind: missing required field")),
+        (lambda: parse_spec(_sweep(metric={"params": {}}), "s.yaml"),
+         ("DataError", "s.yaml: metrics[0].name: missing required field")),
+        (lambda: parse_spec({"models": ["glove-6b-50d"], "metrics": ["weat"]}, "s.yaml"),
+         ("DataError", "s.yaml: name: missing required field"))]),
+    ("a name out of a closed set, near a known one", [
+        (lambda: parse_spec(_sweep({"dtype": "float31"}), "s.yaml"),
+         ("ParameterError", "s.yaml: models[1].dtype: unknown dtype 'float31' (did you mean 'float32'?); "
+                            "known: float32, float16, bfloat16, auto")),
+        (lambda: parse_watch_spec(_watch({**LOCAL, "order": "nmae"}), "w.yaml"),
+         ("ParameterError", "w.yaml: watch[1].order: unknown order 'nmae' (did you mean 'name'?); known: mtime, name")),
+        (lambda: parse_watch_spec(_watch({**LOCAL, "layout": 3}), "w.yaml"),
+         ("DataError", "w.yaml: watch[1].layout: expected a non-empty string, got 3"))]),
+    ("a language that is no ISO 639-1 code", [
+        (lambda: parse_spec(_sweep({"languages": ["en", "xx"]}), "s.yaml"),
+         ("ParameterError", "s.yaml: models[1].languages[1]: unknown language 'xx'; use an ISO 639-1 code such as "
+                            "en, de, fr")),
+        (lambda: parse_spec(_sweep({**BUILD, "build": {"kind": "llama", "language": ["en", "xx"]}}), "s.yaml"),
+         ("ParameterError", "s.yaml: models[1].build.language[1]: unknown language 'xx'; use an ISO 639-1 code "
+                            "such as en, de, fr"))]),
+    ("a finite number that is NaN", [
+        (lambda: parse_watch_spec(_watch({**LOCAL, "settle": float("nan")}), "w.yaml"),
+         ("DataError", "w.yaml: watch[1].settle: expected a finite number, got nan"))]),
+]
+
+
+@pytest.mark.parametrize("what,cases", SAME_WORDS, ids=[w for w, _ in SAME_WORDS])
+def test_models_build_metrics_and_watch_entries_refuse_in_the_same_words(what, cases):
+    got = [_refusal(fn) for fn, _ in cases]
+    assert got == [want for _, want in cases]
+    if not what.startswith("a name out of"):  # the same value, the same class and words after the field path
+        assert len({(cls, line.split(": ", 2)[-1]) for cls, line in got}) == 1, got
+
+
+def test_unknown_fields_read_the_same_in_models_build_metrics_watch_and_the_top_level():
+    from jobs.spec import BuildSpec, MetricFields, ModelFields, SpecFields
+    from jobs.watch.spec import EntryFields, WatchFields
+
+    cases = [(lambda: parse_spec(_sweep({"batch_size": 2}), "s.yaml"), "s.yaml: models[1].batch_size", ModelFields),
+             (lambda: parse_spec(_sweep({**BUILD, "build": {"kind": "fasttext", "dimm": 8}}), "s.yaml"),
+              "s.yaml: models[1].build.dimm", BuildSpec),
+             (lambda: parse_spec(_sweep(metric={"name": "weat", "param": {}}), "s.yaml"), "s.yaml: metrics[0].param",
+              MetricFields),
+             (lambda: parse_spec(_sweep(seeed=1), "s.yaml"), "s.yaml: seeed", SpecFields),
+             (lambda: parse_watch_spec(_watch({"repo": "a/b", "limt": 1}), "w.yaml"), "w.yaml: watch[1].limt",
+              EntryFields),
+             (lambda: parse_watch_spec({**_watch("a/b"), "intervall": 60}, "w.yaml"), "w.yaml: intervall", WatchFields)]
+    for fn, where, model in cases:
+        cls, line = _refusal(fn)
+        assert cls == "DataError" and line.startswith(f"{where}: unknown field")
+        assert line.endswith("; allowed fields: " + ", ".join(sorted(model.model_fields))), line
+    assert "(did you mean 'dim'?)" in _refusal(cases[1][0])[1] and "(did you mean 'seed'?)" in _refusal(cases[3][0])[1]
+    assert "(did you mean 'limit'?)" in _refusal(cases[4][0])[1]
+    assert "(did you mean 'interval'?)" in _refusal(cases[5][0])[1]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from audit import schema
 from audit.errors import DataError, ParameterError
 from audit.naming import natural_key
 from jobs import validators as V
@@ -31,15 +32,16 @@ def test_typed_checkers_name_file_and_field_and_pick_the_error_class():
         assert str(e.value) == msg and type(e.value) is cls
     with pytest.raises(ParameterError, match=r"^w\.yaml: a: must be > 0, got 0$"):
         V.number(ctx, "a", 0, strict=True)
-    with pytest.raises(DataError, match=r"expected an integer, got 1\.0"):
-        V.integer(ctx, "n", 1.0)
+    with pytest.raises(DataError, match=r"expected an integer, got 1\.5"):
+        V.integer(ctx, "n", 1.5)
+    assert V.integer(ctx, "n", 1e5) == 100000  # a float with no fraction is its integer (audit.schema.Int)
     with pytest.raises(DataError, match=r"^w\.yaml: x\.colour: unknown field \(did you mean 'color'\?\); allowed fields: color, size$"):
         V.mapping(ctx, "x", {"colour": 1}, {"color", "size"})
     with pytest.raises(DataError, match=r"^<spec>: expected a mapping, got list \[1\]$"):
         V.mapping(V.Ctx(""), "", [1])
     with pytest.raises(ParameterError, match=r"'a b': use letters, digits"):
         V.name(ctx, "name", "a b")
-    assert V.str_list(ctx, "t", "weat1") == ("weat1",) and V.string(ctx, "s", None, allow_none=True) is None
+    assert schema.check(V.Strings, "weat1") == ("weat1",) and V.string(ctx, "s", None, allow_none=True) is None
     assert not V.given("  ") and not V.given(None) and V.given(0)
     with pytest.raises(DataError, match=r"p\.k: value nan is not a plain number"):
         V.plain_values(ctx, "p", {"k": float("nan")})

@@ -1,7 +1,8 @@
 """The watch spec: what to watch, which audit to run on it, where to submit it.
 
-Validated with the shared checkers of :mod:`jobs.validators` (the same rules, messages and error
-classes as the sweep spec); every error names the file and the field.
+Validated with the vocabulary of :mod:`audit.schema` (the same rules, messages and error classes as
+the sweep spec): the top level is :class:`WatchFields`, ``watch[i]`` :class:`EntryFields`, ``ray``/``hub``/``backoff``/``regression`` have
+their models; every error names the file and the field.
 """
 
 from __future__ import annotations
@@ -15,24 +16,24 @@ import shlex
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
-from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from audit import registry, schema
-from audit.errors import ParameterError
+from audit.errors import DataError, ParameterError
 from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, validate
 from jobs.uris import resolve_tracking_uri, store_identity
 from jobs.validators import (
     Ctx,
     expand_env,
     given,
-    integer,
+    Name,
     location_overrides,
     mapping,
-    name,
+    named,
+    non_empty,
     number,
     read_yaml,
     string,
-    suggest,
     tracking,
 )
 from jobs.watch.backoff import Backoff
@@ -42,16 +43,8 @@ SPEC_ENV = "BIASAUDIT_SWEEP_SPEC"
 #: What a submitted job runs unless the watch spec sets ``ray.entrypoint``.
 DEFAULT_ENTRYPOINT = f"python -m jobs.watch --run-spec-env {SPEC_ENV} --no-progress"
 
-_TOP_FIELDS = {
-    "name", "description", "output_dir", "interval", "max_attempts", "backoff", "tracking",
-    "sweep_output_dir", "hub", "ray", "audit", "watch", "regression", "notify",
-}
 _NOTIFY_FIELDS = {"command", "url", "timeout"}
 _AUDIT_FIELDS = {"spec", "overrides", "model"}
-_ENTRY_FIELDS = {
-    "repo", "author", "local", "search", "limit", "branch", "revisions", "layout", "order", "file",
-    "settle", "audit", "model",
-}
 _SOURCE_KEYS = ("repo", "author", "local")
 _LAYOUTS = ("revisions", "digest")
 _ORDERS = ("mtime", "name")
@@ -315,58 +308,107 @@ def _model_fields(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
     return d
 
 
-def _entry(ctx: Ctx, i: int, v: Any, default: AuditTemplate, hub_branch: str) -> WatchEntry:
-    path = f"watch[{i}]"
-    if isinstance(v, str):
-        v = {"repo": v}
-    d = mapping(ctx, path, v, _ENTRY_FIELDS)
-    kinds = [k for k in _SOURCE_KEYS if d.get(k) is not None]
-    if len(kinds) != 1:
-        raise ctx.data(path, f"give exactly one of {', '.join(_SOURCE_KEYS)} (got {kinds or 'none'})")
-    kind = kinds[0]
-    target = string(ctx, f"{path}.{kind}", d[kind])
-    if kind == "repo":
-        from huggingface_hub.utils import HFValidationError, validate_repo_id
+def _hub_id(repo: str) -> str:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-        try:
-            validate_repo_id(target)
-        except HFValidationError as e:
-            raise ctx.param(f"{path}.repo", f"{target!r} is not a hub repository id: {str(e).splitlines()[0]}") from None
-        for k in ("search", "limit"):
-            if d.get(k) is not None:
-                raise ctx.param(f"{path}.{k}", "applies to `author` and `local` entries, not to an exact `repo`")
-    local_only = ("layout", "order", "file", "settle")
-    if kind != "local":
-        for k in local_only:
-            if d.get(k) is not None:
-                raise ctx.param(f"{path}.{k}", "applies to `local` entries only")
-    elif d.get("branch") is not None:
-        raise ctx.param(f"{path}.branch", "applies to hub entries only")
-    search = string(ctx, f"{path}.search", d["search"]) if d.get("search") is not None else None
-    limit = integer(ctx, f"{path}.limit", d["limit"], minimum=1) if d.get("limit") is not None else 50
-    branch = string(ctx, f"{path}.branch", d["branch"]) if d.get("branch") is not None else (hub_branch if kind != "local" else None)
-    revisions = integer(ctx, f"{path}.revisions", d["revisions"], minimum=1) if d.get("revisions") is not None else 1
-    layout = d.get("layout") or "revisions"
-    if layout not in _LAYOUTS:
-        raise ctx.param(f"{path}.layout", f"unknown layout {layout!r}{suggest(layout, _LAYOUTS)}; known: {', '.join(_LAYOUTS)}")
-    if layout == "digest" and revisions != 1:
-        raise ctx.param(f"{path}.revisions", "a `digest` layout has one revision (the folder's current content)")
-    order = d.get("order") or "mtime"
-    if order not in _ORDERS:
-        raise ctx.param(f"{path}.order", f"unknown order {order!r}; known: {', '.join(_ORDERS)}")
-    file = string(ctx, f"{path}.file", d["file"]) if d.get("file") is not None else None
-    if file is not None and (Path(file).is_absolute() or ".." in Path(file).parts):
-        raise ctx.param(f"{path}.file", f"{file!r}: give a file name inside the model folder")
-    settle = number(ctx, f"{path}.settle", d["settle"]) if d.get("settle") is not None else 0.0
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        raise Refused(f"{repo!r} is not a hub repository id: {str(e).splitlines()[0]}") from None
+    return repo
+
+
+def _inside(file: str) -> str:
+    if Path(file).is_absolute() or ".." in Path(file).parts:
+        raise Refused(f"{file!r}: give a file name inside the model folder")
+    return file
+
+
+class EntryFields(Section):
+    """The fields of one ``watch[i]`` entry (see :class:`WatchEntry`; a string is ``{repo: <string>}``):
+    exactly one of ``repo``, ``author``, ``local``; the fields that apply to another kind of entry
+    refused, naming the field."""
+
+    repo: Annotated[Text, AfterValidator(_hub_id)] | None = None
+    author: Text | None = None
+    local: Text | None = None
+    search: Text | None = None
+    limit: Int(1) | None = None
+    branch: Text | None = None
+    layout: OneOf("layout", _LAYOUTS) | None = None
+    revisions: Int(1) | None = None
+    order: OneOf("order", _ORDERS) | None = None
+    file: Annotated[Text, AfterValidator(_inside)] | None = None
+    settle: Num() | None = None
+    audit: Any = None
+    model: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, d: Any) -> Any:
+        kinds = [k for k in _SOURCE_KEYS if isinstance(d, Mapping) and d.get(k) is not None]
+        if isinstance(d, Mapping) and len(kinds) != 1:
+            raise DataError(f"give exactly one of {', '.join(_SOURCE_KEYS)} (got {kinds or 'none'})")
+        return d
+
+    @field_validator("search", "limit", "branch", "layout", "order", "file", "settle", mode="before")
+    @classmethod
+    def _applies(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is None:
+            return v
+        if info.field_name in ("search", "limit") and info.data.get("repo") is not None:
+            raise Refused("applies to `author` and `local` entries, not to an exact `repo`")
+        if info.field_name == "branch" and info.data.get("local") is not None:
+            raise Refused("applies to hub entries only")
+        if info.field_name in ("layout", "order", "file", "settle") and info.data.get("local") is None:
+            raise Refused("applies to `local` entries only")
+        return v
+
+    @field_validator("revisions")
+    @classmethod
+    def _one_digest(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if info.data.get("layout") == "digest" and v not in (None, 1):
+            raise Refused("a `digest` layout has one revision (the folder's current content)")
+        return v
+
+
+def _entry(ctx: Ctx, i: int, f: EntryFields, default: AuditTemplate, hub_branch: str) -> WatchEntry:
+    """``watch[i]`` (validated as ``f``) as a :class:`WatchEntry` with its audit template."""
+    path = f"watch[{i}]"
+    kind = next(k for k in _SOURCE_KEYS if getattr(f, k) is not None)
     audit = default
-    if d.get("audit") is not None:
-        audit = _audit(ctx, f"{path}.audit", d["audit"], default)
-    if d.get("model") is not None:
-        audit = dataclasses.replace(audit, model={**audit.model, **_model_fields(ctx, f"{path}.model", d["model"])})
+    if f.audit is not None:
+        audit = _audit(ctx, f"{path}.audit", f.audit, default)
+    if f.model is not None:
+        audit = dataclasses.replace(audit, model={**audit.model, **_model_fields(ctx, f"{path}.model", f.model)})
     if audit.spec is None and not audit.overrides:
         raise ctx.data(f"{path}.audit", "no audit to run: set `audit.spec` (a sweep spec template) at the top or here")
-    return WatchEntry(kind=kind, target=target, search=search, limit=limit, branch=branch, revisions=revisions,
-                      layout=layout, order=order, file=file, settle=settle, audit=audit, where=path)
+    return WatchEntry(kind=kind, target=getattr(f, kind), search=f.search, limit=f.limit or 50,
+                      branch=f.branch or (hub_branch if kind != "local" else None), revisions=f.revisions or 1,
+                      layout=f.layout or "revisions", order=f.order or "mtime", file=f.file,
+                      settle=float(f.settle) if f.settle is not None else 0.0, audit=audit, where=path)
+
+
+class WatchFields(Section):
+    """The top level of a watch spec (:mod:`jobs.watch` lists the fields); ``watch[i]`` is
+    :class:`EntryFields`; ``backoff``, ``tracking``, ``hub``, ``ray``, ``audit``, ``regression``
+    and ``notify`` are sections read by their own functions."""
+
+    name: Name
+    description: Annotated[str, Field(strict=True)] | None = None
+    output_dir: Text | None = None
+    interval: Num(0.0, strict=True) | None = None
+    max_attempts: Int(1) | None = None
+    backoff: Any = None
+    tracking: Any = None
+    sweep_output_dir: Text | None = None
+    hub: Any = None
+    ray: Any = None
+    audit: Any = None
+    watch: Annotated[tuple[Annotated[EntryFields, named("repo")], ...], non_empty("repositories or folders"),
+                     Field(strict=False)]
+    regression: Any = None
+    notify: Any = None
 
 
 def _backoff(ctx: Ctx, v: Any) -> Backoff:
@@ -415,40 +457,29 @@ def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
     ctx = Ctx(source, "<watch spec>")
     if data is None:
         raise ctx.data("", "the watch spec is empty")
-    d = mapping(ctx, "", data, _TOP_FIELDS)
-    if "name" not in d:
-        raise ctx.data("name", "missing required field")
-    watch_name = name(ctx, "name", d["name"])
-    out = Path(string(ctx, "output_dir", d["output_dir"])) if d.get("output_dir") is not None else Path("out") / "watch" / watch_name
-    interval = number(ctx, "interval", d["interval"], strict=True) if d.get("interval") is not None else 3600.0
-    max_attempts = integer(ctx, "max_attempts", d["max_attempts"], minimum=1) if d.get("max_attempts") is not None else 2
-    backoff = _backoff(ctx, d["backoff"]) if d.get("backoff") is not None else Backoff()
+    d = {k: (None if k == "sweep_output_dir" and not given(x) else x) for k, x in mapping(ctx, "", data).items()}
+    f = validate(WatchFields, d, ctx.source)
+    backoff = _backoff(ctx, f.backoff) if f.backoff is not None else Backoff()
     uri = experiment = None
-    if d.get("tracking") is not None:
-        t = tracking(ctx, d["tracking"])
+    if f.tracking is not None:
+        t = tracking(ctx, f.tracking)
         uri, experiment = t.uri, t.experiment
-    sweep_out = string(ctx, "sweep_output_dir", d["sweep_output_dir"]) if given(d.get("sweep_output_dir")) else None
-    h = {k: x for k, x in mapping(ctx, "hub", d["hub"]).items() if x is not None} if d.get("hub") is not None else {}
+    h = {k: x for k, x in mapping(ctx, "hub", f.hub).items() if x is not None} if f.hub is not None else {}
     if not given(h.get("endpoint")):
         h.pop("endpoint", None)
     hub = validate(HubFields, h, ctx.source, "hub")
-    endpoint, branch, timeout = hub.endpoint, hub.branch, hub.timeout
-    ray = _ray(ctx, d["ray"]) if d.get("ray") is not None else RaySubmit()
-    default = _audit(ctx, "audit", d["audit"]) if d.get("audit") is not None else AuditTemplate()
-    if "watch" not in d:
-        raise ctx.data("watch", "missing required field (the repositories or folders to watch)")
-    if not isinstance(d["watch"], list) or not d["watch"]:
-        raise ctx.data("watch", f"expected a non-empty list, got {d['watch']!r}")
-    entries = tuple(_entry(ctx, i, e, default, branch) for i, e in enumerate(d["watch"]))
-    regression = _regression(ctx, d["regression"]) if d.get("regression") is not None else None
-    notify = _notify(ctx, "notify", d["notify"]) if d.get("notify") is not None else None
-    description = d.get("description") or ""
-    if not isinstance(description, str):
-        raise ctx.data("description", f"expected text, got {description!r}")
-    return WatchSpec(name=watch_name, entries=entries, output_dir=out, interval=interval, max_attempts=max_attempts,
-                     backoff=backoff, tracking_uri=uri, experiment=experiment, sweep_output_dir=sweep_out,
-                     hub_endpoint=endpoint, hub_branch=branch, hub_timeout=timeout, ray=ray,
-                     description=description, source=source, regression=regression, notify=notify)
+    ray = _ray(ctx, f.ray) if f.ray is not None else RaySubmit()
+    default = _audit(ctx, "audit", f.audit) if f.audit is not None else AuditTemplate()
+    entries = tuple(_entry(ctx, i, e, default, hub.branch) for i, e in enumerate(f.watch))
+    regression = _regression(ctx, f.regression) if f.regression is not None else None
+    notify = _notify(ctx, "notify", f.notify) if f.notify is not None else None
+    return WatchSpec(name=f.name, entries=entries,
+                     output_dir=Path(f.output_dir) if f.output_dir is not None else Path("out") / "watch" / f.name,
+                     interval=float(f.interval) if f.interval is not None else 3600.0,
+                     max_attempts=f.max_attempts if f.max_attempts is not None else 2,
+                     backoff=backoff, tracking_uri=uri, experiment=experiment, sweep_output_dir=f.sweep_output_dir,
+                     hub_endpoint=hub.endpoint, hub_branch=hub.branch, hub_timeout=hub.timeout, ray=ray,
+                     description=f.description or "", source=source, regression=regression, notify=notify)
 
 
 def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | None = None,
@@ -467,5 +498,5 @@ def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | 
 
 
 __all__ = ["SPEC_ENV", "DEFAULT_ENTRYPOINT", "AuditTemplate", "WatchEntry", "RaySubmit", "WatchSpec", "Notify",
-           "RegressionSpec",
+           "RegressionSpec", "EntryFields", "WatchFields",
            "deep_merge", "parse_watch_spec", "load_watch_spec"]
