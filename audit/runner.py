@@ -121,6 +121,10 @@ def load_model(
     words:   for static text formats, the only words to keep (what the tests need).
     dtype, device, device_map: Hugging Face models (:func:`audit.backends.hf.load_hf_model`).
     """
+    if isinstance(ref, str) and (Path(ref) / "lm_mitigation.json").is_file():  # a debiased LM variant (sweeps)
+        from audit.lm_mitigation.models import load_variant
+
+        return load_variant(ref, **{k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None})
     row = backend_table.get(backend) if backend is not None else None
     if backend is not None and row is None:
         raise ModelError(f"model {ref!r}: unknown backend {backend!r}{suggest(backend, backend_table.names())}; "

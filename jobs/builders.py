@@ -134,6 +134,10 @@ def build_models(spec, plan) -> dict[str, Path]:
     for m in spec.models:
         if m.build and m.build.get("kind") == "mitigation":
             out[m.name] = build_mitigated(spec, m, plan)
+        elif m.build and m.build.get("kind") == "lm_mitigation":  # a debiased LM variant (jobs.lm_spec)
+            from jobs.lm_builders import build_lm_variant
+
+            out[m.name] = build_lm_variant(spec, m)
         elif m.build:
             out[m.name] = build_model(spec.output_dir, m.name, dict(m.build))
     return out

@@ -102,7 +102,7 @@ _TOP_FIELDS = {
 }
 _MODEL_FIELDS = {
     "ref", "name", "languages", "backend", "revision", "dtype", "device", "device_map", "allow_pickle",
-    "trust_remote_code", "subword", "params", "build", "tests", "mitigation",
+    "trust_remote_code", "subword", "params", "build", "tests", "mitigation", "lm_mitigation",
 }
 _MITIGATION_FIELDS = {"method", "definitions", "params", "name", "scope"}
 #: ``models[i].mitigation[j].scope``: which words the method changes (``tests``: only the words
@@ -163,6 +163,8 @@ class ModelSpec:
     build: Mapping[str, Any] | None = None
     tests: tuple[str, ...] | None = None
     mitigation: tuple[MitigationStep, ...] = ()
+    #: debiased variants of a language model (:mod:`jobs.lm_spec`), each added after it like ``mitigation``
+    lm_mitigation: tuple[Any, ...] = ()
     run_tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
     run_params: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -173,7 +175,8 @@ class ModelSpec:
     @property
     def mitigated_from(self) -> str | None:
         """The name of the original model when this is a debiased copy, else ``None``."""
-        return self.build.get("base") if self.build and self.build.get("kind") == MITIGATION_KIND else None
+        derived = (MITIGATION_KIND, "lm_mitigation")
+        return self.build.get("base") if self.build and self.build.get("kind") in derived else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -430,9 +433,15 @@ def _model(ctx: Ctx, i: int, v: Any) -> ModelSpec:
             what = options.get("backend") or f"build kind {build['kind']}"  # type: ignore[index]
             raise ctx.param(f"{path}.mitigation", f"model {name!r} is not static word vectors ({what}); "
                             "debiasing applies to static embeddings only")
+    lm_steps = ()
+    if d.get("lm_mitigation") is not None:
+        from jobs.lm_spec import parse_lm_mitigation
+
+        lm_steps = parse_lm_mitigation(ctx, f"{path}.lm_mitigation", d["lm_mitigation"], name)
     return ModelSpec(
         ref=ref, name=name, languages=langs, options=options,
         params=plain_values(ctx, f"{path}.params", d.get("params")), build=build, tests=tests, mitigation=steps,
+        lm_mitigation=lm_steps,
     )
 
 
@@ -502,8 +511,16 @@ def _expand_mitigation(models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
     """Each model followed by its debiased copies; the original gets ``audit.mitigation=none``."""
     out: list[ModelSpec] = []
     for m in models:
-        if not m.mitigation:
+        if not m.mitigation and not m.lm_mitigation:
             out.append(m)
+            continue
+        if m.lm_mitigation:
+            from jobs.lm_spec import variant_model
+
+            tags = {"audit.lm_mitigation": "none", "audit.base_model": m.name, **m.run_tags}
+            params = {"lm_mitigation": "none", "base_model": m.name, **m.run_params}
+            out.append(dataclasses.replace(m, run_tags=tags, run_params=params))
+            out.extend(variant_model(m, s) for s in m.lm_mitigation)
             continue
         tags = {"audit.mitigation": "none", "audit.base_model": m.name, **m.run_tags}
         params = {"mitigation": "none", "base_model": m.name, **m.run_params}
@@ -643,6 +660,11 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
                 raise ctx.param(f"models[{i}].mitigation[{j}].name" if len(m.mitigation) > 1 else f"models[{i}].mitigation",
                                 f"duplicate model name {st.name!r} (also {where}); give the step a distinct `name:`")
             seen[st.name] = f"models[{i}].mitigation[{j}]"  # type: ignore[assignment]
+        for j, st in enumerate(m.lm_mitigation):
+            if st.name in seen:
+                raise ctx.param(f"models[{i}].lm_mitigation[{j}].name",
+                                f"duplicate model name {st.name!r}; give the step a distinct `name:`")
+            seen[st.name] = f"models[{i}].lm_mitigation[{j}]"  # type: ignore[assignment]
     models = _expand_mitigation(models)
     if "metrics" not in d:
         raise ctx.data("metrics", "missing required field")
