@@ -133,6 +133,18 @@ def variant_model(base: Any, step: LMStep) -> Any:
     tags = {"audit.lm_mitigation": step.technique, "audit.base_model": base.name,
             "audit.lm_mitigation.language": step.language, "audit.lm_mitigation.corpus": str(step.corpus)}
     params = {"lm_mitigation": step.technique, "base_model": base.name, "lm_mitigation.language": step.language}
+    if step.corpus is not None and step.corpus != TESTS_CORPUS:
+        from audit.lm_mitigation.steps import corpus_digest
+        from jobs.lm_builders import read_corpus
+
+        tags["audit.lm_mitigation.corpus_digest"] = params["lm_mitigation.corpus_digest"] = \
+            corpus_digest(read_corpus(step.corpus))
+    if step.technique != "self_debias":
+        from audit.lm_mitigation.pairs import derive_pairs
+        from audit.lm_mitigation.steps import pairs_digest
+
+        tags["audit.lm_mitigation.pairs_digest"] = params["lm_mitigation.pairs_digest"] = \
+            pairs_digest(derive_pairs(step.language))
     for k, x in sorted(step.params.items()):
         tags[f"audit.lm_mitigation.param.{k}"] = params[f"lm_mitigation.param.{k}"] = json.dumps(x, sort_keys=True)
     options = {k: v for k, v in base.options.items() if k in ("dtype", "device")}
