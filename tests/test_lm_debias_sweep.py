@@ -151,3 +151,4 @@ def test_bias_and_ability_side_by_side():
     assert math.isnan(ba["seat"].iloc[1]) and ba["perplexity"].tolist() == [30.0, 33.0]
     assert "bias and LM ability (en)" in bias_ability_text(df)
     assert bias_ability_frame(df[df["metric"] == "seat"]).empty  # no LM-ability metric: no table
+
