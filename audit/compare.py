@@ -875,8 +875,8 @@ def compare_perplexity(items_a: pd.DataFrame, items_b: pd.DataFrame, **kwargs: A
     :func:`paired_compare` resamples the sentences (paired bootstrap) and swaps each sentence's
     ``(ll, n_tokens)`` between the models (label swap). ``delta = B - A`` (positive: B models the
     text worse). The token counts may differ between tokenizers; the ratio is taken per side."""
-    ja = _join_items(items_a, items_b, ["line"], "ll", "perplexity")
-    jn = _join_items(items_a, items_b, ["line"], "n_tokens", "perplexity")
+    ja = _join_items(items_a, items_b, ["line"], "ll", "held-out text")
+    jn = _join_items(items_a, items_b, ["line"], "n_tokens", "held-out text")
     a = np.column_stack([ja["ll_a"].to_numpy(float), jn["n_tokens_a"].to_numpy(float)])
     b = np.column_stack([ja["ll_b"].to_numpy(float), jn["n_tokens_b"].to_numpy(float)])
 

@@ -21,16 +21,27 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from audit.backends.hf import dir_digest
-from audit.errors import DataError, ParameterError
-from audit.lm_mitigation.pairs import derive_pairs
-from audit.lm_mitigation.steps import CDA, corpus_digest, pairs_digest
-from audit.lm_mitigation.training import further_pretrain, set_dropout
+import numpy as np
 
-__all__ = ["TRAINED_TECHNIQUES", "build_lm_debiased", "read_corpus"]
+from audit.backends.hf import dir_digest
+from audit.datasets import corpus_from_tests
+from audit.errors import DataError, ParameterError
+from audit.lm_mitigation import TECHNIQUES
+from audit.lm_mitigation.models import FITTED, MANIFEST, variant_revision
+from audit.lm_mitigation.pairs import derive_pairs
+from audit.lm_mitigation.steps import CDA, INLP, SelfDebias, SentenceDebias, corpus_digest, pairs_digest
+from audit.lm_mitigation.training import further_pretrain, set_dropout
+from audit.runner import load_model
+from jobs.resolve import model_kind, probe_revision, resolve_ref
+
+__all__ = ["TESTS_CORPUS", "TRAINED_TECHNIQUES", "build_lm_debiased", "build_lm_variant", "read_corpus"]
+
+#: ``corpus: tests`` in a spec step: the text built from the language's shipped tests.
+TESTS_CORPUS = "tests"
 
 TRAINED_TECHNIQUES = ("cda", "dropout")
 _TRAIN_PARAMS = {"steps": 100, "batch_size": 8, "lr": 5e-5, "max_length": 128, "seed": 0}
@@ -110,9 +121,6 @@ def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.P
 def _variant_corpus(spec, build: dict[str, Any]) -> tuple[list[str], str]:
     """The step's corpus sentences and the path of its file (``tests``: the text built from the
     language's shipped tests, written once to ``<output_dir>/corpora/tests-<language>.txt``)."""
-    from audit.datasets import corpus_from_tests
-    from jobs.lm_spec import TESTS_CORPUS
-
     if build["corpus"] != TESTS_CORPUS:
         return read_corpus(build["corpus"]), build["corpus"]
     lang = build["language"]
@@ -133,14 +141,6 @@ def build_lm_variant(spec, model) -> Path:
     :mod:`jobs.lm_spec`). Projections are fitted on the original loaded with its options; the
     directory is rebuilt only when the original's revision, the technique, its parameters, the
     corpus or the pairs change (``build.json``)."""
-    import numpy as np
-
-    from audit.lm_mitigation import TECHNIQUES
-    from audit.lm_mitigation.models import FITTED, MANIFEST, variant_revision
-    from audit.lm_mitigation.steps import INLP, SelfDebias, SentenceDebias
-    from audit.runner import load_model
-    from jobs.resolve import model_kind, probe_revision, resolve_ref
-
     b = dict(model.build)
     base = spec.model(b["base"])
     local = resolve_ref(base.ref, output_dir=spec.output_dir, build=dict(base.build) if base.build else None)
@@ -170,8 +170,6 @@ def build_lm_variant(spec, model) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=target.parent))
     try:
-        import time
-
         t0 = time.perf_counter()
         loaded = load_model(local, **options)
         h = loaded.handle

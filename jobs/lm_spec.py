@@ -34,9 +34,12 @@ from typing import Any, Mapping
 
 from audit.errors import AuditError
 from audit.lm_mitigation import TECHNIQUES
-from audit.lm_mitigation.steps import INLP, SelfDebias, SentenceDebias
+from audit.lm_mitigation.pairs import derive_pairs
+from audit.lm_mitigation.steps import INLP, SelfDebias, SentenceDebias, corpus_digest, pairs_digest
+from jobs.lm_builders import TESTS_CORPUS, read_corpus
+from jobs.validators import check_fields, mapping, plain_values, string
 
-__all__ = ["KIND", "LMStep", "parse_lm_mitigation", "variant_model", "TRAIN_PARAMS"]
+__all__ = ["KIND", "LMStep", "parse_lm_mitigation", "variant_fields", "TRAIN_PARAMS"]
 
 #: The ``build.kind`` of a debiased LM variant (set by the parser, not written in specs).
 KIND = "lm_mitigation"
@@ -44,8 +47,6 @@ _FIELDS = {"technique", "corpus", "language", "params", "name"}
 #: Parameters of the trained techniques (jobs.lm_builders._TRAIN_PARAMS).
 TRAIN_PARAMS = ("steps", "batch_size", "lr", "max_length", "seed")
 _STEP_CLASSES = {"inlp": INLP, "sentence_debias": SentenceDebias, "self_debias": SelfDebias}
-#: ``corpus: tests``: the text built from the language's shipped tests.
-TESTS_CORPUS = "tests"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,14 +74,11 @@ def _check_params(technique: str, params: dict[str, Any]) -> None:
     cls(**params)  # the step's own validation
 
 
-def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *, source_dir: Path | None = None
-                        ) -> tuple[LMStep, ...]:
+def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *, name_re: Any,
+                        source_dir: Path | None = None) -> tuple[LMStep, ...]:
     """``models[i].lm_mitigation``: one step (a mapping or a technique name) or a list of steps,
-    each checked before anything runs (technique, fields, parameters, corpus file, language)."""
-    from audit.lm_mitigation.pairs import derive_pairs
-    from jobs.spec import _DERIVED_NAME_RE
-    from jobs.validators import check_fields, mapping, plain_values, string
-
+    each checked before anything runs (technique, fields, parameters, corpus file, language);
+    ``name_re``: the spec's rule for derived model names."""
     items = v if isinstance(v, list) else [v]
     if not items:
         raise ctx.data(path, "expected an LM debiasing step or a non-empty list of steps")
@@ -117,36 +115,29 @@ def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *, source_
                 raise ctx.param(f"{p}.corpus", f"{corpus}: no such file")
             corpus = str(cp.resolve())
         name = string(ctx, f"{p}.name", d["name"]) if d.get("name") is not None else f"{model_name}+{tech}"
-        if not _DERIVED_NAME_RE.match(name):
+        if not name_re.match(name):
             raise ctx.param(f"{p}.name", f"{name!r}: use letters, digits, '-', '_', '.' and '+' only")
         steps.append(LMStep(technique=tech, name=name, corpus=corpus, language=lang, params=params))
     return tuple(steps)
 
 
-def variant_model(base: Any, step: LMStep) -> Any:
-    """The model spec of a variant of ``base`` (reference ``built:<name>``), with the original's
-    languages, parameters, tests and load options, and the tags that link it to the original."""
-    from jobs.spec import ModelSpec
-
+def variant_fields(base: Any, step: LMStep) -> dict[str, Any]:
+    """The :class:`jobs.spec.ModelSpec` fields of a variant of ``base`` (reference
+    ``built:<name>``): the original's languages, parameters, tests and load options, and the
+    tags that link it to the original (technique, parameters, language, corpus and pairs digests)."""
     build = {"kind": KIND, "base": base.name, "technique": step.technique, "corpus": step.corpus,
              "language": step.language, "params": dict(step.params)}
     tags = {"audit.lm_mitigation": step.technique, "audit.base_model": base.name,
             "audit.lm_mitigation.language": step.language, "audit.lm_mitigation.corpus": str(step.corpus)}
     params = {"lm_mitigation": step.technique, "base_model": base.name, "lm_mitigation.language": step.language}
     if step.corpus is not None and step.corpus != TESTS_CORPUS:
-        from audit.lm_mitigation.steps import corpus_digest
-        from jobs.lm_builders import read_corpus
-
         tags["audit.lm_mitigation.corpus_digest"] = params["lm_mitigation.corpus_digest"] = \
             corpus_digest(read_corpus(step.corpus))
     if step.technique != "self_debias":
-        from audit.lm_mitigation.pairs import derive_pairs
-        from audit.lm_mitigation.steps import pairs_digest
-
         tags["audit.lm_mitigation.pairs_digest"] = params["lm_mitigation.pairs_digest"] = \
             pairs_digest(derive_pairs(step.language))
     for k, x in sorted(step.params.items()):
         tags[f"audit.lm_mitigation.param.{k}"] = params[f"lm_mitigation.param.{k}"] = json.dumps(x, sort_keys=True)
     options = {k: v for k, v in base.options.items() if k in ("dtype", "device")}
-    return ModelSpec(ref=f"built:{step.name}", name=step.name, languages=base.languages, options=options,
-                     params=dict(base.params), build=build, tests=base.tests, run_tags=tags, run_params=params)
+    return dict(ref=f"built:{step.name}", name=step.name, languages=base.languages, options=options,
+                params=dict(base.params), build=build, tests=base.tests, run_tags=tags, run_params=params)

@@ -59,6 +59,7 @@ import numpy as np
 import pandas as pd
 
 from audit import registry
+from audit.measure.perplexity import PERPLEXITY
 from audit.multitest import adjust_rows
 from audit.naming import natural_key
 from jobs.builders import ARTIFACT_MAX_BYTES
@@ -981,8 +982,11 @@ def status_counts(df: pd.DataFrame, *, model_order: list[str] | None = None) -> 
     return "\n".join(lines)
 
 
-#: LM-ability metrics as results record them (lower = better model), reported beside the bias scores.
-ABILITY_METRICS = ("perplexity", "pseudo_perplexity")
+#: LM-ability metrics as results record them (the metrics of the perplexity family and their
+#: per-kind result names; lower = better model), reported beside the bias scores.
+ABILITY_METRICS = tuple(dict.fromkeys(
+    n for m in registry.names() if registry.get(m).family is PERPLEXITY
+    for n in (m, *registry.get(m).result_names.values())))
 
 
 def bias_ability_frame(df: pd.DataFrame, *, model_order: list[str] | None = None) -> pd.DataFrame:

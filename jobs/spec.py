@@ -59,6 +59,7 @@ from audit import registry
 from audit.backends import table as backend_table
 from audit.errors import AuditError, ParameterError
 from audit.mitigation import get_mitigation, load_definitions
+from jobs.lm_spec import parse_lm_mitigation, variant_fields
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
 from jobs.validators import (
     NAME_RE,
@@ -435,9 +436,8 @@ def _model(ctx: Ctx, i: int, v: Any) -> ModelSpec:
                             "debiasing applies to static embeddings only")
     lm_steps = ()
     if d.get("lm_mitigation") is not None:
-        from jobs.lm_spec import parse_lm_mitigation
-
-        lm_steps = parse_lm_mitigation(ctx, f"{path}.lm_mitigation", d["lm_mitigation"], name)
+        lm_steps = parse_lm_mitigation(ctx, f"{path}.lm_mitigation", d["lm_mitigation"], name,
+                                       name_re=_DERIVED_NAME_RE)
     return ModelSpec(
         ref=ref, name=name, languages=langs, options=options,
         params=plain_values(ctx, f"{path}.params", d.get("params")), build=build, tests=tests, mitigation=steps,
@@ -515,12 +515,10 @@ def _expand_mitigation(models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
             out.append(m)
             continue
         if m.lm_mitigation:
-            from jobs.lm_spec import variant_model
-
             tags = {"audit.lm_mitigation": "none", "audit.base_model": m.name, **m.run_tags}
             params = {"lm_mitigation": "none", "base_model": m.name, **m.run_params}
             out.append(dataclasses.replace(m, run_tags=tags, run_params=params))
-            out.extend(variant_model(m, s) for s in m.lm_mitigation)
+            out.extend(ModelSpec(**variant_fields(m, s)) for s in m.lm_mitigation)
             continue
         tags = {"audit.mitigation": "none", "audit.base_model": m.name, **m.run_tags}
         params = {"mitigation": "none", "base_model": m.name, **m.run_params}

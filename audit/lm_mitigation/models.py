@@ -17,13 +17,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
 from audit.backends.hf_embed import METHODS, default_method
 from audit.errors import ModelError
-from audit.runner import LoadedModel
+from audit.lm_mitigation import TECHNIQUES
+from audit.lm_mitigation.self_debias import rescale
+from audit.lm_mitigation.steps import INLP, SelfDebias, SentenceDebias
 
 __all__ = ["MANIFEST", "ProjectedModel", "SelfDebiasedModel", "debiased", "load_variant", "variant_revision"]
 
@@ -88,7 +91,7 @@ class ProjectedModel:
         return out
 
 
-def debiased(model: LoadedModel, step: Any) -> LoadedModel:
+def debiased(model: Any, step: Any) -> Any:
     """A :class:`LoadedModel` whose representations ``step`` (fitted INLP / SentenceDebias) debiases."""
     h = ProjectedModel(model.handle, step)
     return dataclasses.replace(model, ref=h.ref, revision=h.revision, handle=h, cache={})
@@ -118,8 +121,6 @@ class SelfDebiasingLM:
 
     def forward(self, input_ids, attention_mask=None):
         import torch
-
-        from audit.lm_mitigation.self_debias import rescale
 
         out = None
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -174,8 +175,6 @@ class SelfDebiasedModel:
         if name in self._SCORING_OPS:
             return getattr(self._scoring, name)
         if name in ("topk_fills", "first_words"):
-            from audit.lm_mitigation import TECHNIQUES
-
             raise ModelError(f"model {self.ref!r}: {dict(TECHNIQUES['self_debias'].not_wired)['completions']}")
         if name == "embed":
             raise ModelError(f"model {self.ref!r}: self_debias changes the output distribution, not the "
@@ -195,20 +194,16 @@ class SelfDebiasedModel:
         return out
 
 
-def load_variant(path: str, **options: Any) -> LoadedModel:
+def load_variant(path: str, load: Callable[..., Any], **options: Any) -> Any:
     """Load a variant directory a sweep built (``lm_mitigation.json``: technique, parameters, the
     base model's local reference and load options, provenance; ``fitted.npy`` for a projection):
-    the base model loaded with its options, wrapped by :class:`ProjectedModel` or
-    :class:`SelfDebiasedModel`. Its revision is the manifest's (:func:`variant_revision`, which
-    the driver reads without loading)."""
-    from pathlib import Path
-
-    from audit.lm_mitigation.steps import INLP, SelfDebias, SentenceDebias
-    from audit.runner import load_model
-
+    the base model loaded with ``load`` (:func:`audit.runner.load_model`, which calls this for such
+    a directory) and its options, wrapped by :class:`ProjectedModel` or :class:`SelfDebiasedModel`
+    (a :class:`audit.runner.LoadedModel`). Its revision is the manifest's (:func:`variant_revision`,
+    which the driver reads without loading); a mismatch (the base changed) is refused."""
     d = Path(path)
     man = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
-    base = load_model(man["base_local_ref"], **{**man.get("base_options", {}), **options})
+    base = load(man["base_local_ref"], **{**man.get("base_options", {}), **options})
     tech = man["technique"]
     if tech == "self_debias":
         step = SelfDebias(**man["params"])
