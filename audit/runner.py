@@ -124,7 +124,8 @@ def load_model(
     dtype, device, device_map: Hugging Face models (:func:`audit.backends.hf.load_hf_model`).
     """
     if isinstance(ref, str) and (Path(ref) / LM_VARIANT_MANIFEST).is_file():  # a debiased LM variant (sweeps)
-        return load_variant(ref, load_model, **{k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None})
+        opts = {k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None}
+        return load_variant(ref, load_model, **opts)
     row = backend_table.get(backend) if backend is not None else None
     if backend is not None and row is None:
         raise ModelError(f"model {ref!r}: unknown backend {backend!r}{suggest(backend, backend_table.names())}; "

@@ -41,7 +41,13 @@ sys.path.insert(0, str(ROOT))
 from audit import runner, tiny_models  # noqa: E402
 from audit.datasets import corpus_from_tests  # noqa: E402
 from audit.lm_mitigation import TECHNIQUES  # noqa: E402
-from audit.lm_mitigation.inlp import gender_sentences, inlp_projection, labels_for, mean_last_hidden, split_dataset  # noqa: E402,E501
+from audit.lm_mitigation.inlp import (  # noqa: E402
+    gender_sentences,
+    inlp_projection,
+    labels_for,
+    mean_last_hidden,
+    split_dataset,
+)
 from audit.lm_mitigation.models import ProjectedModel, SelfDebiasedModel  # noqa: E402
 from audit.lm_mitigation.pairs import derive_pairs  # noqa: E402
 from audit.lm_mitigation.sentence_debias import bias_direction, counterfactual_pairs, mean_pooled  # noqa: E402

@@ -91,7 +91,8 @@ def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *, name_re
             raise ctx.data(p, "missing required field 'technique'")
         tech = string(ctx, f"{p}.technique", d["technique"])
         if tech not in TECHNIQUES:
-            raise ctx.param(f"{p}.technique", f"unknown LM debiasing technique {tech!r}; known: {', '.join(TECHNIQUES)}")
+            raise ctx.param(f"{p}.technique",
+                            f"unknown LM debiasing technique {tech!r}; known: {', '.join(TECHNIQUES)}")
         params = plain_values(ctx, f"{p}.params", d.get("params"))
         try:
             _check_params(tech, dict(params))

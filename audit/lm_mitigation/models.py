@@ -135,7 +135,8 @@ class SelfDebiasingLM:
                     pid = torch.as_tensor(self._tok(text, add_special_tokens=False)["input_ids"], dtype=ids.dtype,
                                           device=ids.device)
                     if self._kind == "causal":
-                        biased.append(self._model(input_ids=torch.cat([pid, ids]).unsqueeze(0))["logits"][0, -len(ids):])
+                        full = torch.cat([pid, ids]).unsqueeze(0)
+                        biased.append(self._model(input_ids=full)["logits"][0, -len(ids):])
                     else:
                         full = torch.cat([pid, ids[1:]]).unsqueeze(0)
                         biased.append(self._model(input_ids=full)["logits"][0, len(pid) - 1: len(pid) - 1 + len(ids)])
