@@ -53,8 +53,20 @@ class TaskOutcome:
 
 def _loaded_stub(desc: dict[str, str]) -> LoadedModel:
     """A :class:`LoadedModel` without its handle: what :func:`make_result` needs."""
+    handle = _Mitigation(desc["mitigation"]) if "mitigation" in desc else None  # a debiased LM variant
     return LoadedModel(ref=desc["model"], kind=desc["kind"], backend=desc["backend"],
-                       revision=desc["revision"], handle=None, load=desc.get("load", ""))
+                       revision=desc["revision"], handle=handle, load=desc.get("load", ""))
+
+
+class _Mitigation:
+    """The debiasing provenance of a variant's description (technique, parameters, pairs and
+    corpus digests: :meth:`audit.lm_mitigation.models.ProjectedModel.load_info`), kept in its results."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def load_info(self) -> dict[str, str]:
+        return {"mitigation": self.text}
 
 
 def ray_map():

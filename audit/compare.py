@@ -116,6 +116,8 @@ from audit.stats import (
 
 __all__ = [
     "ALIGNED_MIN_COSINE",
+    "PERPLEXITY_COMPARER",
+    "compare_perplexity",
     "COMPARE_OPTIONS",
     "EFFECT_SIZE_COMPARER",
     "LPBS_COMPARER",
@@ -854,6 +856,30 @@ LPBS_COMPARER = MetricComparer(items=_lpbs_items, keys=_lpbs_key,
 PROPORTION_COMPARER = MetricComparer(
     items=_crows_items, keys=_pair_key, neutral=50.0, options=("alternative", "n_bootstrap", "confidence", "seed"),
     test="exact McNemar test of the discordant pairs; paired bootstrap CI",
+)
+
+
+def compare_perplexity(items_a: pd.DataFrame, items_b: pd.DataFrame, **kwargs: Any) -> Comparison:
+    """Perplexity (or pseudo-perplexity) of two models on the same held-out sentences, matched by
+    ``line``: each side's headline ``exp(-sum ll / sum n_tokens)`` (:mod:`audit.measure.perplexity`);
+    :func:`paired_compare` resamples the sentences (paired bootstrap) and swaps each sentence's
+    ``(ll, n_tokens)`` between the models (label swap). ``delta = B - A`` (positive: B models the
+    text worse). The token counts may differ between tokenizers; the ratio is taken per side."""
+    ja = _join_items(items_a, items_b, ["line"], "ll", "held-out text")
+    jn = _join_items(items_a, items_b, ["line"], "n_tokens", "held-out text")
+    a = np.column_stack([ja["ll_a"].to_numpy(float), jn["n_tokens_a"].to_numpy(float)])
+    b = np.column_stack([ja["ll_b"].to_numpy(float), jn["n_tokens_b"].to_numpy(float)])
+
+    def stat(v: np.ndarray) -> np.ndarray:
+        return np.exp(-v[..., 0].sum(axis=-1) / v[..., 1].sum(axis=-1))
+
+    return paired_compare(a, b, stat, **kwargs)
+
+
+#: Perplexity / pseudo-perplexity (LM ability, not a bias score): :func:`compare_perplexity`.
+PERPLEXITY_COMPARER = MetricComparer(
+    items=lambda ia, ib, params, **kw: compare_perplexity(ia, ib, **kw), keys=lambda items: ["line"],
+    test="label swap of each sentence's (log-likelihood, tokens) between the models; paired bootstrap CI",
 )
 
 

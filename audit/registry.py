@@ -31,6 +31,7 @@ from pydantic import ValidationError, create_model
 from audit.compare import (
     EFFECT_SIZE_COMPARER,
     LPBS_COMPARER,
+    PERPLEXITY_COMPARER,
     PROPORTION_COMPARER,
     MetricComparer,
     item_mean_comparer,
@@ -344,6 +345,7 @@ _ENTRIES: tuple[Metric, ...] = (
         reference="Salazar, Liang, Nguyen & Kirchhoff (2020), Masked Language Model Scoring, ACL (pseudo-perplexity); "
                   "Meade, Poole-Dayan & Reddy (2022), ACL (LM ability beside debiasing, bias-bench)",
         result_names={"mlm": "pseudo_perplexity"},
+        comparer=PERPLEXITY_COMPARER,
         items="one row per sentence: its log-likelihood (or PLL) and scored tokens",
         properties={**_HOLDS, "group_swap": "n/a: no groups (a held-out text, not a bias test)",
                     "scale": "n/a: the numbers are log-likelihoods of a model, no vectors to scale",

@@ -24,6 +24,8 @@ from audit.datasets import load_test as load_dataset
 from audit.datasets.crows_pairs import TEST_NAME as CROWS_PAIRS_TEST
 from audit.entries import Measurement
 from audit.errors import DataError, ModelError, ParameterError, suggest
+from audit.lm_mitigation.models import MANIFEST as LM_VARIANT_MANIFEST
+from audit.lm_mitigation.models import load_variant
 from audit.provenance import load_key, package_versions, task_key
 from audit.result import MetricOutput, Result
 from audit.suites import SentencePairs, UnreadableTest, WordTest
@@ -121,6 +123,9 @@ def load_model(
     words:   for static text formats, the only words to keep (what the tests need).
     dtype, device, device_map: Hugging Face models (:func:`audit.backends.hf.load_hf_model`).
     """
+    if isinstance(ref, str) and (Path(ref) / LM_VARIANT_MANIFEST).is_file():  # a debiased LM variant (sweeps)
+        opts = {k: v for k, v in (("dtype", dtype), ("device", device)) if v is not None}
+        return load_variant(ref, load_model, **opts)
     row = backend_table.get(backend) if backend is not None else None
     if backend is not None and row is None:
         raise ModelError(f"model {ref!r}: unknown backend {backend!r}{suggest(backend, backend_table.names())}; "

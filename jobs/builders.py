@@ -47,6 +47,7 @@ from audit.errors import AuditError, ModelError
 from audit.mitigation import apply_mitigation, as_matrix, load_definitions
 from audit.provenance import code_version
 from audit.runner import load_model
+from jobs.lm_builders import build_lm_variant
 from jobs.resolve import (
     MATRIX_FILE,
     built_path,
@@ -135,6 +136,8 @@ def build_models(spec, plan) -> dict[str, Path]:
     for m in spec.models:
         if m.build and m.build.get("kind") == "mitigation":
             out[m.name] = build_mitigated(spec, m, plan)
+        elif m.build and m.build.get("kind") == "lm_mitigation":  # a debiased LM variant (jobs.lm_spec)
+            out[m.name] = build_lm_variant(spec, m)
         elif m.build:
             out[m.name] = build_model(spec.output_dir, m.name, dict(m.build))
     return out

@@ -11,8 +11,8 @@ corpus itself, with :func:`audit.lm_mitigation.training.set_dropout`) and writes
   re-run with the same key returns the existing checkpoint without training; any change retrains.
 - ``mitigation.json``: the same plus the step's provenance and the training losses.
 
-Not yet wired into sweep specs (``models[i].mitigation`` accepts the static methods only); the
-sweep step will call this function from a Ray task, on the GPU when there is one.
+A sweep spec names these (and the projection / Self-Debias variants) in ``models[i].lm_mitigation``
+(:mod:`jobs.lm_spec`); the driver builds them with :func:`build_lm_variant` before planning keys.
 """
 
 from __future__ import annotations
@@ -21,16 +21,27 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from audit.backends.hf import dir_digest
-from audit.errors import DataError, ParameterError
-from audit.lm_mitigation.pairs import derive_pairs
-from audit.lm_mitigation.steps import CDA, corpus_digest, pairs_digest
-from audit.lm_mitigation.training import further_pretrain, set_dropout
+import numpy as np
 
-__all__ = ["TRAINED_TECHNIQUES", "build_lm_debiased", "read_corpus"]
+from audit.backends.hf import dir_digest
+from audit.datasets import corpus_from_tests
+from audit.errors import DataError, ParameterError
+from audit.lm_mitigation import TECHNIQUES
+from audit.lm_mitigation.models import FITTED, MANIFEST, variant_revision
+from audit.lm_mitigation.pairs import derive_pairs
+from audit.lm_mitigation.steps import CDA, INLP, SelfDebias, SentenceDebias, corpus_digest, pairs_digest
+from audit.lm_mitigation.training import further_pretrain, set_dropout
+from audit.runner import load_model
+from jobs.resolve import model_kind, probe_revision, resolve_ref
+
+__all__ = ["TESTS_CORPUS", "TRAINED_TECHNIQUES", "build_lm_debiased", "build_lm_variant", "read_corpus"]
+
+#: ``corpus: tests`` in a spec step: the text built from the language's shipped tests.
+TESTS_CORPUS = "tests"
 
 TRAINED_TECHNIQUES = ("cda", "dropout")
 _TRAIN_PARAMS = {"steps": 100, "batch_size": 8, "lr": 5e-5, "max_length": 128, "seed": 0}
@@ -93,6 +104,88 @@ def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.P
         tok.save_pretrained(tmp)
         (tmp / "mitigation.json").write_text(json.dumps({**record, "provenance": prov, "losses": losses},
                                                         indent=1, sort_keys=True, default=str), encoding="utf-8")
+        (tmp / "build.json").write_text(text, encoding="utf-8")
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# --------------------------------------------------------------------------------------
+# Variants of a sweep spec (models[i].lm_mitigation, jobs.lm_spec)
+# --------------------------------------------------------------------------------------
+
+
+def _variant_corpus(spec, build: dict[str, Any]) -> tuple[list[str], str]:
+    """The step's corpus sentences and the path of its file (``tests``: the text built from the
+    language's shipped tests, written once to ``<output_dir>/corpora/tests-<language>.txt``)."""
+    if build["corpus"] != TESTS_CORPUS:
+        return read_corpus(build["corpus"]), build["corpus"]
+    lang = build["language"]
+    lines = corpus_from_tests([lang], seed=0)[lang]
+    path = Path(spec.output_dir) / "corpora" / f"tests-{lang}.txt"
+    text = "\n".join(lines) + "\n"
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    return lines, str(path)
+
+
+def build_lm_variant(spec, model) -> Path:
+    """Build (or find) the variant ``model`` (a :func:`jobs.lm_spec.variant_model`) into
+    ``<output_dir>/models/<name>/``; return that directory (module docstrings of this module and
+    :mod:`jobs.lm_spec`). Projections are fitted on the original loaded with its options; the
+    directory is rebuilt only when the original's revision, the technique, its parameters, the
+    corpus or the pairs change (``build.json``)."""
+    b = dict(model.build)
+    base = spec.model(b["base"])
+    local = resolve_ref(base.ref, output_dir=spec.output_dir, build=dict(base.build) if base.build else None)
+    kind = model_kind(base.ref, base.backend, dict(base.build) if base.build else None, local_ref=local)
+    tech = b["technique"]
+    if tech in TRAINED_TECHNIQUES:
+        if not Path(local).is_dir():
+            raise ParameterError(f"model {base.name!r}: {tech} further pre-trains a local checkpoint folder; "
+                                 f"{base.ref!r} is not one")
+        _, corpus_path = _variant_corpus(spec, b)
+        return build_lm_debiased(spec.output_dir, model.name, local, kind=kind, technique=tech, corpus=corpus_path,
+                                 language=b["language"], params=b["params"])
+    lines, corpus_path = _variant_corpus(spec, b) if b["corpus"] is not None else (None, None)
+    pairs = derive_pairs(b["language"]) if tech != "self_debias" else None
+    options = {k: v for k, v in base.options.items() if k in ("backend", "revision", "dtype", "device",
+                                                               "trust_remote_code", "allow_pickle")}
+    record = {"kind": "lm_mitigation", "technique": tech, "params": b["params"], "base": base.name,
+              "base_local_ref": local, "base_options": options,
+              "base_revision": probe_revision(local, kind, dict(base.options)),
+              "corpus_digest": corpus_digest(lines) if lines is not None else None,
+              "pairs_digest": pairs_digest(pairs) if pairs is not None else None, "language": b["language"]}
+    text = json.dumps(record, sort_keys=True, default=str)
+    target = Path(spec.output_dir).resolve() / "models" / model.name
+    if record["base_revision"] is not None and (target / "build.json").is_file() \
+            and (target / "build.json").read_text(encoding="utf-8") == text:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=target.parent))
+    try:
+        t0 = time.perf_counter()
+        loaded = load_model(local, **options)
+        h = loaded.handle
+        fitted = None
+        if tech == "self_debias":
+            step: Any = SelfDebias(**b["params"])
+            prov = {"technique": tech, "reference": TECHNIQUES[tech].reference, "params": step.get_params()}
+        else:
+            step = {"inlp": INLP, "sentence_debias": SentenceDebias}[tech](**b["params"])
+            step.fit(h.model, h.tokenizer, lines, pairs)
+            fitted = step.projection_ if tech == "inlp" else step.directions_
+            np.save(tmp / FITTED, np.asarray(fitted, dtype=np.float64))
+            prov = json.loads(json.dumps(step.provenance_, sort_keys=True, default=str))
+        manifest = {**record, "corpus": corpus_path, "provenance": prov, "fit_seconds": time.perf_counter() - t0,
+                    "revision": variant_revision(loaded.revision, tech, fitted, prov)}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str), encoding="utf-8")
         (tmp / "build.json").write_text(text, encoding="utf-8")
         if target.exists():
             shutil.rmtree(target)

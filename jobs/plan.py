@@ -30,6 +30,7 @@ from audit.datasets import registry as dataset_registry
 from audit.datasets import stub_of
 from audit.datasets import test_type as dataset_test_type
 from audit.errors import AuditError, DataError, ParameterError
+from audit.lm_mitigation import family_reason, kind_reason
 from audit.naming import natural_key
 from audit.provenance import load_key, task_key
 from audit.runner import load_test, words_for
@@ -221,7 +222,9 @@ def spec_field(spec: SweepSpec, i: int) -> str:
     """The spec field of ``spec.models[i]`` for messages: ``models[k]`` as written in the file
     (debiased copies, inserted after their original, are ``models[k].mitigation``)."""
     k = sum(1 for m in spec.models[: i + 1] if m.mitigated_from is None) - 1
-    return f"models[{k}].mitigation" if spec.models[i].mitigated_from is not None else f"models[{k}]"
+    if spec.models[i].mitigated_from is None:
+        return f"models[{k}]"
+    return f"models[{k}].{'lm_mitigation' if spec.models[i].build.get('kind') == 'lm_mitigation' else 'mitigation'}"
 
 
 def model_infos(spec: SweepSpec) -> dict[str, ModelInfo]:
@@ -229,6 +232,13 @@ def model_infos(spec: SweepSpec) -> dict[str, ModelInfo]:
     out = {}
     for i, m in enumerate(spec.models):
         local = resolve_ref(m.ref, output_dir=spec.output_dir, build=dict(m.build) if m.build else None)
+        if m.build and m.build.get("kind") == "lm_mitigation":  # a debiased LM variant: the original's kind
+            kind = out[m.build["base"]].kind
+            why = kind_reason(m.build["technique"], kind)
+            if why:
+                raise ParameterError(f"{spec.source}: {spec_field(spec, i)}: model {m.build['base']!r}: {why}")
+            out[m.name] = ModelInfo(spec=m, local_ref=local, kind=kind)
+            continue
         try:
             kind = model_kind(m.ref, m.backend, dict(m.build) if m.build else None, local_ref=local)
         except ParameterError as e:
@@ -317,6 +327,11 @@ def expand(spec: SweepSpec, *, infos: dict[str, ModelInfo] | None = None) -> Pla
             if why_kind:
                 skipped.append(Skipped(m.name, "*", "*", ms.name, why_kind))
                 continue
+            if m.build and m.build.get("kind") == "lm_mitigation":
+                why_lm = family_reason(m.build["technique"], registry.get(ms.name).family.name)
+                if why_lm:
+                    skipped.append(Skipped(m.name, "*", "*", ms.name, why_lm))
+                    continue
             wanted_type = registry.get(ms.name).family.test_type
             params = task_params(spec, m, ms.name, dict(ms.params))
             patterns = ms.tests or spec.tests

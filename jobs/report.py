@@ -24,6 +24,10 @@ Written to ``<output_dir>/reports/`` and logged on the sweep's parent run under 
   (diverging colours centred on 0, values annotated with the same marks as the tables and a
   footnote saying which p-values they read, ``fail`` on failed tasks).
 
+- ``bias_ability.csv``: when the sweep ran an LM-ability metric (perplexity, pseudo-perplexity),
+  bias and LM ability side by side, one row per (language, model) (:func:`bias_ability_frame`;
+  the terminal summary prints it too).
+
 When the sweep has debiased copies of static models (``models[i].mitigation``), also:
 
 - ``mitigation/before_after.csv`` and ``.parquet``: one row per (debiased model, language, test,
@@ -55,6 +59,7 @@ import numpy as np
 import pandas as pd
 
 from audit import registry
+from audit.measure.perplexity import PERPLEXITY
 from audit.multitest import adjust_rows
 from audit.naming import natural_key
 from jobs.builders import ARTIFACT_MAX_BYTES
@@ -630,6 +635,11 @@ def write_reports(df: pd.DataFrame, out_dir: str | Path, *, model_order: list[st
             written += _plot_effects(sub, metric, lang, out / "plots" / f"effects_{stem}.png", model_order or [])
             written += _plot_heatmap(sub, metric, lang, out / "plots" / f"heatmap_{stem}.png", model_order or [], mc)
     written += write_breakdowns(df, out, model_order=model_order)
+    ability = bias_ability_frame(df, model_order=model_order)
+    if not ability.empty:
+        p = out / "bias_ability.csv"
+        ability.to_csv(p, index=False)
+        written.append(p)
     if mitigations is None:
         mitigations = find_mitigations(df, out.parent / "models")
     if mitigations:
@@ -975,6 +985,54 @@ def status_counts(df: pd.DataFrame, *, model_order: list[str] | None = None) -> 
     return "\n".join(lines)
 
 
+#: LM-ability metrics as results record them (the metrics of the perplexity family and their
+#: per-kind result names; lower = better model), reported beside the bias scores.
+ABILITY_METRICS = tuple(dict.fromkeys(
+    n for m in registry.names() if registry.get(m).family is PERPLEXITY
+    for n in (m, *registry.get(m).result_names.values())))
+
+
+def bias_ability_frame(df: pd.DataFrame, *, model_order: list[str] | None = None) -> pd.DataFrame:
+    """Bias and LM ability side by side: one row per (language, model), one column per metric:
+    for a bias metric the mean of its finished headline values over the language's tests (the
+    effect size for WEAT/SEAT/LPBS; ``<metric>_n``: how many tests), for an LM-ability metric
+    (:data:`ABILITY_METRICS`) its value on the held-out text. Empty when the sweep ran no
+    LM-ability metric or nothing finished (docs/mitigation.md)."""
+    fin = df[df["status"] == "finished"] if not df.empty else df
+    if fin.empty or not fin["metric"].isin(ABILITY_METRICS).any():
+        return pd.DataFrame()
+    metrics = sorted(set(fin["metric"]) - set(ABILITY_METRICS)) + [m for m in ABILITY_METRICS
+                                                                     if m in set(fin["metric"])]
+    rows = []
+    for lang in sorted(set(fin["language"])):
+        sub = fin[fin["language"] == lang]
+        for model in _order(sub["model"], model_order):
+            ms = sub[sub["model"] == model]
+            row: dict = {"language": lang, "model": model}
+            for metric in metrics:
+                vals = pd.to_numeric(ms.loc[ms["metric"] == metric, "value"], errors="coerce")
+                row[metric] = float(vals.mean()) if vals.notna().any() else np.nan
+                if metric not in ABILITY_METRICS:
+                    row[f"{metric}_n"] = int(vals.notna().sum())
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def bias_ability_text(df: pd.DataFrame, *, model_order: list[str] | None = None, digits: int = 3) -> str:
+    """:func:`bias_ability_frame` as plain text blocks, one per language (``""`` when empty)."""
+    ba = bias_ability_frame(df, model_order=model_order)
+    if ba.empty:
+        return ""
+    blocks = []
+    for lang, sub in ba.groupby("language", sort=True):
+        tab = sub.drop(columns=["language"] + [c for c in sub.columns if c.endswith("_n")]).set_index("model")
+        tab = tab.dropna(axis=1, how="all")
+        head = (f"bias and LM ability ({lang}): mean headline value over the tests per bias metric; "
+                "perplexity / pseudo-perplexity on the held-out text (lower = better model)")
+        blocks.append(head + "\n" + tab.to_string(float_format=lambda v: f"{v:.{digits}f}", na_rep=""))
+    return "\n\n".join(blocks)
+
+
 def summary_table(df: pd.DataFrame, *, model_order: list[str] | None = None,
                   multiple_comparisons: MultipleComparisons | None = None) -> str:
     """A terminal summary: counts per model and status, the headline values (model x test per
@@ -986,6 +1044,9 @@ def summary_table(df: pd.DataFrame, *, model_order: list[str] | None = None,
     heads = headline_tables(df, model_order=model_order, multiple_comparisons=multiple_comparisons)
     if heads:
         lines.append("\n" + heads)
+    ability = bias_ability_text(df, model_order=model_order)
+    if ability:
+        lines.append("\n" + ability)
     fails = failure_summary(df)
     if fails:
         n = int((df["status"] != "finished").sum())

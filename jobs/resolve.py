@@ -144,6 +144,8 @@ def probe_revision(local_ref: str, kind: str, options: dict[str, Any] | None = N
     try:
         name, rev = hf.parse_hf_ref(local_ref)
         p = Path(name)
+        if (p / "lm_mitigation.json").is_file():  # a debiased LM variant: the revision its builder recorded
+            return json.loads((p / "lm_mitigation.json").read_text(encoding="utf-8"))["revision"]
         if p.is_dir():
             return hf.dir_digest(p)
         # the loader's own resolution: retried on transient hub errors; offline (or with the hub

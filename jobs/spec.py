@@ -66,6 +66,7 @@ from audit.backends import table as backend_table
 from audit.errors import AuditError, DataError, ParameterError
 from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, check, validate
 from audit.mitigation import get_mitigation, load_definitions
+from jobs.lm_spec import parse_lm_mitigation, variant_fields
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
 from jobs.validators import (
     Ctx,
@@ -155,6 +156,8 @@ class ModelSpec:
     build: Mapping[str, Any] | None = None
     tests: tuple[str, ...] | None = None
     mitigation: tuple[MitigationStep, ...] = ()
+    #: debiased variants of a language model (:mod:`jobs.lm_spec`), each added after it like ``mitigation``
+    lm_mitigation: tuple[Any, ...] = ()
     run_tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
     run_params: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -165,7 +168,8 @@ class ModelSpec:
     @property
     def mitigated_from(self) -> str | None:
         """The name of the original model when this is a debiased copy, else ``None``."""
-        return self.build.get("base") if self.build and self.build.get("kind") == MITIGATION_KIND else None
+        derived = (MITIGATION_KIND, "lm_mitigation")
+        return self.build.get("base") if self.build and self.build.get("kind") in derived else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -432,6 +436,7 @@ class ModelFields(Section):
     languages: Languages | None = None
     tests: Strings | None = None
     mitigation: Any = None
+    lm_mitigation: Any = None
     params: PlainValues | None = None
 
     @field_validator("revision")
@@ -506,9 +511,13 @@ def _model(ctx: Ctx, i: int, f: ModelFields, raw: Any) -> ModelSpec:
             what = options.get("backend") or f"build kind {build['kind']}"  # type: ignore[index]
             raise ctx.param(f"{path}.mitigation", f"model {name!r} is not static word vectors ({what}); "
                             "debiasing applies to static embeddings only")
+    lm_steps = ()
+    if f.lm_mitigation is not None:
+        lm_steps = parse_lm_mitigation(ctx, f"{path}.lm_mitigation", f.lm_mitigation, name,
+                                       name_re=_DERIVED_NAME_RE)
     return ModelSpec(
         ref=ref, name=name, languages=f.languages, options=options,
-        params=dict(f.params or {}), build=build, tests=f.tests, mitigation=steps,
+        params=dict(f.params or {}), build=build, tests=f.tests, mitigation=steps, lm_mitigation=lm_steps,
     )
 
 
@@ -578,8 +587,14 @@ def _expand_mitigation(models: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
     """Each model followed by its debiased copies; the original gets ``audit.mitigation=none``."""
     out: list[ModelSpec] = []
     for m in models:
-        if not m.mitigation:
+        if not m.mitigation and not m.lm_mitigation:
             out.append(m)
+            continue
+        if m.lm_mitigation:
+            tags = {"audit.lm_mitigation": "none", "audit.base_model": m.name, **m.run_tags}
+            params = {"lm_mitigation": "none", "base_model": m.name, **m.run_params}
+            out.append(dataclasses.replace(m, run_tags=tags, run_params=params))
+            out.extend(ModelSpec(**variant_fields(m, s)) for s in m.lm_mitigation)
             continue
         tags = {"audit.mitigation": "none", "audit.base_model": m.name, **m.run_tags}
         params = {"mitigation": "none", "base_model": m.name, **m.run_params}
@@ -659,6 +674,11 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
                 raise ctx.param(f"models[{i}].mitigation[{j}].name" if len(m.mitigation) > 1 else f"models[{i}].mitigation",
                                 f"duplicate model name {st.name!r} (also {where}); give the step a distinct `name:`")
             seen[st.name] = f"models[{i}].mitigation[{j}]"  # type: ignore[assignment]
+        for j, st in enumerate(m.lm_mitigation):
+            if st.name in seen:
+                raise ctx.param(f"models[{i}].lm_mitigation[{j}].name",
+                                f"duplicate model name {st.name!r}; give the step a distinct `name:`")
+            seen[st.name] = f"models[{i}].lm_mitigation[{j}]"  # type: ignore[assignment]
     models = _expand_mitigation(models)
     metrics = tuple(_metric(ctx, i, m) for i, m in enumerate(f.metrics))
     mseen: dict[tuple, int] = {}

@@ -27,15 +27,18 @@ from audit.measure.bbq import CHOICES
 from audit.measure.crows_pairs import PAIR_SCORES
 from audit.measure.honest import COMPLETIONS
 from audit.measure.lpbs import LPBS_SCORES
+from audit.measure.perplexity import PERPLEXITY
 from audit.measure.sentences import SEAT_SENTENCES
 from audit.measure.words import ASSOCIATION
 
-__all__ = ["Technique", "TECHNIQUES", "check_applicable"]
+__all__ = ["Technique", "TECHNIQUES", "check_applicable", "family_reason", "kind_reason"]
 
 #: Families that read representations (``embed``): a projection applies where they are read.
 REPRESENTATION_FAMILIES = (ASSOCIATION.name, SEAT_SENTENCES.name)
-#: Families that read the output distribution (scores, completions).
-SCORING_FAMILIES = (PAIR_SCORES.name, LPBS_SCORES.name, COMPLETIONS.name, CHOICES.name)
+#: Families that read the output distribution (scores, completions, LM ability).
+SCORING_FAMILIES = (PAIR_SCORES.name, LPBS_SCORES.name, COMPLETIONS.name, CHOICES.name, PERPLEXITY.name)
+#: Families Self-Debias changes (scoring operations: log-likelihoods and masked scores).
+_SELF_DEBIAS_FAMILIES = tuple(f for f in SCORING_FAMILIES if f != COMPLETIONS.name)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class Technique:
     families: tuple[str, ...]
     changes: str
     cost: str
+    #: families the technique would change but the engine does not apply it to, with the reason
+    not_wired: tuple[tuple[str, str], ...] = ()
 
 
 TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
@@ -57,13 +62,17 @@ TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
     Technique("sentence_debias", "Liang et al. 2020 (ACL)", ("encoder", "mlm", "causal"), REPRESENTATION_FAMILIES,
               "representations: the bias direction removed from the last hidden layer",
               "forward passes over the counterfactual pairs + one PCA"),
-    Technique("self_debias", "Schick, Udupa & Schütze 2021 (TACL)", ("mlm", "causal"), SCORING_FAMILIES,
+    Technique("self_debias", "Schick, Udupa & Schütze 2021 (TACL)", ("mlm", "causal"), _SELF_DEBIAS_FAMILIES,
               "output distribution: next-token / masked-token probabilities rescaled at decoding",
-              "1 + number of prompts forward passes per scored position; no fitting"),
-    Technique("cda", "Zmigrod et al. 2019; Webster et al. 2020", ("mlm", "causal"), SCORING_FAMILIES,
+              "1 + number of prompts forward passes per scored position; no fitting",
+              not_wired=((COMPLETIONS.name, "the engine's generation (top-k fills, sampled/greedy first words) "
+                          "does not run the Self-Debias rescaling at each decoding step (bias-bench's "
+                          "SelfDebiasingLogitsProcessor); only the scoring operations are self-debiased"),)),
+    Technique("cda", "Zmigrod et al. 2019; Webster et al. 2020", ("mlm", "causal"),
+              REPRESENTATION_FAMILIES + SCORING_FAMILIES,
               "weights: further pre-training on the two-sided counterfactually augmented corpus",
               "a training run (steps x batch forward+backward)"),
-    Technique("dropout", "Webster et al. 2020", ("mlm", "causal"), SCORING_FAMILIES,
+    Technique("dropout", "Webster et al. 2020", ("mlm", "causal"), REPRESENTATION_FAMILIES + SCORING_FAMILIES,
               "weights: further pre-training with increased dropout",
               "a training run (steps x batch forward+backward)"),
 )}
@@ -75,10 +84,29 @@ def check_applicable(technique: str, kind: str, family: str) -> None:
     t = TECHNIQUES.get(technique)
     if t is None:
         raise ParameterError(f"unknown LM debiasing technique {technique!r}; known: {', '.join(TECHNIQUES)}")
+    why = kind_reason(technique, kind) or family_reason(technique, family)
+    if why is not None:
+        raise ParameterError(why)
+
+
+def kind_reason(technique: str, kind: str) -> str | None:
+    """``None`` when ``technique`` (a known name) applies to models of ``kind``, else one line why."""
+    t = TECHNIQUES[technique]
     if kind not in t.kinds:
-        raise ParameterError(f"{technique} does not apply to {kind} models (it changes {t.changes.split(':')[0]}; "
-                             f"model kinds: {', '.join(t.kinds)})")
+        return (f"{technique} does not apply to {kind} models (it changes {t.changes.split(':')[0]}; "
+                f"model kinds: {', '.join(t.kinds)})")
+    return None
+
+
+def family_reason(technique: str, family: str) -> str | None:
+    """``None`` when ``technique`` (a known name) changes what ``family`` reads, else one line
+    naming the technique, the family and the reason."""
+    t = TECHNIQUES[technique]
+    wired = dict(t.not_wired)
+    if family in wired:
+        return f"{technique} does not apply to the {family} family: {wired[family]}"
     if family not in t.families:
         what = t.changes.split(":")[0]
-        raise ParameterError(f"{technique} does not apply to the {family} family: it changes {what}, "
-                             f"which {family} does not read (families: {', '.join(t.families)})")
+        return (f"{technique} does not apply to the {family} family: it changes {what}, "
+                f"which {family} does not read (families: {', '.join(t.families)})")
+    return None

@@ -37,6 +37,7 @@ from audit.lm_mitigation.inlp import (
 )
 from audit.lm_mitigation.pairs import AttributePairs
 from audit.lm_mitigation.self_debias import DEBIASING_PREFIXES, causal_logprobs, masked_logprobs
+from audit.lm_mitigation.self_debias import _check as check_rescaling
 from audit.lm_mitigation.sentence_debias import bias_direction, counterfactual_pairs, mean_pooled, project_out
 
 __all__ = ["CDA", "INLP", "SelfDebias", "SentenceDebias", "corpus_digest", "pairs_digest"]
@@ -151,6 +152,10 @@ class SelfDebias(_Step):
         if prefixes is None and bias_type not in DEBIASING_PREFIXES:
             raise ParameterError(f"self_debias: no prompt for bias_type {bias_type!r}; known: "
                                  f"{', '.join(DEBIASING_PREFIXES)} (or pass prefixes)")
+        try:
+            check_rescaling(decay_constant, epsilon)
+        except ParameterError as e:
+            raise ParameterError(f"self_debias: {e}") from None
         self.bias_type, self.decay_constant, self.epsilon = bias_type, decay_constant, epsilon
         self.prefixes = list(prefixes) if prefixes is not None else [DEBIASING_PREFIXES[bias_type]]
 
