@@ -1,14 +1,15 @@
-"""BBQ protocol ``harness`` against lm-evaluation-harness 0.4.13's ``bbq`` and ``esbbq`` tasks run
-by the harness itself, and EsBBQ/CaBBQ's own scores against their code.
+"""BBQ protocol ``harness`` against lm-evaluation-harness 0.4.13's ``bbq``, ``esbbq`` and ``cabbq``
+tasks run by the harness itself, and EsBBQ/CaBBQ's own scores against their code.
 
 The oracle: ``lm_eval.evaluator.simple_evaluate`` on the harness's own task configurations
 (``lm_eval/tasks/bbq/bbq_multiple_choice.yaml``, ``lm_eval/tasks/esbbq/_esbbq_common_yaml``,
-included unchanged: prompt, choices, target, ``process_docs``, ``process_results``, metric
-aggregations), their documents read from the local copies of the datasets instead of the Hub
-(``dataset_path: json``, the published records in the shape the Hub datasets have: BBQ's JSONL
-lines; EsBBQ's CSV rows with ``answer_info``/``stereotyped_groups`` parsed into a dict and a list),
-scored by the harness's ``HFLM`` around the same tiny causal model (Qwen2-style tokenizer: no
-BOS, so the start-token rule matters). Compared item by item (the harness's per-document
+``lm_eval/tasks/cabbq/_cabbq_common_yaml``, included unchanged: prompt, choices, target,
+``process_docs``, ``process_results``, metric aggregations), their documents read from the local
+copies of the datasets instead of the Hub (``dataset_path: json``, the published records in the
+shape the Hub datasets have: BBQ's JSONL lines; EsBBQ's and CaBBQ's CSV rows with
+``answer_info``/``stereotyped_groups`` parsed into a dict and a list), scored by the harness's
+``HFLM`` around the same tiny causal model (Qwen2-style tokenizer: no BOS, so the start-token rule
+matters). Compared item by item (the harness's per-document
 arg-max, logged samples) and in aggregate (the task's reported metrics).
 
 EsBBQ/CaBBQ's ``bias_score.py`` (langtech-bsc/EsBBQ-CaBBQ at ee2e0f6) is, function for function
@@ -48,7 +49,8 @@ needs = pytest.mark.skipif(not all((DATA / x).is_dir() for x in ("en", "es", "ca
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
 
-LIMIT = {"en": 6, "es": 3}  # items per category and context condition: 72 English, 60 Spanish before the fit
+LIMIT = {"en": 6, "es": 3, "ca": 3}  # per category and context condition: 72 English, 60 Spanish/Catalan before the fit
+LANG = {"bbq": "en", "esbbq": "es", "cabbq": "ca"}  # the harness task of each language
 
 
 _CACHE: dict = {}
@@ -69,7 +71,7 @@ def model():
 
 def _fits(hm, items: pd.DataFrame, task: str) -> pd.DataFrame:
     """The items whose every request fits the tiny model (both tools refuse or truncate longer ones)."""
-    prompts = mbbq.item_prompts(items, mbbq.default_prompt({"bbq": "en", "esbbq": "es"}[task]))
+    prompts = mbbq.item_prompts(items, mbbq.default_prompt(LANG[task]))
     choices, _ = mbbq.harness_choices(items, task)
     n = [max(len(hm.tokenizer(p + " " + c)["input_ids"]) for c in cs) for p, cs in zip(prompts, choices)]
     return items[np.array(n) < 250].reset_index(drop=True)
@@ -106,7 +108,8 @@ def _run_harness(tmp: Path, lm, docs: dict[str, list[dict]]) -> dict:
     from lm_eval.tasks import TaskManager
 
     src = Path(lm_eval.__file__).parent / "tasks"
-    base = {"bbq": src / "bbq" / "bbq_multiple_choice.yaml", "esbbq": src / "esbbq" / "_esbbq_common_yaml"}
+    base = {"bbq": src / "bbq" / "bbq_multiple_choice.yaml", "esbbq": src / "esbbq" / "_esbbq_common_yaml",
+            "cabbq": src / "cabbq" / "_cabbq_common_yaml"}
     for task, ds in docs.items():
         data = tmp / f"{task}.jsonl"
         data.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in ds), encoding="utf-8")
@@ -125,16 +128,19 @@ def test_harness_protocol_equals_lm_eval_tasks(model, tmp_path, monkeypatch):
     en = _fits(hm, select_items(read_bbq(DATA / "en", language="en").table, None, LIMIT["en"]), "bbq")
     es_table, es_docs = _es("es")
     es = _fits(hm, select_items(es_table, None, LIMIT["es"]), "esbbq")
-    items = {"bbq": en, "esbbq": es}
-    docs = {"bbq": [_en_doc(r) for r in en.itertuples()], "esbbq": [es_docs[i] for i in es["item"]]}
-    assert len(en) >= 60 and len(es) >= 25
+    ca_table, ca_docs = _es("ca")
+    ca = _fits(hm, select_items(ca_table, None, LIMIT["ca"]), "cabbq")
+    items = {"bbq": en, "esbbq": es, "cabbq": ca}
+    docs = {"bbq": [_en_doc(r) for r in en.itertuples()], "esbbq": [es_docs[i] for i in es["item"]],
+            "cabbq": [ca_docs[i] for i in ca["item"]]}
+    assert len(en) >= 60 and len(es) >= 25 and len(ca) >= 25
     res = _run_harness(tmp_path, lm, docs)
     for task, t in items.items():
         samples = sorted(res["samples"][f"{task}_local"], key=lambda s: s["doc_id"])
         assert len(samples) == len(t)
         table = mbbq.harness_option_scores(hm, t, task=task, batch_size=16)
         # the same requests: prompts and choices as the harness built them
-        for s, (p, cs) in zip(samples, zip(mbbq.item_prompts(t, mbbq.default_prompt("en" if task == "bbq" else "es")),
+        for s, (p, cs) in zip(samples, zip(mbbq.item_prompts(t, mbbq.default_prompt(LANG[task])),
                                            mbbq.harness_choices(t, task)[0])):
             assert [a[0] for a in s["arguments"]] == [p] * len(cs) and [a[1] for a in s["arguments"]] == [" " + c
                                                                                                            for c in cs]
