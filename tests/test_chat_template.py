@@ -222,3 +222,139 @@ def test_honest_first_words_are_the_first_word_of_the_harness_generation(instruc
     assert [w[0] for w in words] == ref
     plain, _ = instruct.first_words(prompts, 1, max_new_tokens=6)
     assert plain != words  # the template changes what the model says
+
+
+# --------------------------------------------------------------------------- the template before loading
+
+
+def _variants(tmp_path):
+    """Copies of the tiny Llama (no template) with the template in each place Transformers reads."""
+    import json
+    import shutil
+
+    src = tiny_models.tiny_model_dir("llama")
+    out = {}
+
+    def make(name, cfg=None, jinja=None, extra=None):
+        d = tmp_path / name
+        shutil.copytree(src, d)
+        c = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+        if cfg is not None:
+            c["chat_template"] = cfg
+        (d / "tokenizer_config.json").write_text(json.dumps(c), encoding="utf-8")
+        if jinja is not None:
+            (d / "chat_template.jinja").write_text(jinja, encoding="utf-8")
+        for k, v in (extra or {}).items():
+            (d / "additional_chat_templates").mkdir(exist_ok=True)
+            (d / "additional_chat_templates" / f"{k}.jinja").write_text(v, encoding="utf-8")
+        out[name] = d
+
+    make("none")
+    make("processor_json_only")  # a processor's legacy chat_template.json: the tokenizer ignores it
+    (out["processor_json_only"] / "chat_template.json").write_text('{"chat_template": "{{ messages }}"}')
+    make("config_string", cfg="{% for m in messages %}{{ m.content }}{% endfor %}")
+    make("config_list", cfg=[{"name": "default", "template": "A{{ messages }}"}, {"name": "tool_use", "template": "B"}])
+    make("jinja_over_config", cfg="C", jinja="J{{ messages }}")
+    make("jinja_and_named", jinja="J{{ messages }}", extra={"tool_use": "T"})
+    return out
+
+
+def test_template_read_from_files_equals_the_loaded_tokenizer(tmp_path, instruct):
+    """:func:`folder_template` (no model loaded) gives the template ``AutoTokenizer`` loads, in every
+    place Transformers 5 reads it, and the planner's digest equals the loaded model's."""
+    from transformers import AutoTokenizer
+
+    from audit.backends.chat import folder_template, template_text, text_digest
+    from audit.backends.hf import probe_template
+
+    seen = {}
+    for name, d in _variants(tmp_path).items():
+        tok = AutoTokenizer.from_pretrained(str(d))
+        assert folder_template(d) == template_text(tok), name
+        seen[name] = folder_template(d)
+        assert probe_template(str(d)) == (True, template_digest(tok))
+    assert seen["none"] is None and seen["processor_json_only"] is None
+    assert seen["jinja_over_config"] == "J{{ messages }}"
+    assert seen["config_list"] == '{"default": "A{{ messages }}", "tool_use": "B"}'
+    d = tiny_models.tiny_model_dir("instruct")
+    assert probe_template(str(d)) == (True, template_digest(instruct.tokenizer))
+    assert text_digest(folder_template(d)).startswith("sha256:")
+    assert probe_template("not/a-cached-model-xyz") == (False, None)  # offline, not cached: checked after loading
+
+
+def _no_load(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(runner, "load_model", refuse)
+    monkeypatch.setattr("audit.backends.hf.load_hf_model", refuse)
+
+
+def test_score_refuses_a_model_without_template_before_loading(monkeypatch):
+    from cli_inputs import run_cli
+
+    _no_load(monkeypatch)
+    llama = str(tiny_models.tiny_model_dir("llama"))
+    with pytest.raises(ModelError, match=r"^chat_template: model '.*llama' has no chat template in its tokenizer "
+                                         r"\(metric bbq\)$"):
+        runner.score(llama, "en/bbq", "bbq", {"limit": 1, "chat_template": True, "n_bootstrap": 0})
+    code, out, err = run_cli(["score", "--model", llama, "--test", "en/bbq", "--metric", "bbq",
+                              "--param", "chat_template=true", "--limit", "1"])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "has no chat template in its tokenizer (metric bbq)" in err
+
+
+def _chat_spec(tmp_path, models: str) -> str:
+    p = tmp_path / "spec.yaml"
+    p.write_text(f"""name: chat-plan
+output_dir: {tmp_path / 'out'}
+languages: [en]
+tests: [bbq]
+metrics:
+  - name: bbq
+    params: {{categories: [Age], limit: 2, n_bootstrap: 0}}
+models:
+{models}""", encoding="utf-8")
+    return str(p)
+
+
+def test_sweep_plan_refuses_a_model_without_template_before_loading(tmp_path, monkeypatch):
+    from cli_inputs import run_cli
+
+    _no_load(monkeypatch)
+    llama, inst = tiny_models.tiny_model_dir("llama"), tiny_models.tiny_model_dir("instruct")
+    spec = _chat_spec(tmp_path, f"  - {{name: chat, ref: '{inst}', params: {{chat_template: true}}}}\n"
+                                f"  - {{name: plain, ref: '{llama}', params: {{chat_template: true}}}}\n")
+    code, out, err = run_cli(["run", spec, "--dry-run"])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{spec}: models[1]: model 'plain' ({llama}) has no chat template in its tokenizer; metric bbq asks " \
+           "for chat_template: true" in err
+    ok = _chat_spec(tmp_path, f"  - {{name: chat, ref: '{inst}', params: {{chat_template: true}}}}\n"
+                              f"  - {{name: plain, ref: '{llama}'}}\n")
+    code, out, err = run_cli(["run", ok, "--dry-run"])
+    assert code == 0, err
+
+
+def test_template_digest_in_the_key_at_plan_time(tmp_path, instruct):
+    """The planner's ``audit.key`` of a ``chat_template: true`` task carries the template's digest
+    (read from the files) and equals the key of the result computed after loading."""
+    from audit.provenance import load_key, task_key
+    from jobs.plan import attach_keys
+    from jobs.spec import load_spec
+    from jobs.sweep import plan_sweep
+
+    inst = tiny_models.tiny_model_dir("instruct")
+    spec = load_spec(_chat_spec(tmp_path, f"  - {{name: chat, ref: '{inst}', params: {{chat_template: true}}}}\n"
+                                          f"  - {{name: text, ref: '{inst}', params: {{limit: 2}}}}\n"))
+    plan = attach_keys(plan_sweep(spec, build=False))
+    keys = {t.model: t.key for t in plan.tasks}
+    params = {"categories": ["Age"], "limit": 2, "n_bootstrap": 0}
+    model = runner.load_model(str(inst))
+    on = runner.score(model, "en/bbq", "bbq", {**params, "chat_template": True}, seed=spec.seed)
+    off = runner.score(model, "en/bbq", "bbq", params, seed=spec.seed)
+    assert keys == {"chat": on.provenance["key"], "text": off.provenance["key"]}
+    kp = {**registry.key_params("bbq", {**params, "chat_template": True}),
+          "chat_template_digest": template_digest(instruct.tokenizer)}
+    assert keys["chat"] == task_key(model_revision=model.revision, model_ref=str(inst),
+                                    dataset_digest=load_test("en/bbq").digest(), metric="bbq", params=kp,
+                                    seed=spec.seed, load=load_key({}))
