@@ -358,3 +358,35 @@ def test_template_digest_in_the_key_at_plan_time(tmp_path, instruct):
     assert keys["chat"] == task_key(model_revision=model.revision, model_ref=str(inst),
                                     dataset_digest=load_test("en/bbq").digest(), metric="bbq", params=kp,
                                     seed=spec.seed, load=load_key({}))
+
+
+def test_hub_template_read_without_weights_before_loading(tmp_path, monkeypatch, instruct):
+    """A Hub id (the loopback Hub of tests/hub_server.py): the planner fetches only the tokenizer's
+    template files at the commit the loader will use, never the weights; a model without a
+    template is refused by ``audit score`` and the sweep plan before loading."""
+    from hub_server import LoopbackHub, use_hub
+
+    from audit.backends.hf import probe_template
+    from jobs.resolve import probe_chat_template
+
+    hub = LoopbackHub().start()
+    try:
+        hub.cache = use_hub(hub, monkeypatch, tmp_path / "hf-home")
+        c1 = hub.add_repo("acme/instruct", tiny_models.tiny_model_dir("instruct"))
+        hub.add_repo("acme/plain", tiny_models.tiny_model_dir("llama"))
+        assert probe_template("acme/instruct") == (True, template_digest(instruct.tokenizer))
+        assert probe_chat_template("acme/instruct", "causal") == (True, template_digest(instruct.tokenizer))
+        got = sorted(r.path.split("/resolve/", 1)[1] for r in hub.requests
+                     if r.method == "GET" and "/resolve/" in r.path)
+        assert got == [f"{c1}/chat_template.jinja", f"{c1}/tokenizer_config.json"]  # no weights, at the commit
+        assert probe_template("acme/plain") == (True, None)
+        assert probe_chat_template("acme/plain", "causal", {"backend": "hf-mlm"}) == (False, None)
+        _no_load(monkeypatch)
+        with pytest.raises(ModelError, match=r"^chat_template: model 'acme/plain' has no chat template"):
+            runner.score("acme/plain", "en/bbq", "bbq", {"limit": 1, "chat_template": True, "n_bootstrap": 0})
+        # a branch moved to a commit whose template changed: the probe reads the new one
+        c2 = hub.commit("acme/instruct", {"chat_template.jinja": "{{ messages[0].content }}"}, message="template")
+        known, digest = probe_template("acme/instruct")
+        assert known and digest not in (None, template_digest(instruct.tokenizer)) and c2 != c1
+    finally:
+        hub.stop()
