@@ -332,3 +332,75 @@ def test_wordings_and_prompts_are_the_harness_tasks():
         prompt = re.search(r'doc_to_text: "(.*)"', text).group(1).replace("\\n", "\n")
         assert mbbq.default_prompt(lang) == prompt.replace("{{context}}", "{context}").replace("{{question}}",
                                                                                               "{question}")
+
+
+# --------------------------------------------------------------------------- EsBBQ/CaBBQ scores in the breakdowns
+
+
+@needs
+def test_esbbq_intervals_are_the_bootstrap_of_their_scores():
+    """The bootstrap interval of EsBBQ's scores: on each resample (the same multinomial draws as
+    the five common scores, stratum by stratum), :func:`esbbq_scores` of the resampled items;
+    the percentile interval of those. The common scores' intervals are unchanged by them."""
+    from audit.metrics import bbq as mb
+
+    t, _ = _es("es")
+    t = select_items(t, ["Age", "Gender"], 20).reset_index(drop=True)
+    pred = np.random.default_rng(3).choice(3, size=len(t), p=[0.4, 0.35, 0.25])
+    out = bbq_metric(_pred_table(t, pred), n_bootstrap=200, seed=11)
+    counts = bbq_counts(t, pred)
+    amb = counts["amb"].to_numpy(dtype=bool)
+    strata = np.array([f"{c}\x00{a}" for c, a in zip(t["category"].astype(str), amb)])
+    rng = mb._stream(11, "\x00overall")
+    weights = {s: rng.multinomial((strata == s).sum(), np.full((strata == s).sum(), 1 / (strata == s).sum()),
+                                  size=200) for s in np.unique(strata)}  # one chunk (_BOOT_CHUNK)
+    assert mb._BOOT_CHUNK >= 200
+    dist = {k: [] for k in mb.ESBBQ_NAMES}
+    for b in range(200):
+        idx = np.concatenate([np.repeat(np.flatnonzero(strata == s), weights[s][b]) for s in np.unique(strata)])
+        e = esbbq_scores(t.iloc[idx].reset_index(drop=True), counts.iloc[idx].reset_index(drop=True))
+        for k in dist:
+            dist[k].append(e[k])
+    for k in mb.ESBBQ_NAMES:
+        d = np.array(dist[k])
+        want = np.quantile(d[np.isfinite(d)], [0.025, 0.975])
+        np.testing.assert_allclose(out.fields["cis"][k], want, rtol=0, atol=1e-12)
+        assert out.fields["cis"][k][0] <= out.fields[k] <= out.fields["cis"][k][1]
+    assert set(out.fields["per_category"]["Age"]["ci"]) >= set(mb.ESBBQ_NAMES)
+
+
+@needs
+def test_esbbq_scores_in_the_report_breakdowns(tmp_path):
+    """breakdowns.parquet, a LaTeX table and a plot of each EsBBQ/CaBBQ score by category, with
+    its n and bootstrap interval, from the MLflow rows of real results."""
+    from audit.result import Result
+    from jobs.report import results_frame, write_breakdowns
+    from jobs.tracker import _row, result_metrics
+
+    t, _ = _es("ca")
+    t = select_items(t, ["Age", "SES"], 10).reset_index(drop=True)
+    rows, outs = [], {}
+    for m, seed in (("m1", 1), ("m2", 2)):
+        pred = np.random.default_rng(seed).choice(3, size=len(t))
+        out = outs[m] = bbq_metric(_pred_table(t, pred), n_bootstrap=200, seed=5)
+        res = Result(metric="bbq", value=out.value, fields=out.fields, items=None, coverage={}, missing={},
+                     params={}, seed=0, provenance={})
+        tags = {"audit.model": m, "audit.language": "ca", "audit.test": "ca/bbq", "audit.metric": "bbq",
+                "audit.status": "finished"}
+        rows.append(_row(tags, {}, result_metrics(res), None))
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "plots").mkdir()
+    names = {p.name for p in write_breakdowns(results_frame(rows), tmp_path)}
+    for k in ("esbbq_bias_amb", "esbbq_bias_disamb"):
+        assert {f"bbq_ca_bbq_per_category_{k}.tex", f"bbq_ca_bbq_per_category_{k}.png"} <= names
+    bd = pd.read_parquet(tmp_path / "breakdowns.parquet")
+    row = bd[(bd.model == "m2") & (bd.category == "Age") & (bd.score == "esbbq_bias_disamb")].iloc[0]
+    pc = outs["m2"].fields["per_category"]["Age"]
+    assert (row["value"], row["low"], row["high"], row["n"]) == (
+        pytest.approx(pc["esbbq_bias_disamb"]), pytest.approx(pc["ci"]["esbbq_bias_disamb"][0]),
+        pytest.approx(pc["ci"]["esbbq_bias_disamb"][1]), pc["n_items"])
+    tex = (tmp_path / "tables" / "bbq_ca_bbq_per_category_esbbq_bias_disamb.tex").read_text()
+    assert f"n={pc['n_items']}" in tex and f"[{pc['ci']['esbbq_bias_disamb'][0]:.2f}, " in tex
+    # SES's first 10 disambiguated items are all of one question type: no score, no row (never a NaN cell)
+    assert outs["m2"].fields["per_category"]["SES"]["esbbq_bias_disamb"] is None
+    assert not ((bd.category == "SES") & (bd.score == "esbbq_bias_disamb")).any()
