@@ -9,6 +9,8 @@ target delimiter (``construct_requests`` under a chat template); the numbers are
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -390,3 +392,54 @@ def test_hub_template_read_without_weights_before_loading(tmp_path, monkeypatch,
         assert known and digest not in (None, template_digest(instruct.tokenizer)) and c2 != c1
     finally:
         hub.stop()
+
+
+# --------------------------------------------------------------------------- BBQ protocol harness in a chat
+
+
+def test_bbq_harness_protocol_in_a_chat_equals_the_harness_task(instruct, hflm, tmp_path, monkeypatch):
+    """``protocol: harness`` with ``chat_template: true`` against lm-evaluation-harness's own
+    ``bbq`` task run by ``simple_evaluate(..., apply_chat_template=True, system_instruction=...)``
+    on the same instruct model: the same rendered context and choices (no target delimiter) for
+    every request, the same arg-max choice for every item, and the task's aggregate metrics."""
+    import json
+
+    import lm_eval
+    from lm_eval.evaluator import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from audit.measure.bbq import harness_choices, harness_option_scores
+    from audit.metrics.bbq import bbq_metric
+    from test_bbq_harness import _en_doc
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    t = select_items(load_test("en/bbq").table, ["Age", "Religion"], 4).reset_index(drop=True)
+    data = tmp_path / "bbq.jsonl"
+    data.write_text("".join(json.dumps(_en_doc(r), ensure_ascii=False) + "\n" for r in t.itertuples()),
+                    encoding="utf-8")
+    src = Path(lm_eval.__file__).parent / "tasks" / "bbq" / "bbq_multiple_choice.yaml"
+    (tmp_path / "bbq_local.yaml").write_text(
+        f"include: {src}\ntask: bbq_local\ndataset_path: json\ndataset_name: null\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n", encoding="utf-8")
+    res = simple_evaluate(model=hflm, tasks=["bbq_local"], task_manager=TaskManager(include_path=str(tmp_path),
+                                                                                    include_defaults=False),
+                          log_samples=True, bootstrap_iters=0, apply_chat_template=True, system_instruction=SYSTEM)
+    samples = sorted(res["samples"]["bbq_local"], key=lambda s: s["doc_id"])
+    chat = ChatModel(instruct, system_instruction=SYSTEM)
+    ours = harness_option_scores(chat, t, task="bbq", batch_size=8)
+    rendered = chat.render(item_prompts(t, default_prompt("en")))
+    for s, ctx, cs in zip(samples, rendered, harness_choices(t, "bbq")[0]):
+        assert [a[0] for a in s["arguments"]] == [ctx] * len(cs) and [a[1] for a in s["arguments"]] == cs
+    lls = np.array([[float(r[0]) for r in s["filtered_resps"]] for s in samples])
+    assert ours["harness_choice"].tolist() == np.argmax(lls, axis=1).tolist()
+    np.testing.assert_allclose(np.array(ours["unknown_scores"].tolist()), lls[:, 2:], atol=2e-4, rtol=0)
+    got, want = bbq_metric(ours, n_bootstrap=0, harness_task="bbq").fields["harness"], res["results"]["bbq_local"]
+    for k, v in got.items():
+        assert v == pytest.approx(float(want[f"{k},none"]), abs=1e-12, nan_ok=True), k
+    # through the registry: recorded as a chat and as the harness protocol
+    r = runner.score(runner.LoadedModel(ref="tiny-instruct", kind="causal", backend="hf-causal", revision="x",
+                                        handle=instruct), "en/bbq", "bbq",
+                     {"categories": ["Age", "Religion"], "limit": 4, "n_bootstrap": 0, "protocol": "harness",
+                      "chat_template": True, "system_instruction": SYSTEM})
+    assert r.items["harness_choice"].tolist() == ours["harness_choice"].tolist()
+    assert (r.fields["protocol"], r.provenance["chat_template"]) == ("harness", "applied")

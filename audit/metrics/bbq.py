@@ -77,8 +77,8 @@ import pandas as pd
 from audit.errors import DataError, ParameterError
 from audit.result import MetricOutput
 
-__all__ = ["LENGTH_NORMS", "SCORE_NAMES", "ESBBQ_NAMES", "predictions", "bbq_counts", "bbq_scores", "esbbq_scores", "harness_scores",
-           "bbq_metric", "bbq_frames"]
+__all__ = ["LENGTH_NORMS", "SCORE_NAMES", "ESBBQ_NAMES", "predictions", "bbq_counts", "bbq_scores", "esbbq_scores",
+           "harness_scores", "bbq_metric", "bbq_frames"]
 
 LENGTH_NORMS = ("none", "tokens", "chars")
 SCORE_NAMES = ("acc", "acc_amb", "acc_disamb", "s_dis", "s_amb")
