@@ -166,7 +166,7 @@ class Metric:
                   swap with the side).
     breakdowns:   ``(table, scores)`` pairs: nested tables of the result's fields (``per_category``:
                   category -> {score: value, ``ci``: {score: [low, high]}}) that the reports turn
-                  into a model x category LaTeX table and a bar plot of each score.
+                  into a model x category LaTeX table of each score and a bar plot of the first.
     no_bias:      the headline's value of no bias (0 for effect sizes and bias scores; 50 for a
                   percentage of pairs such as CrowS-Pairs): the reference line of plots and the
                   centre of their colour scales.

@@ -164,6 +164,11 @@ def _unsigned(why: str) -> dict[str, str]:
 
 _WEAT_PROPS = {**_SIGNED, "seed": "seeded: ci, ci_degenerate, p_value, n_extreme, seed"}
 _NO_SETS = "n/a: no word sets (the items are {}, refused when the table is empty)"
+#: BBQ's per-category breakdowns: the common scores, then EsBBQ/CaBBQ's own (each its own pair, so that
+#: the reports plot each: a breakdown's first score is plotted, every score tabled;
+#: audit/metrics/bbq.py, bootstrap intervals for all).
+_BBQ_BREAKDOWNS = (("per_category", ("s_amb", "s_dis", "acc_amb", "acc_disamb")),
+                   ("per_category", ("esbbq_bias_amb",)), ("per_category", ("esbbq_bias_disamb",)))
 _LINEAR = ("n/a: {} is linear in the vectors (no normalisation in the reference), so scaling them scales it")
 _CLASSIFIER = ("n/a: an L2-regularised linear classifier (fixed C) fits other weights, hence other predictions, "
                "on scaled vectors")
@@ -332,7 +337,7 @@ _ENTRIES: tuple[Metric, ...] = (
         reference="Parrish et al. (2022), BBQ: A Hand-Built Bias Benchmark for Question Answering, Findings of ACL; "
                   "lm-evaluation-harness (multiple-choice scoring)",
         items="one row per item: each option's score, the prediction, correct / unknown / biased",
-        breakdowns=(("per_category", ("s_amb", "s_dis", "acc_amb", "acc_disamb")),),
+        breakdowns=_BBQ_BREAKDOWNS,
         properties={**_SIGNED, "seed": "seeded: ci, cis, per_category.*.ci, seed_used",
                     "min_set_size": _NO_SETS.format("multiple-choice questions")},
     ),
@@ -360,7 +365,7 @@ _ENTRIES: tuple[Metric, ...] = (
         reference="Parrish et al. (2022), BBQ, Findings of ACL; lm-evaluation-harness bbq_generate (generation, "
                   "answer matching)",
         items="one row per item: the generated answer, the parsed option (-1: unparseable), correct / biased",
-        breakdowns=(("per_category", ("s_amb", "s_dis", "acc_amb", "acc_disamb")),),
+        breakdowns=_BBQ_BREAKDOWNS,
         properties={**_SIGNED, "seed": "seeded: ci, cis, per_category.*.ci, seed_used",
                     "min_set_size": _NO_SETS.format("multiple-choice questions"),
                     "scale": "n/a: the measurement holds generated texts, no numbers"},

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from audit import registry
-from audit.backends import hf
+from audit.backends import chat, hf
 from audit.backends import static as static_backends
 from audit.backends import table as backend_table
 from audit.datasets import load_test as load_dataset
@@ -240,6 +240,7 @@ def score(
     t = load_test(test, language=language)
     registry.check_sizes(metric, params, t)  # sizes that cannot fit in memory: refused before loading
     if isinstance(model, str):
+        check_template(model, metric, params, model_options)  # a model without the template asked for: not loaded
         model = load_model(model, words=words_for(metric, t, params), **(model_options or {}))
     meas = measure(model, t, metric, params)
     out = analyse(meas, metric, params, seed=seed)
@@ -248,6 +249,17 @@ def score(
 
 #: Measurement info recorded in a result's provenance when the family sets it.
 PROVENANCE_INFO = ("start_token", "protocol", "generation")
+def check_template(ref: str, metric: str, params: dict[str, Any], model_options: dict[str, Any] | None = None
+                   ) -> None:
+    """Refuse ``chat_template: true`` on a Hugging Face reference whose tokenizer files carry no
+    chat template, before loading (:func:`audit.backends.hf.probe_template`); a template that
+    cannot be read without loading is checked after loading."""
+    opts = model_options or {}
+    if not chat.chat_on(params) or opts.get("backend") not in (None, "hf-causal"):
+        return
+    known, digest = hf.probe_template(resolve_packaged(ref) or ref, opts.get("revision"))
+    if known and digest is None:
+        raise ModelError(f"chat_template: model {ref!r} has no chat template in its tokenizer (metric {metric})")
 
 
 def make_result(
@@ -273,7 +285,9 @@ def make_result(
         "versions": package_versions(),
         "key": task_key(
             model_revision=model.revision, model_ref=model.ref, dataset_digest=digest,
-            metric=metric_name, params=registry.key_params(metric, params), seed=seed, load=model.load,
+            metric=metric_name, params=chat.key_params(registry.key_params(metric, params),
+                                                        meas.info.get("chat_template_digest")),
+            seed=seed, load=model.load,
         ),
     }
     if meas.info.get("chat_template") == "applied":  # audit.backends.chat: the template's digest, system turn

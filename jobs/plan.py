@@ -29,13 +29,14 @@ from audit import registry
 from audit.datasets import registry as dataset_registry
 from audit.datasets import stub_of
 from audit.datasets import test_type as dataset_test_type
-from audit.errors import AuditError, DataError, ParameterError
+from audit.backends import chat
+from audit.errors import AuditError, DataError, ModelError, ParameterError
 from audit.lm_mitigation import family_reason, kind_reason
 from audit.naming import natural_key
 from audit.provenance import load_key, task_key
 from audit.runner import load_test, words_for
 from audit.suites import UnreadableTest
-from jobs.resolve import model_kind, probe_revision, resolve_ref
+from jobs.resolve import model_kind, probe_chat_template, probe_revision, resolve_ref
 from jobs.spec import ModelSpec, SweepSpec
 from jobs.validators import suggest
 
@@ -111,6 +112,9 @@ class ModelInfo:
     local_ref: str
     kind: str
     revision: str | None = None
+    #: ``(known, digest)`` of its tokenizer's chat template (:func:`jobs.resolve.probe_chat_template`),
+    #: ``None`` until a task with ``chat_template: true`` needs it.
+    template: tuple[bool, str | None] | None = None
 
 
 @dataclasses.dataclass
@@ -437,8 +441,34 @@ def metric_name(metric: str, kind: str) -> str:
     return registry.get(metric).result_name(kind)
 
 
+def model_template(info: ModelInfo) -> tuple[bool, str | None]:
+    """``(known, digest)`` of a model's chat template, probed once without loading."""
+    if info.template is None:
+        info.template = probe_chat_template(info.local_ref, info.kind, dict(info.spec.options))
+    return info.template
+
+
+def check_chat_templates(plan: Plan) -> Plan:
+    """Refuse, before any model loads, a task with ``chat_template: true`` on a model whose
+    tokenizer has no chat template (read from its files, :func:`jobs.resolve.probe_chat_template`);
+    a template that cannot be read without loading is checked after loading, as before."""
+    index = {m.name: i for i, m in enumerate(plan.spec.models)}
+    for t in plan.tasks:
+        if not chat.chat_on(t.params):
+            continue
+        info = plan.models[t.model]
+        known, digest = model_template(info)
+        if known and digest is None:
+            raise ModelError(f"{plan.spec.source or 'spec'}: {spec_field(plan.spec, index[t.model])}: model "
+                             f"{t.model!r} ({info.spec.ref}) has no chat template in its tokenizer; metric "
+                             f"{t.metric} asks for chat_template: true")
+    return plan
+
+
 def attach_keys(plan: Plan) -> Plan:
-    """Probe each model's revision (no loading) and set every task's ``audit.key``."""
+    """Probe each model's revision (no loading) and set every task's ``audit.key``; a task with
+    ``chat_template: true`` keys its template's digest too (:func:`audit.backends.chat.key_params`),
+    unknown before loading when the template cannot be read from the files."""
     digests = {name: t.digest() for name, t in plan.tests.items()}
     for info in plan.models.values():
         if info.revision is None:
@@ -447,10 +477,12 @@ def attach_keys(plan: Plan) -> Plan:
     for t in plan.tasks:
         info = plan.models[t.model]
         key = None
-        if info.revision is not None:
+        known, digest = model_template(info) if chat.chat_on(t.params) else (True, None)
+        if info.revision is not None and known:
             key = task_key(
                 model_revision=info.revision, model_ref=info.spec.ref, dataset_digest=digests[t.test],
-                metric=metric_name(t.metric, info.kind), params=registry.key_params(t.metric, t.params), seed=t.seed,
+                metric=metric_name(t.metric, info.kind),
+                params=chat.key_params(registry.key_params(t.metric, t.params), digest), seed=t.seed,
                 load=load_key(dict(info.spec.options)),
             )
         keyed.append(dataclasses.replace(t, key=key))

@@ -161,3 +161,13 @@ def static_revision(ref: str, backend: str | None = None) -> str | None:
     the files alone by the backend's own probe (:func:`audit.backends.static.resolve_revision`);
     ``None`` for a layout it does not know."""
     return static.resolve_revision(ref, format=None if backend in (None, "static") else backend)
+
+
+def probe_chat_template(local_ref: str, kind: str, options: dict[str, Any] | None = None) -> tuple[bool, str | None]:
+    """``(known, digest)`` of the chat template a causal Hugging Face model's tokenizer will
+    carry, without loading it (:func:`audit.backends.hf.probe_template`); ``(False, None)`` for
+    other engines (the template is then checked after loading)."""
+    options = dict(options or {})
+    if kind != "causal" or options.get("backend") not in (None, "hf-causal") or of_prefix(local_ref):
+        return False, None
+    return hf.probe_template(local_ref, options.get("revision"))

@@ -60,7 +60,7 @@ from audit.errors import AuditError, ParameterError, one_line
 from audit.outputs import ensure_output_dir, output_dir_problem
 from jobs import report
 from jobs.builders import build_models
-from jobs.plan import attach_keys, expand, spec_field, words_for_tasks
+from jobs.plan import attach_keys, check_chat_templates, expand, spec_field, words_for_tasks
 from jobs.pool import SchedulingError, in_ray_job, run_tasks
 from jobs.progress import Progress, use_bar
 from jobs.spec import SweepSpec, load_spec
@@ -275,7 +275,7 @@ def plan_sweep(spec: SweepSpec, *, build: bool = True):
         built = build_models(spec, plan)
         for name, path in built.items():
             log.info("built model %s at %s", name, path)
-    return plan
+    return check_chat_templates(plan)  # a model without the chat template a task asks for: before any load
 
 
 def check_duplicate_models(plan) -> None:

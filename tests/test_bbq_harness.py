@@ -1,14 +1,15 @@
-"""BBQ protocol ``harness`` against lm-evaluation-harness 0.4.13's ``bbq`` and ``esbbq`` tasks run
-by the harness itself, and EsBBQ/CaBBQ's own scores against their code.
+"""BBQ protocol ``harness`` against lm-evaluation-harness 0.4.13's ``bbq``, ``esbbq`` and ``cabbq``
+tasks run by the harness itself, and EsBBQ/CaBBQ's own scores against their code.
 
 The oracle: ``lm_eval.evaluator.simple_evaluate`` on the harness's own task configurations
 (``lm_eval/tasks/bbq/bbq_multiple_choice.yaml``, ``lm_eval/tasks/esbbq/_esbbq_common_yaml``,
-included unchanged: prompt, choices, target, ``process_docs``, ``process_results``, metric
-aggregations), their documents read from the local copies of the datasets instead of the Hub
-(``dataset_path: json``, the published records in the shape the Hub datasets have: BBQ's JSONL
-lines; EsBBQ's CSV rows with ``answer_info``/``stereotyped_groups`` parsed into a dict and a list),
-scored by the harness's ``HFLM`` around the same tiny causal model (Qwen2-style tokenizer: no
-BOS, so the start-token rule matters). Compared item by item (the harness's per-document
+``lm_eval/tasks/cabbq/_cabbq_common_yaml``, included unchanged: prompt, choices, target,
+``process_docs``, ``process_results``, metric aggregations), their documents read from the local
+copies of the datasets instead of the Hub (``dataset_path: json``, the published records in the
+shape the Hub datasets have: BBQ's JSONL lines; EsBBQ's and CaBBQ's CSV rows with
+``answer_info``/``stereotyped_groups`` parsed into a dict and a list), scored by the harness's
+``HFLM`` around the same tiny causal model (Qwen2-style tokenizer: no BOS, so the start-token rule
+matters). Compared item by item (the harness's per-document
 arg-max, logged samples) and in aggregate (the task's reported metrics).
 
 EsBBQ/CaBBQ's ``bias_score.py`` (langtech-bsc/EsBBQ-CaBBQ at ee2e0f6) is, function for function
@@ -48,7 +49,8 @@ needs = pytest.mark.skipif(not all((DATA / x).is_dir() for x in ("en", "es", "ca
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread")]  # tests/conftest.py
 
-LIMIT = {"en": 6, "es": 3}  # items per category and context condition: 72 English, 60 Spanish before the fit
+LIMIT = {"en": 6, "es": 3, "ca": 3}  # per category and context condition: 72 English, 60 Spanish/Catalan before the fit
+LANG = {"bbq": "en", "esbbq": "es", "cabbq": "ca"}  # the harness task of each language
 
 
 _CACHE: dict = {}
@@ -69,7 +71,7 @@ def model():
 
 def _fits(hm, items: pd.DataFrame, task: str) -> pd.DataFrame:
     """The items whose every request fits the tiny model (both tools refuse or truncate longer ones)."""
-    prompts = mbbq.item_prompts(items, mbbq.default_prompt({"bbq": "en", "esbbq": "es"}[task]))
+    prompts = mbbq.item_prompts(items, mbbq.default_prompt(LANG[task]))
     choices, _ = mbbq.harness_choices(items, task)
     n = [max(len(hm.tokenizer(p + " " + c)["input_ids"]) for c in cs) for p, cs in zip(prompts, choices)]
     return items[np.array(n) < 250].reset_index(drop=True)
@@ -106,7 +108,8 @@ def _run_harness(tmp: Path, lm, docs: dict[str, list[dict]]) -> dict:
     from lm_eval.tasks import TaskManager
 
     src = Path(lm_eval.__file__).parent / "tasks"
-    base = {"bbq": src / "bbq" / "bbq_multiple_choice.yaml", "esbbq": src / "esbbq" / "_esbbq_common_yaml"}
+    base = {"bbq": src / "bbq" / "bbq_multiple_choice.yaml", "esbbq": src / "esbbq" / "_esbbq_common_yaml",
+            "cabbq": src / "cabbq" / "_cabbq_common_yaml"}
     for task, ds in docs.items():
         data = tmp / f"{task}.jsonl"
         data.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in ds), encoding="utf-8")
@@ -125,16 +128,19 @@ def test_harness_protocol_equals_lm_eval_tasks(model, tmp_path, monkeypatch):
     en = _fits(hm, select_items(read_bbq(DATA / "en", language="en").table, None, LIMIT["en"]), "bbq")
     es_table, es_docs = _es("es")
     es = _fits(hm, select_items(es_table, None, LIMIT["es"]), "esbbq")
-    items = {"bbq": en, "esbbq": es}
-    docs = {"bbq": [_en_doc(r) for r in en.itertuples()], "esbbq": [es_docs[i] for i in es["item"]]}
-    assert len(en) >= 60 and len(es) >= 25
+    ca_table, ca_docs = _es("ca")
+    ca = _fits(hm, select_items(ca_table, None, LIMIT["ca"]), "cabbq")
+    items = {"bbq": en, "esbbq": es, "cabbq": ca}
+    docs = {"bbq": [_en_doc(r) for r in en.itertuples()], "esbbq": [es_docs[i] for i in es["item"]],
+            "cabbq": [ca_docs[i] for i in ca["item"]]}
+    assert len(en) >= 60 and len(es) >= 25 and len(ca) >= 25
     res = _run_harness(tmp_path, lm, docs)
     for task, t in items.items():
         samples = sorted(res["samples"][f"{task}_local"], key=lambda s: s["doc_id"])
         assert len(samples) == len(t)
         table = mbbq.harness_option_scores(hm, t, task=task, batch_size=16)
         # the same requests: prompts and choices as the harness built them
-        for s, (p, cs) in zip(samples, zip(mbbq.item_prompts(t, mbbq.default_prompt("en" if task == "bbq" else "es")),
+        for s, (p, cs) in zip(samples, zip(mbbq.item_prompts(t, mbbq.default_prompt(LANG[task])),
                                            mbbq.harness_choices(t, task)[0])):
             assert [a[0] for a in s["arguments"]] == [p] * len(cs) and [a[1] for a in s["arguments"]] == [" " + c
                                                                                                            for c in cs]
@@ -326,3 +332,75 @@ def test_wordings_and_prompts_are_the_harness_tasks():
         prompt = re.search(r'doc_to_text: "(.*)"', text).group(1).replace("\\n", "\n")
         assert mbbq.default_prompt(lang) == prompt.replace("{{context}}", "{context}").replace("{{question}}",
                                                                                               "{question}")
+
+
+# --------------------------------------------------------------------------- EsBBQ/CaBBQ scores in the breakdowns
+
+
+@needs
+def test_esbbq_intervals_are_the_bootstrap_of_their_scores():
+    """The bootstrap interval of EsBBQ's scores: on each resample (the same multinomial draws as
+    the five common scores, stratum by stratum), :func:`esbbq_scores` of the resampled items;
+    the percentile interval of those. The common scores' intervals are unchanged by them."""
+    from audit.metrics import bbq as mb
+
+    t, _ = _es("es")
+    t = select_items(t, ["Age", "Gender"], 20).reset_index(drop=True)
+    pred = np.random.default_rng(3).choice(3, size=len(t), p=[0.4, 0.35, 0.25])
+    out = bbq_metric(_pred_table(t, pred), n_bootstrap=200, seed=11)
+    counts = bbq_counts(t, pred)
+    amb = counts["amb"].to_numpy(dtype=bool)
+    strata = np.array([f"{c}\x00{a}" for c, a in zip(t["category"].astype(str), amb)])
+    rng = mb._stream(11, "\x00overall")
+    weights = {s: rng.multinomial((strata == s).sum(), np.full((strata == s).sum(), 1 / (strata == s).sum()),
+                                  size=200) for s in np.unique(strata)}  # one chunk (_BOOT_CHUNK)
+    assert mb._BOOT_CHUNK >= 200
+    dist = {k: [] for k in mb.ESBBQ_NAMES}
+    for b in range(200):
+        idx = np.concatenate([np.repeat(np.flatnonzero(strata == s), weights[s][b]) for s in np.unique(strata)])
+        e = esbbq_scores(t.iloc[idx].reset_index(drop=True), counts.iloc[idx].reset_index(drop=True))
+        for k in dist:
+            dist[k].append(e[k])
+    for k in mb.ESBBQ_NAMES:
+        d = np.array(dist[k])
+        want = np.quantile(d[np.isfinite(d)], [0.025, 0.975])
+        np.testing.assert_allclose(out.fields["cis"][k], want, rtol=0, atol=1e-12)
+        assert out.fields["cis"][k][0] <= out.fields[k] <= out.fields["cis"][k][1]
+    assert set(out.fields["per_category"]["Age"]["ci"]) >= set(mb.ESBBQ_NAMES)
+
+
+@needs
+def test_esbbq_scores_in_the_report_breakdowns(tmp_path):
+    """breakdowns.parquet, a LaTeX table and a plot of each EsBBQ/CaBBQ score by category, with
+    its n and bootstrap interval, from the MLflow rows of real results."""
+    from audit.result import Result
+    from jobs.report import results_frame, write_breakdowns
+    from jobs.tracker import _row, result_metrics
+
+    t, _ = _es("ca")
+    t = select_items(t, ["Age", "SES"], 10).reset_index(drop=True)
+    rows, outs = [], {}
+    for m, seed in (("m1", 1), ("m2", 2)):
+        pred = np.random.default_rng(seed).choice(3, size=len(t))
+        out = outs[m] = bbq_metric(_pred_table(t, pred), n_bootstrap=200, seed=5)
+        res = Result(metric="bbq", value=out.value, fields=out.fields, items=None, coverage={}, missing={},
+                     params={}, seed=0, provenance={})
+        tags = {"audit.model": m, "audit.language": "ca", "audit.test": "ca/bbq", "audit.metric": "bbq",
+                "audit.status": "finished"}
+        rows.append(_row(tags, {}, result_metrics(res), None))
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "plots").mkdir()
+    names = {p.name for p in write_breakdowns(results_frame(rows), tmp_path)}
+    for k in ("esbbq_bias_amb", "esbbq_bias_disamb"):
+        assert {f"bbq_ca_bbq_per_category_{k}.tex", f"bbq_ca_bbq_per_category_{k}.png"} <= names
+    bd = pd.read_parquet(tmp_path / "breakdowns.parquet")
+    row = bd[(bd.model == "m2") & (bd.category == "Age") & (bd.score == "esbbq_bias_disamb")].iloc[0]
+    pc = outs["m2"].fields["per_category"]["Age"]
+    assert (row["value"], row["low"], row["high"], row["n"]) == (
+        pytest.approx(pc["esbbq_bias_disamb"]), pytest.approx(pc["ci"]["esbbq_bias_disamb"][0]),
+        pytest.approx(pc["ci"]["esbbq_bias_disamb"][1]), pc["n_items"])
+    tex = (tmp_path / "tables" / "bbq_ca_bbq_per_category_esbbq_bias_disamb.tex").read_text()
+    assert f"n={pc['n_items']}" in tex and f"[{pc['ci']['esbbq_bias_disamb'][0]:.2f}, " in tex
+    # SES's first 10 disambiguated items are all of one question type: no score, no row (never a NaN cell)
+    assert outs["m2"].fields["per_category"]["SES"]["esbbq_bias_disamb"] is None
+    assert not ((bd.category == "SES") & (bd.score == "esbbq_bias_disamb")).any()

@@ -9,6 +9,8 @@ target delimiter (``construct_requests`` under a chat template); the numbers are
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -222,3 +224,222 @@ def test_honest_first_words_are_the_first_word_of_the_harness_generation(instruc
     assert [w[0] for w in words] == ref
     plain, _ = instruct.first_words(prompts, 1, max_new_tokens=6)
     assert plain != words  # the template changes what the model says
+
+
+# --------------------------------------------------------------------------- the template before loading
+
+
+def _variants(tmp_path):
+    """Copies of the tiny Llama (no template) with the template in each place Transformers reads."""
+    import json
+    import shutil
+
+    src = tiny_models.tiny_model_dir("llama")
+    out = {}
+
+    def make(name, cfg=None, jinja=None, extra=None):
+        d = tmp_path / name
+        shutil.copytree(src, d)
+        c = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+        if cfg is not None:
+            c["chat_template"] = cfg
+        (d / "tokenizer_config.json").write_text(json.dumps(c), encoding="utf-8")
+        if jinja is not None:
+            (d / "chat_template.jinja").write_text(jinja, encoding="utf-8")
+        for k, v in (extra or {}).items():
+            (d / "additional_chat_templates").mkdir(exist_ok=True)
+            (d / "additional_chat_templates" / f"{k}.jinja").write_text(v, encoding="utf-8")
+        out[name] = d
+
+    make("none")
+    make("processor_json_only")  # a processor's legacy chat_template.json: the tokenizer ignores it
+    (out["processor_json_only"] / "chat_template.json").write_text('{"chat_template": "{{ messages }}"}')
+    make("config_string", cfg="{% for m in messages %}{{ m.content }}{% endfor %}")
+    make("config_list", cfg=[{"name": "default", "template": "A{{ messages }}"}, {"name": "tool_use", "template": "B"}])
+    make("jinja_over_config", cfg="C", jinja="J{{ messages }}")
+    make("jinja_and_named", jinja="J{{ messages }}", extra={"tool_use": "T"})
+    return out
+
+
+def test_template_read_from_files_equals_the_loaded_tokenizer(tmp_path, instruct):
+    """:func:`folder_template` (no model loaded) gives the template ``AutoTokenizer`` loads, in every
+    place Transformers 5 reads it, and the planner's digest equals the loaded model's."""
+    from transformers import AutoTokenizer
+
+    from audit.backends.chat import folder_template, template_text, text_digest
+    from audit.backends.hf import probe_template
+
+    seen = {}
+    for name, d in _variants(tmp_path).items():
+        tok = AutoTokenizer.from_pretrained(str(d))
+        assert folder_template(d) == template_text(tok), name
+        seen[name] = folder_template(d)
+        assert probe_template(str(d)) == (True, template_digest(tok))
+    assert seen["none"] is None and seen["processor_json_only"] is None
+    assert seen["jinja_over_config"] == "J{{ messages }}"
+    assert seen["config_list"] == '{"default": "A{{ messages }}", "tool_use": "B"}'
+    d = tiny_models.tiny_model_dir("instruct")
+    assert probe_template(str(d)) == (True, template_digest(instruct.tokenizer))
+    assert text_digest(folder_template(d)).startswith("sha256:")
+    assert probe_template("not/a-cached-model-xyz") == (False, None)  # offline, not cached: checked after loading
+
+
+def _no_load(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(runner, "load_model", refuse)
+    monkeypatch.setattr("audit.backends.hf.load_hf_model", refuse)
+
+
+def test_score_refuses_a_model_without_template_before_loading(monkeypatch):
+    from cli_inputs import run_cli
+
+    _no_load(monkeypatch)
+    llama = str(tiny_models.tiny_model_dir("llama"))
+    with pytest.raises(ModelError, match=r"^chat_template: model '.*llama' has no chat template in its tokenizer "
+                                         r"\(metric bbq\)$"):
+        runner.score(llama, "en/bbq", "bbq", {"limit": 1, "chat_template": True, "n_bootstrap": 0})
+    code, out, err = run_cli(["score", "--model", llama, "--test", "en/bbq", "--metric", "bbq",
+                              "--param", "chat_template=true", "--limit", "1"])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "has no chat template in its tokenizer (metric bbq)" in err
+
+
+def _chat_spec(tmp_path, models: str) -> str:
+    p = tmp_path / "spec.yaml"
+    p.write_text(f"""name: chat-plan
+output_dir: {tmp_path / 'out'}
+languages: [en]
+tests: [bbq]
+metrics:
+  - name: bbq
+    params: {{categories: [Age], limit: 2, n_bootstrap: 0}}
+models:
+{models}""", encoding="utf-8")
+    return str(p)
+
+
+def test_sweep_plan_refuses_a_model_without_template_before_loading(tmp_path, monkeypatch):
+    from cli_inputs import run_cli
+
+    _no_load(monkeypatch)
+    llama, inst = tiny_models.tiny_model_dir("llama"), tiny_models.tiny_model_dir("instruct")
+    spec = _chat_spec(tmp_path, f"  - {{name: chat, ref: '{inst}', params: {{chat_template: true}}}}\n"
+                                f"  - {{name: plain, ref: '{llama}', params: {{chat_template: true}}}}\n")
+    code, out, err = run_cli(["run", spec, "--dry-run"])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{spec}: models[1]: model 'plain' ({llama}) has no chat template in its tokenizer; metric bbq asks " \
+           "for chat_template: true" in err
+    ok = _chat_spec(tmp_path, f"  - {{name: chat, ref: '{inst}', params: {{chat_template: true}}}}\n"
+                              f"  - {{name: plain, ref: '{llama}'}}\n")
+    code, out, err = run_cli(["run", ok, "--dry-run"])
+    assert code == 0, err
+
+
+def test_template_digest_in_the_key_at_plan_time(tmp_path, instruct):
+    """The planner's ``audit.key`` of a ``chat_template: true`` task carries the template's digest
+    (read from the files) and equals the key of the result computed after loading."""
+    from audit.provenance import load_key, task_key
+    from jobs.plan import attach_keys
+    from jobs.spec import load_spec
+    from jobs.sweep import plan_sweep
+
+    inst = tiny_models.tiny_model_dir("instruct")
+    spec = load_spec(_chat_spec(tmp_path, f"  - {{name: chat, ref: '{inst}', params: {{chat_template: true}}}}\n"
+                                          f"  - {{name: text, ref: '{inst}', params: {{limit: 2}}}}\n"))
+    plan = attach_keys(plan_sweep(spec, build=False))
+    keys = {t.model: t.key for t in plan.tasks}
+    params = {"categories": ["Age"], "limit": 2, "n_bootstrap": 0}
+    model = runner.load_model(str(inst))
+    on = runner.score(model, "en/bbq", "bbq", {**params, "chat_template": True}, seed=spec.seed)
+    off = runner.score(model, "en/bbq", "bbq", params, seed=spec.seed)
+    assert keys == {"chat": on.provenance["key"], "text": off.provenance["key"]}
+    kp = {**registry.key_params("bbq", {**params, "chat_template": True}),
+          "chat_template_digest": template_digest(instruct.tokenizer)}
+    assert keys["chat"] == task_key(model_revision=model.revision, model_ref=str(inst),
+                                    dataset_digest=load_test("en/bbq").digest(), metric="bbq", params=kp,
+                                    seed=spec.seed, load=load_key({}))
+
+
+def test_hub_template_read_without_weights_before_loading(tmp_path, monkeypatch, instruct):
+    """A Hub id (the loopback Hub of tests/hub_server.py): the planner fetches only the tokenizer's
+    template files at the commit the loader will use, never the weights; a model without a
+    template is refused by ``audit score`` and the sweep plan before loading."""
+    from hub_server import LoopbackHub, use_hub
+
+    from audit.backends.hf import probe_template
+    from jobs.resolve import probe_chat_template
+
+    hub = LoopbackHub().start()
+    try:
+        hub.cache = use_hub(hub, monkeypatch, tmp_path / "hf-home")
+        c1 = hub.add_repo("acme/instruct", tiny_models.tiny_model_dir("instruct"))
+        hub.add_repo("acme/plain", tiny_models.tiny_model_dir("llama"))
+        assert probe_template("acme/instruct") == (True, template_digest(instruct.tokenizer))
+        assert probe_chat_template("acme/instruct", "causal") == (True, template_digest(instruct.tokenizer))
+        got = sorted(r.path.split("/resolve/", 1)[1] for r in hub.requests
+                     if r.method == "GET" and "/resolve/" in r.path)
+        assert got == [f"{c1}/chat_template.jinja", f"{c1}/tokenizer_config.json"]  # no weights, at the commit
+        assert probe_template("acme/plain") == (True, None)
+        assert probe_chat_template("acme/plain", "causal", {"backend": "hf-mlm"}) == (False, None)
+        _no_load(monkeypatch)
+        with pytest.raises(ModelError, match=r"^chat_template: model 'acme/plain' has no chat template"):
+            runner.score("acme/plain", "en/bbq", "bbq", {"limit": 1, "chat_template": True, "n_bootstrap": 0})
+        # a branch moved to a commit whose template changed: the probe reads the new one
+        c2 = hub.commit("acme/instruct", {"chat_template.jinja": "{{ messages[0].content }}"}, message="template")
+        known, digest = probe_template("acme/instruct")
+        assert known and digest not in (None, template_digest(instruct.tokenizer)) and c2 != c1
+    finally:
+        hub.stop()
+
+
+# --------------------------------------------------------------------------- BBQ protocol harness in a chat
+
+
+def test_bbq_harness_protocol_in_a_chat_equals_the_harness_task(instruct, hflm, tmp_path, monkeypatch):
+    """``protocol: harness`` with ``chat_template: true`` against lm-evaluation-harness's own
+    ``bbq`` task run by ``simple_evaluate(..., apply_chat_template=True, system_instruction=...)``
+    on the same instruct model: the same rendered context and choices (no target delimiter) for
+    every request, the same arg-max choice for every item, and the task's aggregate metrics."""
+    import json
+
+    import lm_eval
+    from lm_eval.evaluator import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from audit.measure.bbq import harness_choices, harness_option_scores
+    from audit.metrics.bbq import bbq_metric
+    from test_bbq_harness import _en_doc
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    t = select_items(load_test("en/bbq").table, ["Age", "Religion"], 4).reset_index(drop=True)
+    data = tmp_path / "bbq.jsonl"
+    data.write_text("".join(json.dumps(_en_doc(r), ensure_ascii=False) + "\n" for r in t.itertuples()),
+                    encoding="utf-8")
+    src = Path(lm_eval.__file__).parent / "tasks" / "bbq" / "bbq_multiple_choice.yaml"
+    (tmp_path / "bbq_local.yaml").write_text(
+        f"include: {src}\ntask: bbq_local\ndataset_path: json\ndataset_name: null\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n", encoding="utf-8")
+    res = simple_evaluate(model=hflm, tasks=["bbq_local"], task_manager=TaskManager(include_path=str(tmp_path),
+                                                                                    include_defaults=False),
+                          log_samples=True, bootstrap_iters=0, apply_chat_template=True, system_instruction=SYSTEM)
+    samples = sorted(res["samples"]["bbq_local"], key=lambda s: s["doc_id"])
+    chat = ChatModel(instruct, system_instruction=SYSTEM)
+    ours = harness_option_scores(chat, t, task="bbq", batch_size=8)
+    rendered = chat.render(item_prompts(t, default_prompt("en")))
+    for s, ctx, cs in zip(samples, rendered, harness_choices(t, "bbq")[0]):
+        assert [a[0] for a in s["arguments"]] == [ctx] * len(cs) and [a[1] for a in s["arguments"]] == cs
+    lls = np.array([[float(r[0]) for r in s["filtered_resps"]] for s in samples])
+    assert ours["harness_choice"].tolist() == np.argmax(lls, axis=1).tolist()
+    np.testing.assert_allclose(np.array(ours["unknown_scores"].tolist()), lls[:, 2:], atol=2e-4, rtol=0)
+    got, want = bbq_metric(ours, n_bootstrap=0, harness_task="bbq").fields["harness"], res["results"]["bbq_local"]
+    for k, v in got.items():
+        assert v == pytest.approx(float(want[f"{k},none"]), abs=1e-12, nan_ok=True), k
+    # through the registry: recorded as a chat and as the harness protocol
+    r = runner.score(runner.LoadedModel(ref="tiny-instruct", kind="causal", backend="hf-causal", revision="x",
+                                        handle=instruct), "en/bbq", "bbq",
+                     {"categories": ["Age", "Religion"], "limit": 4, "n_bootstrap": 0, "protocol": "harness",
+                      "chat_template": True, "system_instruction": SYSTEM})
+    assert r.items["harness_choice"].tolist() == ours["harness_choice"].tolist()
+    assert (r.fields["protocol"], r.provenance["chat_template"]) == ("harness", "applied")

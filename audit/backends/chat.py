@@ -29,38 +29,104 @@ Differences from the harness
     work.
 
 Identity
-    :func:`template_digest` (``sha256:`` of the template text) is recorded with every result;
-    the template is part of the model's files, so the model's revision in ``audit.key`` already
-    fixes it, and ``chat_template``/``system_instruction`` enter the key as parameters when given.
+    :func:`template_digest` (``sha256:`` of the template text) is recorded with every result
+    and, under ``chat_template: true``, enters ``audit.key`` beside the parameters
+    ``chat_template``/``system_instruction`` (:func:`key_params`). It is known before the model
+    loads: :func:`folder_template` reads the template from the tokenizer's own files as
+    Transformers' ``AutoTokenizer`` does (``chat_template.jinja`` and
+    ``additional_chat_templates/*.jinja`` first, else ``tokenizer_config.json``'s ``chat_template``,
+    a list of named templates becoming a dict; a processor's legacy ``chat_template.json`` is not
+    read by the tokenizer, so not here either), so the planner computes the same key, and a model
+    without a template is refused at plan time (``audit score``, ``audit run --dry-run``, the sweep
+    plan), before any weights load.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from audit.errors import ModelError, ParameterError
 
-__all__ = ["CHAT_PARAMS", "template_text", "template_digest", "render_user_turns", "check_chat_params",
-           "ChatModel", "chat_handle", "chat_info"]
+__all__ = ["CHAT_PARAMS", "TEMPLATE_FILES", "template_text", "template_digest", "text_digest", "folder_template",
+           "key_params", "chat_on", "render_user_turns", "check_chat_params", "ChatModel", "chat_handle", "chat_info"]
 
 #: The measure parameters of every LM family that takes a chat template, with their defaults (off).
 CHAT_PARAMS = {"chat_template": False, "system_instruction": None}
 
 
-def template_text(tokenizer: Any) -> str | None:
-    """The tokenizer's chat template (a named-template dict as canonical JSON), ``None`` if none."""
-    t = getattr(tokenizer, "chat_template", None)
+#: The tokenizer files that carry a chat template (Transformers 5: ``CHAT_TEMPLATE_FILE``,
+#: ``TOKENIZER_CONFIG_FILE``; named templates in ``CHAT_TEMPLATE_DIR``).
+TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")
+TEMPLATE_DIR = "additional_chat_templates"
+
+
+def _canonical(t: Any) -> str | None:
     if isinstance(t, dict):
         return json.dumps(t, sort_keys=True, ensure_ascii=False) if t else None
     return t if isinstance(t, str) and t.strip() else None
 
 
+def template_text(tokenizer: Any) -> str | None:
+    """The tokenizer's chat template (a named-template dict as canonical JSON), ``None`` if none."""
+    return _canonical(getattr(tokenizer, "chat_template", None))
+
+
+def text_digest(text: str | None) -> str | None:
+    """``sha256:<hex>`` of a template text (:func:`template_text`'s form), ``None`` for none."""
+    return None if text is None else "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def template_digest(tokenizer: Any) -> str | None:
     """``sha256:<hex>`` of :func:`template_text`, ``None`` when the tokenizer has no template."""
-    t = template_text(tokenizer)
-    return None if t is None else "sha256:" + hashlib.sha256(t.encode("utf-8")).hexdigest()
+    return text_digest(template_text(tokenizer))
+
+
+def folder_template(folder: str | Path) -> str | None:
+    """The chat template the tokenizer of a checkpoint folder will carry, read from its files
+    without loading it, in :func:`template_text`'s form (``None``: no template). Transformers 5's
+    rule (``PreTrainedTokenizerBase.from_pretrained``): ``chat_template.jinja`` is the ``default``
+    template and ``additional_chat_templates/<name>.jinja`` the named ones; one ``default`` alone
+    is the template, several are a dict; without those files ``tokenizer_config.json``'s
+    ``chat_template`` (a string, or a list of ``{name, template}`` becoming a dict). An unreadable
+    ``tokenizer_config.json`` is a :class:`ModelError` naming it."""
+    d = Path(folder)
+    found: dict[str, str] = {}
+    if (d / TEMPLATE_FILES[0]).is_file():
+        found["default"] = (d / TEMPLATE_FILES[0]).read_text(encoding="utf-8")
+    if (d / TEMPLATE_DIR).is_dir():
+        for f in sorted((d / TEMPLATE_DIR).glob("*.jinja")):
+            found[f.name.removesuffix(".jinja")] = f.read_text(encoding="utf-8")
+    if found:
+        return _canonical(found["default"] if list(found) == ["default"] else found)
+    cfg = d / TEMPLATE_FILES[1]
+    if not cfg.is_file():
+        return None
+    try:
+        t = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
+    except (ValueError, AttributeError) as e:
+        raise ModelError(f"{cfg}: not a JSON object ({e})") from None
+    if isinstance(t, (list, tuple)):
+        t = {x["name"]: x["template"] for x in t if isinstance(x, dict) and "name" in x and "template" in x}
+    return _canonical(t)
+
+
+def chat_on(params: Mapping[str, Any]) -> bool:
+    """Whether a task's parameters ask for the chat template (``chat_template: true``)."""
+    return params.get("chat_template") is True
+
+
+def key_params(params: Mapping[str, Any], digest: str | None) -> dict[str, Any]:
+    """A task's key parameters (:func:`audit.registry.key_params`) with the template's digest
+    added under ``chat_template: true`` (``chat_template_digest``): the one rule the planner
+    (:func:`jobs.plan.attach_keys`) and the result (:func:`audit.runner.make_result`) share, so the
+    key names the template applied, not only the revision whose files hold it."""
+    out = dict(params)
+    if chat_on(params) and digest is not None:
+        out["chat_template_digest"] = digest
+    return out
 
 
 def render_user_turns(tokenizer: Any, texts: Sequence[str], *, system_instruction: str | None = None,

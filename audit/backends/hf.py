@@ -74,6 +74,8 @@ __all__ = [
     "HubRevision",
     "resolve_hub_revision",
     "fetch_hub_snapshot",
+    "snapshot_folder",
+    "probe_template",
     "hub_error_message",
     "cached_ref",
     "record_ref",
@@ -495,6 +497,11 @@ def _repo_folder(name: str, cache_dir: str | os.PathLike | None) -> Path:
     return _hub_cache(cache_dir) / repo_folder_name(repo_id=name, repo_type="model")
 
 
+def snapshot_folder(name: str, commit: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the Hugging Face cache keeps the files of ``name`` at ``commit``."""
+    return _repo_folder(name, cache_dir) / "snapshots" / commit
+
+
 def cached_ref(name: str, revision: str, cache_dir: str | os.PathLike | None = None) -> str | None:
     """The commit a branch or tag pointed to when the model was last fetched online (the
     Hugging Face cache's ``refs/<revision>`` file), ``None`` when the cache has no such ref."""
@@ -691,6 +698,33 @@ def resolve_hub_revision(name: str, revision: str | None = None, *, ref: str | N
     return res
 
 
+def probe_template(ref: str, revision: str | None = None) -> tuple[bool, str | None]:
+    """``(known, digest)`` of the chat template the tokenizer of ``ref`` will carry, read from its
+    files without loading the model (:func:`audit.backends.chat.folder_template`, digest
+    :func:`audit.backends.chat.text_digest`): a local checkpoint folder's own files; a Hub id's
+    ``chat_template.jinja`` and ``tokenizer_config.json`` at the commit the loader will use
+    (:func:`resolve_hub_revision`, then only those small files through :func:`fetch_hub_snapshot`;
+    the cache's snapshot when the cache answered). ``digest`` is ``None`` for a tokenizer without
+    a template; ``known`` is False when the files cannot be read without loading (not a Hugging
+    Face reference, a model not built yet, the Hub unreachable and nothing cached): the template
+    is then checked after loading."""
+    try:
+        name, rev = parse_hf_ref(ref)
+        p = Path(name).expanduser()
+        if p.is_dir() and (p / "config.json").is_file():
+            return True, chat.text_digest(chat.folder_template(p))
+        if not is_hf_ref(ref) or p.exists():
+            return False, None
+        res = resolve_hub_revision(name, revision or rev, ref=ref)
+        if res.source == "cache":
+            snap = snapshot_folder(name, res.commit)
+        else:
+            snap = fetch_hub_snapshot(res, use_safe=True, ref=ref, only=chat.TEMPLATE_FILES)
+        return True, chat.text_digest(chat.folder_template(snap))
+    except (ModelError, ParameterError, OSError):  # not reachable, not cached: checked after loading
+        return False, None
+
+
 def _download_patterns(files: Sequence[str], use_safe: bool, trust_remote_code: bool) -> list[str]:
     """The files Transformers needs for a model and its tokenizer: the chosen weights (the
     safetensors files, else ``pytorch_model*.bin``), and every other top-level file except weights
@@ -731,16 +765,20 @@ def _silent_tqdm():
 
 
 def fetch_hub_snapshot(res: HubRevision, *, use_safe: bool, trust_remote_code: bool = False,
-                       cache_dir: str | None = None, retry: Backoff | None = None, ref: str | None = None) -> Path:
+                       cache_dir: str | None = None, retry: Backoff | None = None, ref: str | None = None,
+                       only: Sequence[str] | None = None) -> Path:
     """Download (or find in the cache) the files Transformers needs of ``res.commit``, retried
     with back-off on transient failures, then record ``res.requested -> res.commit`` in the
     cache (:func:`record_ref`) so that an offline run can resolve the branch. Returns the
-    snapshot folder. Files already cached cost no request."""
+    snapshot folder. Files already cached cost no request. ``only``: just those of the files
+    (the planner's read of the tokenizer's small files, no weights)."""
     from huggingface_hub import snapshot_download
 
     ref = ref or res.name
     policy = _hub_policy(retry)
     patterns = _download_patterns(res.files, use_safe, trust_remote_code)
+    if only is not None:
+        patterns = [f for f in patterns if f in set(only)]
     try:
         snap = call_with_retry(
             lambda: snapshot_download(res.name, revision=res.commit, cache_dir=cache_dir, allow_patterns=patterns,
