@@ -1,6 +1,7 @@
 """Compare two sweeps' results tables value by value (a refactor must not move a number).
 
     python -m jobs.results_diff OLD/reports/results.parquet NEW/reports/results.parquet [--atol 0]
+    python -m jobs.results_diff OLD_OUTPUT_DIR NEW_OUTPUT_DIR      # each sweep's reports/results.parquet
 
 Rows are matched on (model, language, test, metric); for each numeric column both tables have
 (value, effect size, p-value, CI bounds, coverage, item count) it counts the rows whose values
@@ -46,6 +47,23 @@ def diff_results(old: pd.DataFrame, new: pd.DataFrame, *, atol: float = 0.0) -> 
     }
 
 
+def _read(path: str) -> pd.DataFrame:
+    """A sweep's results table: a Parquet file, or a sweep's output folder (its
+    ``reports/results.parquet``); anything else is one line naming the path."""
+    from pathlib import Path
+
+    f = Path(path)
+    if f.is_dir():
+        f = f / "reports" / "results.parquet"
+    if not f.is_file():
+        raise ValueError(f"{path}: no results table (expected a results.parquet or a sweep output folder holding "
+                         "reports/results.parquet)")
+    try:
+        return pd.read_parquet(f)
+    except Exception as e:  # noqa: BLE001 (pyarrow's many error types: one line naming the file)
+        raise ValueError(f"{f}: not a readable Parquet results table ({type(e).__name__})") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jobs.results_diff", description=__doc__.split("\n\n")[0])
     p.add_argument("old")
@@ -53,7 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance (default 0: identical)")
     p.add_argument("--show", type=int, default=20, help="differences to list")
     a = p.parse_args(argv)
-    d = diff_results(pd.read_parquet(a.old), pd.read_parquet(a.new), atol=a.atol)
+    try:
+        old, new = _read(a.old), _read(a.new)
+    except ValueError as e:
+        print(f"results_diff: error: {e}", file=sys.stderr)
+        return 2
+    d = diff_results(old, new, atol=a.atol)
     n_old, n_new, n_both = d["rows"]
     print(f"rows: {n_old} old, {n_new} new, {n_both} in both; "
           f"{len(d['only_old'])} only in old, {len(d['only_new'])} only in new")

@@ -41,3 +41,19 @@ def test_a_moved_number_a_lost_row_and_a_new_key_are_reported(tmp_path, capsys):
     b.to_parquet(tmp_path / "b.parquet")
     assert main([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]) == 1
     assert "value          3 identical, 1 differ" in capsys.readouterr().out
+
+
+def test_output_folders_are_read_and_bad_paths_are_one_line(tmp_path, capsys):
+    """A sweep's output folder stands for its ``reports/results.parquet``; a path that is not a
+    results table exits 2 with one line naming it, no traceback."""
+    for d in ("old", "new"):
+        (tmp_path / d / "reports").mkdir(parents=True)
+        _frame().to_parquet(tmp_path / d / "reports" / "results.parquet")
+    assert main([str(tmp_path / "old"), str(tmp_path / "new")]) == 0
+    (tmp_path / "loads.jsonl").write_text("{}\n")
+    capsys.readouterr()
+    assert main([str(tmp_path / "loads.jsonl"), str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "loads.jsonl: not a readable Parquet results table" in err[0]
+    assert main([str(tmp_path / "missing"), str(tmp_path / "new")]) == 2
+    assert "missing: no results table" in capsys.readouterr().err
