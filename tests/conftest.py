@@ -60,10 +60,13 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             f"{len(bad)} test(s) need exactly one tier marker ({', '.join(TIERS)}; README 'Tests'):\n  "
             + "\n  ".join(bad))
-    # Modules whose tests share the session's Ray head (`local_ray`) run one after the other, last,
-    # in their order of collection, so the head starts about once; the order inside a module is kept.
+    # Modules whose tests share the session's Ray head (`local_ray`) run one after the other, then
+    # those that submit jobs to the session's `job_head`, last, in their order of collection, so each
+    # head starts about once and `job_head` ends with the session; the order inside a module is kept.
     shared = {item.module for item in items if _uses_shared_ray(item)}
-    items[:] = [i for i in items if i.module not in shared] + [i for i in items if i.module in shared]
+    jobs = {item.module for item in items if "job_head" in getattr(item, "fixturenames", ())} - shared
+    items[:] = ([i for i in items if i.module not in shared | jobs] + [i for i in items if i.module in shared]
+                + [i for i in items if i.module in jobs])
 
 
 @pytest.fixture(autouse=True)
@@ -297,3 +300,15 @@ def pg_mlflow():
         yield {"uri": srv.uri, "db_uri": srv.db_uri, "seconds": dict(srv.seconds)}
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def job_head(tmp_path_factory):
+    """The address of a loopback Ray head started with ``ray start`` (:func:`jobs.cluster.local_head`,
+    2 CPUs) for the whole session, shared by the tests that submit ``ray job submit`` jobs to it one
+    at a time (a start costs ~5 s of CPU, 10-30 s under load, and a stop up to 5 s). Their modules
+    run last (``pytest_collection_modifyitems``); a test that counts jobs counts those it submitted."""
+    from jobs.cluster import local_head
+
+    with local_head(num_cpus=2, log_path=tmp_path_factory.mktemp("job-head") / "head.log") as address:
+        yield address

@@ -180,14 +180,30 @@ def test_a_killed_drivers_lease_is_taken_over(store, tmp_path):
     mine.release()
 
 
+def _acquire_when_stale(store, sweep: str, driver: str, since: float, ttl: float) -> Lease:
+    """Poll (every 0.1 s, no fixed sleep) until ``driver`` takes the lease of a holder that stopped
+    beating; it must not succeed before ``ttl`` seconds after ``since`` (taken before the holder
+    acquired)."""
+    deadline = time.monotonic() + ttl + 60
+    while True:
+        try:
+            lease = Lease(store.client, store.experiment_id, sweep, driver=driver).acquire()
+        except Busy:
+            assert time.monotonic() < deadline, f"the lease of {sweep} never went stale"
+            time.sleep(0.1)
+            continue
+        assert time.monotonic() - since >= ttl, "taken over before its ttl"
+        return lease
+
+
 @pytest.mark.e2e
 def test_a_lease_on_another_host_goes_stale_after_its_ttl(store):
+    since = time.monotonic()
     other = Lease(store.client, store.experiment_id, "s3", driver="elsewhere:42:1", ttl=5.0).acquire()
     other._stop.set()
     with pytest.raises(Busy, match="host .* pid"):  # (ttl 5 s: a loaded machine took > 1 s between the calls)
         Lease(store.client, store.experiment_id, "s3", driver="here:1:1").acquire()
-    time.sleep(5.6)
-    mine = Lease(store.client, store.experiment_id, "s3", driver="here:1:1").acquire()
+    mine = _acquire_when_stale(store, "s3", "here:1:1", since, 5.0)
     assert mine.taken_over.holder == "elsewhere:42:1"
     mine.release()
 
@@ -198,10 +214,10 @@ def test_a_normally_ended_lease_is_deleted_and_its_numbers_never_come_back(store
     page), and the next generation is numbered after it all the same: an old holder that was
     paused while its lease was taken over, the taker ending normally and a third driver starting,
     must not find "its" number again and believe it still holds the lease."""
+    since = time.monotonic()
     paused = Lease(store.client, store.experiment_id, "s4", driver="elsewhere:42:1", ttl=1.0).acquire()
     paused._stop.set()  # paused: no heartbeat
-    time.sleep(1.6)
-    taker = Lease(store.client, store.experiment_id, "s4", driver="here:1:1").acquire()
+    taker = _acquire_when_stale(store, "s4", "here:1:1", since, 1.0)
     assert taker.generation == 2 and taker.taken_over.holder == "elsewhere:42:1"
     taker.release(delete=True)
     assert _lease_models(store) == []

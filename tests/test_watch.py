@@ -618,10 +618,10 @@ class Barrier:
 
 
 @pytest.mark.e2e
-def test_real_ray_head_racing_watchers_submit_one_job_which_audits_the_revision(tmp_path, monkeypatch):
+def test_real_ray_head_racing_watchers_submit_one_job_which_audits_the_revision(tmp_path, monkeypatch, job_head):
     from ray.job_submission import JobSubmissionClient
 
-    from jobs.cluster import local_head, ray_env
+    from jobs.cluster import ray_env
 
     for k, v in ray_env().items():
         if k.startswith("RAY_"):
@@ -629,52 +629,57 @@ def test_real_ray_head_racing_watchers_submit_one_job_which_audits_the_revision(
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     root = tmp_path / "models"
     vec = write_vectors(root / "tiny" / "v1", 0, mtime=time.time() - 3600)
-    with local_head(num_cpus=2, log_path=tmp_path / "head.log") as address:
-        p = write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}],
-                        ray={"address": address, "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1"}}})
-        spec = load_watch_spec(p)
-        barrier = threading.Barrier(2)
-        reports = [None, None]
+    address = job_head  # the session's head (tests/conftest.py): count only this test's jobs
+    client = JobSubmissionClient(address)
+    before = {j.submission_id for j in client.list_jobs()}
 
-        def run(i):
-            reports[i] = Watcher(spec, submitter=Barrier(W.RaySubmitter(address), barrier), out=None).poll()
+    def new_jobs() -> list[str]:
+        return [j.submission_id for j in client.list_jobs() if j.submission_id not in before]
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        subs = [d for r in reports for d in r.submitted]
-        skips = [d for r in reports for d in r.decisions if d.action == "skipped"]
-        assert len(subs) == 1 and len(skips) == 1, [d.line() for r in reports for d in r.decisions]
-        sid = subs[0].submission_id
-        assert skips[0].submission_id == sid and skips[0].reason.startswith(f"already submitted as {sid} (Ray job status ")
-        client = JobSubmissionClient(address)
-        assert [j.submission_id for j in client.list_jobs()] == [sid]
+    p = write_watch(tmp_path, [{"local": str(root), "file": "vectors.vec"}],
+                    ray={"address": address, "runtime_env": {"env_vars": {"HF_HUB_OFFLINE": "1"}}})
+    spec = load_watch_spec(p)
+    barrier = threading.Barrier(2)
+    reports = [None, None]
 
-        deadline = time.monotonic() + 240
-        while (st := client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):
-            assert time.monotonic() < deadline, client.get_job_logs(sid)[-3000:]
-            time.sleep(1)
-        logs = client.get_job_logs(sid)
-        assert st == "SUCCEEDED", logs[-3000:]
-        assert "1 task(s) run, 0 resumed, 0 failed" in logs
-        info = client.get_job_info(sid)
-        assert info.metadata["biasaudit.revision"] == "v1" and info.metadata["biasaudit.attempt"] == "1"
+    def run(i):
+        reports[i] = Watcher(spec, submitter=Barrier(W.RaySubmitter(address), barrier), out=None).poll()
 
-        # the store now holds the audit of this revision (revision = the file's content digest)
-        index = AuditIndex.load(spec.resolved_tracking_uri, spec.resolved_experiment)
-        assert index.finished_revisions(str(vec)) == {W.local_revision(vec): 1}
-        assert index.sweeps[subs[0].sweep].status == "FINISHED"
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    subs = [d for r in reports for d in r.submitted]
+    skips = [d for r in reports for d in r.decisions if d.action == "skipped"]
+    assert len(subs) == 1 and len(skips) == 1, [d.line() for r in reports for d in r.decisions]
+    sid = subs[0].submission_id
+    assert skips[0].submission_id == sid and skips[0].reason.startswith(f"already submitted as {sid} (Ray job status ")
+    assert new_jobs() == [sid]
 
-        # a re-run (a cron tick, through the command line) submits nothing
-        env = {**os.environ}
-        r = subprocess.run([sys.executable, "-m", "jobs.watch", str(p), "--once"], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr[-2000:]
-        assert f"skipped   {root / 'tiny'}@v1: already audited: sweep run " in r.stdout
-        assert "0 submitted, 1 skipped" in r.stdout
-        assert [j.submission_id for j in client.list_jobs()] == [sid]
+    deadline = time.monotonic() + 240
+    while (st := client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        assert time.monotonic() < deadline, client.get_job_logs(sid)[-3000:]
+        time.sleep(0.2)
+    logs = client.get_job_logs(sid)
+    assert st == "SUCCEEDED", logs[-3000:]
+    assert "1 task(s) run, 0 resumed, 0 failed" in logs
+    info = client.get_job_info(sid)
+    assert info.metadata["biasaudit.revision"] == "v1" and info.metadata["biasaudit.attempt"] == "1"
+
+    # the store now holds the audit of this revision (revision = the file's content digest)
+    index = AuditIndex.load(spec.resolved_tracking_uri, spec.resolved_experiment)
+    assert index.finished_revisions(str(vec)) == {W.local_revision(vec): 1}
+    assert index.sweeps[subs[0].sweep].status == "FINISHED"
+
+    # a re-run (a cron tick, through the command line) submits nothing
+    env = {**os.environ}
+    r = subprocess.run([sys.executable, "-m", "jobs.watch", str(p), "--once"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"skipped   {root / 'tiny'}@v1: already audited: sweep run " in r.stdout
+    assert "0 submitted, 1 skipped" in r.stdout
+    assert new_jobs() == [sid]
     log = decisions(tmp_path)
     assert sorted(x["action"] for x in log if x["action"] in ("submitted", "skipped")) == ["skipped", "skipped", "submitted"]
     assert len({x["pid"] for x in log}) == 2  # this process (two threads) and the command line
