@@ -112,9 +112,9 @@ RUN = {
     ("audit score --model ./my-bert --test crows_pairs_anonymized.csv --metric crows_pairs --limit 100 "
      "--items pairs.parquet"): (0, "crows_pairs"),
     "audit score --model ./my-llama --test fr/crows_pairs --metric crows_pairs": (0, "crows_pairs"),
-    "audit score --model ./my-llama --test es/bbq --metric bbq --param categories='[\"Gender\"]'": (0, "bbq"),
+    "audit score --model ./my-llama --test es/bbq --metric bbq --param categories='[\"Gender\"]' --param limit=20": (0, "bbq"),
     ("audit score --model ./my-llama --test es/bbq --metric bbq --param 'categories=[\"Gender\",\"SES\"]' "
-     "--items es_bbq.parquet"): (0, "bbq"),
+     "--param limit=10 --items es_bbq.parquet"): (0, "bbq"),
     "audit score --model ./my-bert --test de/honest --metric honest": (0, "honest"),
     "audit compare ./release-1 ./release-2 --language en --metric weat --fail-on-regression": (0, "weat"),
     "audit score --model npy:emb/matrix.npy,emb/words.parquet --test weat7 --metric weat": (0, "weat"),
