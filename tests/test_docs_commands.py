@@ -18,8 +18,8 @@ entry. Each command is in exactly one of three tables, and the tables hold nothi
 A command added to the docs and put in no table fails :func:`test_every_documented_command_is_run_or_mapped`.
 Measured on 2 CPUs shared with other work (load average 6 to 10): the two ``es/bbq`` commands
 on the tiny Llama (every Gender, resp. Gender and SES item) took 284 s and 478 s of the file's
-run (the Gender one alone: 4 min 8 s wall, 57 s of CPU); the other 16 commands about 13 min
-together (the first run of the file: 15 min) at that load.
+run; since the docs say ``--param limit=20`` resp. ``limit=10`` they take 58 s and 44 s at a load
+average of 13 to 15, and the whole file 144 s of CPU (user + system, children included).
 """
 
 from __future__ import annotations
