@@ -112,7 +112,8 @@ RUN = {
     ("audit score --model ./my-bert --test crows_pairs_anonymized.csv --metric crows_pairs --limit 100 "
      "--items pairs.parquet"): (0, "crows_pairs"),
     "audit score --model ./my-llama --test fr/crows_pairs --metric crows_pairs": (0, "crows_pairs"),
-    "audit score --model ./my-llama --test es/bbq --metric bbq --param categories='[\"Gender\"]' --param limit=20": (0, "bbq"),
+    ("audit score --model ./my-llama --test es/bbq --metric bbq --param categories='[\"Gender\"]' "
+     "--param limit=20"): (0, "bbq"),
     ("audit score --model ./my-llama --test es/bbq --metric bbq --param 'categories=[\"Gender\",\"SES\"]' "
      "--param limit=10 --items es_bbq.parquet"): (0, "bbq"),
     "audit score --model ./my-bert --test de/honest --metric honest": (0, "honest"),
