@@ -8,6 +8,7 @@ data, marked unavailable when the data is not found.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pandas as pd
@@ -41,6 +42,29 @@ def _stub_metrics(stub) -> list[str]:
     return [n for n, e in registry.METRICS.items() if e.family.test_type == ttype]
 
 
+def _signature(*paths: Path) -> tuple:
+    """What a stub's size depends on: name, size and modification time of the stub file and of every
+    file under its data path (a stat per file, no reading)."""
+    out = []
+    for p in paths:
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        out.extend((str(f), st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()])
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _stub_size(path: str, signature: tuple) -> tuple[bool, str]:
+    """``(available, "27320 items")`` of the stub at ``path``, or ``(False, the DataError)``: its data
+    is read in full (the reader validates every row), once per process and ``signature``
+    (:func:`_signature`): a listing repeated in one process (tests, ``audit datasets`` after
+    ``--coverage``) does not read a BBQ folder again unless a file of it changed."""
+    stub = stub_of(Path(path))
+    try:
+        return True, f"{len(read_registered(Path(path)).table)} {TEST_TYPES[FORMAT_TYPES[stub.format]].unit or 'rows'}"
+    except DataError as e:
+        return False, str(e)
+
+
 def list_tests(language: str | None = None, root: str | Path | None = None) -> pd.DataFrame:
     """One row per registered test (qualified names only), sorted by name.
 
@@ -62,10 +86,7 @@ def list_tests(language: str | None = None, root: str | Path | None = None) -> p
             ok = stub.available()
             size = ""
             if ok:
-                try:
-                    size = f"{len(read_registered(path).table)} {TEST_TYPES[FORMAT_TYPES[stub.format]].unit or 'rows'}"
-                except DataError as e:
-                    ok, size = False, str(e)
+                ok, size = _stub_size(str(path), _signature(path, stub.path()))
             rows.append({
                 "name": key, "language": stub.language, "targets": size or f"data not found ({stub.path()})",
                 "attributes": "", "provenance": stub.provenance, "licence": stub.licence,

@@ -228,7 +228,7 @@ def test_list_tests():
     de = catalog.list_tests("de").set_index("name")
     assert de.loc["de/honest", "targets"] == "630 templates" and de.loc["de/honest", "metrics"] == "honest"
     if de.loc["de/bbq", "available"]:
-        assert de.loc["de/bbq", "targets"] == "968 items" and de.loc["de/bbq", "metrics"] == "bbq"
+        assert de.loc["de/bbq", "targets"] == "968 items" and de.loc["de/bbq", "metrics"] == "bbq, bbq_generate"
     fr = catalog.list_tests("fr").set_index("name")
     assert fr.loc["fr/gender_math", "targets"] == "math (8), arts (8)"
     assert fr.loc["fr/gender_math", "metrics"].split(", ")[:3] == ["weat", "seat", "lpbs"]
@@ -835,3 +835,26 @@ def test_tiny_fasttext_on_the_corpus_covers_the_tests(tmp_path):
     missing = [w for k in _word_tests("tr") for s in _sets(ds.load_test(k)) for w in s.words
                for tok in w.split() if tok not in vocab]
     assert missing == []
+
+
+@pytest.mark.skipif(not (SHARED / "crows-pairs").is_dir(), reason="needs ../shared/data")
+def test_list_tests_reads_a_stubs_data_once_per_version(tmp_path, monkeypatch):
+    """A stub's size (``N pairs``) is read once per process and content version of its data: a
+    second listing reads nothing, an appended row is counted."""
+    import pandas as pd
+
+    (tmp_path / "en").mkdir()
+    pd.read_csv(SHARED / "crows-pairs" / "crows_pairs_anonymized.csv").head(7).to_csv(tmp_path / "en" / "cp.csv",
+                                                                                       index=False)
+    (tmp_path / "en" / "cp.yaml").write_text("name: cp\nlanguage: en\nformat: crows-pairs\ndata: ./cp.csv\n"
+                                              "provenance: a test\nlicence: CC BY-SA 4.0\n", encoding="utf-8")
+    reads = []
+    real = catalog.read_registered
+    monkeypatch.setattr(catalog, "read_registered", lambda p: reads.append(p) or real(p))
+    assert catalog.list_tests(root=tmp_path).set_index("name").loc["en/cp", "targets"] == "7 pairs"
+    assert catalog.list_tests(root=tmp_path).set_index("name").loc["en/cp", "targets"] == "7 pairs"
+    assert len(reads) == 1
+    df = pd.read_csv(SHARED / "crows-pairs" / "crows_pairs_anonymized.csv").head(8)
+    df.to_csv(tmp_path / "en" / "cp.csv", index=False)
+    assert catalog.list_tests(root=tmp_path).set_index("name").loc["en/cp", "targets"] == "8 pairs"
+    assert len(reads) == 2

@@ -18,8 +18,8 @@ entry. Each command is in exactly one of three tables, and the tables hold nothi
 A command added to the docs and put in no table fails :func:`test_every_documented_command_is_run_or_mapped`.
 Measured on 2 CPUs shared with other work (load average 6 to 10): the two ``es/bbq`` commands
 on the tiny Llama (every Gender, resp. Gender and SES item) took 284 s and 478 s of the file's
-run (the Gender one alone: 4 min 8 s wall, 57 s of CPU); the other 16 commands about 13 min
-together (the first run of the file: 15 min) at that load.
+run; since the docs say ``--param limit=20`` resp. ``limit=10`` they take 58 s and 44 s at a load
+average of 13 to 15, and the whole file 144 s of CPU (user + system, children included).
 """
 
 from __future__ import annotations
@@ -112,9 +112,10 @@ RUN = {
     ("audit score --model ./my-bert --test crows_pairs_anonymized.csv --metric crows_pairs --limit 100 "
      "--items pairs.parquet"): (0, "crows_pairs"),
     "audit score --model ./my-llama --test fr/crows_pairs --metric crows_pairs": (0, "crows_pairs"),
-    "audit score --model ./my-llama --test es/bbq --metric bbq --param categories='[\"Gender\"]'": (0, "bbq"),
+    ("audit score --model ./my-llama --test es/bbq --metric bbq --param categories='[\"Gender\"]' "
+     "--param limit=20"): (0, "bbq"),
     ("audit score --model ./my-llama --test es/bbq --metric bbq --param 'categories=[\"Gender\",\"SES\"]' "
-     "--items es_bbq.parquet"): (0, "bbq"),
+     "--param limit=10 --items es_bbq.parquet"): (0, "bbq"),
     "audit score --model ./my-bert --test de/honest --metric honest": (0, "honest"),
     "audit compare ./release-1 ./release-2 --language en --metric weat --fail-on-regression": (0, "weat"),
     "audit score --model npy:emb/matrix.npy,emb/words.parquet --test weat7 --metric weat": (0, "weat"),
