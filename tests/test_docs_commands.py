@@ -119,6 +119,15 @@ RUN = {
     "audit score --model ./my-bert --test de/honest --metric honest": (0, "honest"),
     "audit compare ./release-1 ./release-2 --language en --metric weat --fail-on-regression": (0, "weat"),
     "audit score --model npy:emb/matrix.npy,emb/words.parquet --test weat7 --metric weat": (0, "weat"),
+    "audit score --model ./my-llama --test es/bbq --metric bbq --param protocol=harness --param limit=20": (0, "bbq"),
+    ("audit score --model ./my-instruct --test en/bbq --metric bbq --param limit=2 --param chat_template=true "
+     "--param 'system_instruction=\"Answer with one of the options.\"'"): (0, "bbq"),
+    "audit run jobs/specs/chat-template-example.yaml": (0, "reports in "),
+    "audit score --model glove-6b-50d --test weat7 --metric weat --casefold": (0, "weat"),
+    "audit score --model glove-6b-50d --test weat1 --metric weat --casefold": (0, "weat"),
+    "audit score --model minilm --test weat1 --metric same": (0, "same"),
+    "audit score --model st:minilm --test weat7 --metric seat": (0, "seat"),
+    "audit score --model wefe-test-model --allow-pickle --test weat1 --metric weat": (0, "weat"),
     "export RAY_AUTH_MODE=disabled": (0, ""),
     "cp infra/mlflow/.env.example infra/mlflow/.env": (0, ""),
     "cp infra/mlflow/sweep.env.example infra/mlflow/sweep.env": (0, ""),
@@ -128,6 +137,9 @@ RUN = {
 MAPPED: dict[str, str] = {}
 
 NET = "downloads a model, a package or data from the internet, which the tests do not reach"
+DEFAULT = ("the default audit (650 tasks, 1-3 min on 2 cores): run at each release with jobs.results_diff against "
+           "the previous one; its models are scored by the RUN cases above")
+PORT = "needs an MLflow server on the fixed port 5000 (tests/pg_server.py runs one on a free port)"
 HUB = "watches huggingface.co (tests/test_watch_hub.py runs the watch against a loopback hub)"
 USER = "reads a user's own large model file at an absolute path"
 HURT = "reads a HurtLex file at an absolute path the user chose"
@@ -147,24 +159,19 @@ NOT_HERE = {
     "scripts/setup.sh && .venv/bin/audit run jobs/specs/default.yaml": NET,
     "scripts/setup.sh --test && .venv/bin/python -m pytest -q": SUITE,
     "scripts/setup.sh": NET,
-    "audit score --model glove-6b-50d --test weat7 --metric weat --casefold": NET,
     "audit score --model cc.de.300.bin --test ../shared/data/bias-framework/de/WEAT/CW1.txt --metric weat": NET,
-    "audit score --model minilm --test weat1 --metric same": NET,
-    "audit score --model st:minilm --test weat7 --metric seat": NET,
     "audit score --model ./my-llama --test de/honest --metric honest --param hurtlex='\"/data/hurtlex_DE.tsv\"'": HURT,
     ("audit score --model ./my-gpt --test scandinavian/da_template.tsv --language nb --metric honest "
      "--param hurtlex='\"/data/hurtlex\"'"): HURT,
     ("audit table --model glove-6b-50d --test weat1 weat2 weat3 weat4 weat5 weat6 weat7 weat8 weat9 weat10 "
      "--metric weat --casefold"): NET,
-    "audit run jobs/specs/default.yaml": NET,
-    "audit run jobs/specs/default.yaml --tracking-uri http://127.0.0.1:5000": NET,
+    "audit run jobs/specs/default.yaml": DEFAULT,
+    "audit run jobs/specs/default.yaml --tracking-uri http://127.0.0.1:5000": PORT,
     "audit table --model glove-6b-50d --test <the 20 English tests> --metric weat --casefold": SYNOPSIS,
     "audit table --model spacy:fr_core_news_md --test <the 10 French tests> --metric weat": SYNOPSIS,
-    "audit score --model glove-6b-50d --test weat1 --metric weat --casefold": NET,
     "audit score --model ~/vectors/cc.de.300.bin --test de/cw1 --metric weat": USER,
     "audit score --model word2vec:/data/sgns.wiki.de.300.data --test de/cw1 --metric weat": USER,
     "audit score --model spacy:fr_core_news_md --test my_tests/fr_metiers.yaml --metric weat": NET,
-    "audit score --model wefe-test-model --allow-pickle --test weat1 --metric weat": NET,
     "audit watch jobs/specs/watch-example.yaml --once --dry-run": HUB,
     "audit watch jobs/specs/watch-example.yaml --once": HUB,
     "audit watch jobs/specs/watch-example.yaml": HUB,
@@ -307,6 +314,7 @@ def scratch(tmp_path_factory):
     (work / "jobs").symlink_to(ROOT / "jobs")
     shutil.copytree(ROOT / "infra", work / "infra")
     (work / "my-bert").symlink_to(tiny_model_dir("bert"))
+    (work / "my-instruct").symlink_to(tiny_model_dir("instruct"))
     # ./my-llama: the tiny Llama with a real Llama's window (rotary positions: no learned table to
     # outgrow); its own 256 tokens are shorter than some es/bbq contexts (261)
     shutil.copytree(tiny_model_dir("llama"), work / "my-llama")
