@@ -209,7 +209,7 @@ def test_registry_weat():
         get_metric("weta")
     assert set(METRICS) == {
         "weat", "seat", "lpbs", "crows_pairs", "honest", "bbq",
-        "same", "gweat", "direct_bias", "rnd", "rnsb", "mac", "ect", "ripa", "cramers_v", "perplexity",
+        "same", "gweat", "direct_bias", "rnd", "rnsb", "mac", "ect", "ripa", "cramers_v", "perplexity", "bbq_generate",
     }
     for name, s in METRICS.items():
         assert s.name == name and s.headline and s.reference
