@@ -74,6 +74,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from audit.stats import check_bootstrap, check_seed
 from audit.errors import DataError, ParameterError
 from audit.result import MetricOutput
 
@@ -341,12 +342,9 @@ def bbq_metric(table: pd.DataFrame, *, length_norm: str = "none", n_bootstrap: i
         raise DataError(f"BBQ score table lacks column(s) {', '.join(missing)}")
     if len(table) == 0:
         raise DataError("BBQ score table is empty (no items)")
-    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, (int, np.integer)) or n_bootstrap < 0:
-        raise ParameterError(f"n_bootstrap: must be a non-negative integer, got {n_bootstrap!r}")
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
-        raise ParameterError(f"confidence: must be a number strictly between 0 and 1, got {confidence!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise ParameterError(f"seed: must be a non-negative integer or None, got {seed!r}")
+    n_bootstrap, confidence = check_bootstrap(n_bootstrap, confidence)
+    if isinstance(check_seed(seed), np.random.SeedSequence):
+        raise ParameterError("seed: expected a non-negative integer or None, got a SeedSequence")
     seed_used = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2 ** 63))
     t = table.reset_index(drop=True)
     pred = predictions(t, length_norm)
