@@ -193,8 +193,13 @@ class Interrupted(BaseException):
 def _raise_interrupted(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature
     import signal
 
+    import logging
+
     for sig in (signal.SIGINT, signal.SIGTERM):  # one interruption: a second signal does not cut the cleanup
         signal.signal(sig, signal.SIG_IGN)
+    # The signal can land inside a store commit; MLflow then logs the broken commit with a traceback.
+    # The results are in the write-ahead log and the driver's one line says so: no traceback.
+    logging.getLogger("mlflow").setLevel(logging.CRITICAL)
     raise Interrupted(signum)
 
 

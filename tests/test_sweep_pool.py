@@ -343,7 +343,7 @@ def test_prefetcher_keeps_within_its_window_and_disk_budget(monkeypatch):
         return [("config.json", 0), ("model.safetensors", sizes[s.name])]
 
     def downloader(s, files):
-        gate.wait(5)
+        gate.wait(60)  # until the test opens it (a short wait let "a" finish before the first look under load)
         fetched.append(s.name)
 
     pf = Prefetcher(order, snaps, ahead=2, disk_bytes=80, lister=lister, downloader=downloader)
