@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -312,6 +312,45 @@ def _summary(table: pd.DataFrame, counts: pd.DataFrame, strata: np.ndarray, seed
     return out
 
 
+def checked_table(table: pd.DataFrame, need: Sequence[str], what: str, n_bootstrap: Any, confidence: Any,
+                  seed: Any) -> tuple[pd.DataFrame, int, float, int]:
+    """The checks every BBQ analysis starts with: the table has the ``need`` columns and at least
+    one row (a :class:`DataError` naming ``what``), the bootstrap parameters and the seed are
+    valid (:func:`audit.stats.check_bootstrap`, :func:`audit.stats.check_seed`; an integer or
+    None). Returns the table with a fresh index, ``n_bootstrap``, ``confidence`` and the seed
+    used (drawn and recorded when ``seed`` is None)."""
+    missing = [c for c in need if c not in getattr(table, "columns", ())]
+    if missing:
+        raise DataError(f"{what} lacks column(s) {', '.join(missing)}")
+    if len(table) == 0:
+        raise DataError(f"{what} is empty (no items)")
+    n_bootstrap, confidence = check_bootstrap(n_bootstrap, confidence)
+    if isinstance(check_seed(seed), np.random.SeedSequence):
+        raise ParameterError("seed: expected a non-negative integer or None, got a SeedSequence")
+    seed_used = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2 ** 63))
+    return table.reset_index(drop=True), n_bootstrap, confidence, seed_used
+
+
+def summaries(t: pd.DataFrame, counts: pd.DataFrame, seed: int, n_boot: int, confidence: float,
+              harness_task: str | None = None) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The overall numbers (with ``ci``: the s_AMB interval, ``cis``: every score's) and the
+    per-category ones (:func:`_summary`; bootstrap strata: category x context condition, one
+    stream per scope)."""
+    cats = t["category"].astype(str).to_numpy()
+    strata = np.array([f"{c}\x00{a}" for c, a in zip(cats, counts["amb"])])
+    overall = _summary(t, counts, strata, seed, "\x00overall", n_boot, confidence, harness_task)
+    per_cat = {}
+    for c in dict.fromkeys(cats):
+        m = cats == c
+        per_cat[c] = _summary(t[m].reset_index(drop=True), counts[m].reset_index(drop=True), strata[m], seed, c,
+                              n_boot, confidence, harness_task)
+    cis = overall.pop("ci", None)
+    if cis is not None:
+        overall["ci"] = cis["s_amb"]
+        overall["cis"] = cis
+    return overall, per_cat
+
+
 def bbq_metric(table: pd.DataFrame, *, length_norm: str = "none", n_bootstrap: int = 1000,
                confidence: float = 0.95, seed: int | None = None, harness_task: str | None = None) -> MetricOutput:
     """BBQ numbers from an option-score table (the analysis step; module docstring).
@@ -337,40 +376,19 @@ def bbq_metric(table: pd.DataFrame, *, length_norm: str = "none", n_bootstrap: i
     """
     need = ("item", "category", "context_condition", "label", "unknown", "biased",
             *(f"score{i}" for i in range(N_OPTIONS)))
-    missing = [c for c in need if c not in getattr(table, "columns", ())]
-    if missing:
-        raise DataError(f"BBQ score table lacks column(s) {', '.join(missing)}")
-    if len(table) == 0:
-        raise DataError("BBQ score table is empty (no items)")
-    n_bootstrap, confidence = check_bootstrap(n_bootstrap, confidence)
-    if isinstance(check_seed(seed), np.random.SeedSequence):
-        raise ParameterError("seed: expected a non-negative integer or None, got a SeedSequence")
-    seed_used = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2 ** 63))
-    t = table.reset_index(drop=True)
+    t, n_bootstrap, confidence, seed_used = checked_table(table, need, "BBQ score table", n_bootstrap, confidence,
+                                                          seed)
     pred = predictions(t, length_norm)
     counts = bbq_counts(t, pred)
-    cats = t["category"].astype(str).to_numpy()
-    strata = np.array([f"{c}\x00{a}" for c, a in zip(cats, counts["amb"])])
-    overall = _summary(t, counts, strata, seed_used, "\x00overall", int(n_bootstrap), float(confidence), harness_task)
-    per_cat = {}
-    for c in dict.fromkeys(cats):
-        m = cats == c
-        per_cat[c] = _summary(t[m].reset_index(drop=True), counts[m].reset_index(drop=True), strata[m], seed_used, c,
-                              int(n_bootstrap), float(confidence), harness_task)
+    fields, per_cat = summaries(t, counts, seed_used, n_bootstrap, confidence, harness_task)
     items = t.copy()
     items["prediction"] = pred.astype(np.int64)
     items["correct"] = counts["correct"].astype(bool).to_numpy()
     items["predicted_unknown"] = ~counts["non_unknown"].astype(bool).to_numpy()
     items["predicted_biased"] = counts["biased"].astype(bool).to_numpy()
-    cis = overall.pop("ci", None)
-    fields: dict[str, Any] = dict(overall)
-    if cis is not None:
-        fields["ci"] = cis["s_amb"]
-        fields["cis"] = cis
     fields.update({"per_category": per_cat, "length_norm": length_norm, "harness_task": harness_task,
-                   "n_bootstrap": int(n_bootstrap),
-                   "confidence": float(confidence), "seed_used": seed_used})
-    value = overall["s_amb"]
+                   "n_bootstrap": n_bootstrap, "confidence": confidence, "seed_used": seed_used})
+    value = fields["s_amb"]
     return MetricOutput(value=float(value) if value is not None else math.nan, fields=fields, items=items)
 
 

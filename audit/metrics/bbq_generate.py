@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from audit.stats import check_bootstrap, check_seed
-from audit.errors import DataError, ParameterError
-from audit.metrics.bbq import _summary, bbq_counts
+from audit.errors import DataError
+from audit.metrics.bbq import bbq_counts, checked_table, summaries
 from audit.result import MetricOutput
 
 __all__ = ["bbq_generate_metric"]
@@ -44,40 +43,22 @@ def bbq_generate_metric(table: pd.DataFrame, *, n_bootstrap: int = 1000, confide
     Fields as :func:`audit.metrics.bbq.bbq_metric` plus ``n_unparseable``,
     ``n_unparseable_amb``, ``n_unparseable_disamb`` (and per category ``n_unparseable``)."""
     need = ("item", "category", "context_condition", "label", "unknown", "biased", "prediction")
-    missing = [c for c in need if c not in getattr(table, "columns", ())]
-    if missing:
-        raise DataError(f"generative BBQ table lacks column(s) {', '.join(missing)}")
-    if len(table) == 0:
-        raise DataError("generative BBQ table is empty (no items)")
-    n_bootstrap, confidence = check_bootstrap(n_bootstrap, confidence)
-    if isinstance(check_seed(seed), np.random.SeedSequence):
-        raise ParameterError("seed: expected a non-negative integer or None, got a SeedSequence")
-    seed_used = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2 ** 63))
-    t = table.reset_index(drop=True)
+    t, n_bootstrap, confidence, seed_used = checked_table(table, need, "generative BBQ table", n_bootstrap,
+                                                          confidence, seed)
     counts = _counts(t)
     unp = (t["prediction"].to_numpy() < 0)
     amb = counts["amb"].to_numpy(dtype=bool)
     cats = t["category"].astype(str).to_numpy()
-    strata = np.array([f"{c}\x00{a}" for c, a in zip(cats, counts["amb"])])
-    overall = _summary(t, counts, strata, seed_used, "\x00overall", int(n_bootstrap), float(confidence))
-    per_cat = {}
-    for c in dict.fromkeys(cats):
-        m = cats == c
-        per_cat[c] = _summary(t[m].reset_index(drop=True), counts[m].reset_index(drop=True), strata[m], seed_used, c, int(n_bootstrap),
-                              float(confidence))
-        per_cat[c]["n_unparseable"] = int(unp[m].sum())
+    fields, per_cat = summaries(t, counts, seed_used, n_bootstrap, confidence)
+    for c, s in per_cat.items():
+        s["n_unparseable"] = int(unp[cats == c].sum())
     items = t.copy()
     items["correct"] = counts["correct"].astype(bool).to_numpy()
     items["unparseable"] = unp
     items["predicted_unknown"] = (t["prediction"].to_numpy() == t["unknown"].to_numpy())
     items["predicted_biased"] = counts["biased"].astype(bool).to_numpy()
-    cis = overall.pop("ci", None)
-    fields: dict[str, Any] = dict(overall)
-    if cis is not None:
-        fields["ci"] = cis["s_amb"]
-        fields["cis"] = cis
     fields.update({"n_unparseable": int(unp.sum()), "n_unparseable_amb": int(unp[amb].sum()),
                    "n_unparseable_disamb": int(unp[~amb].sum()), "per_category": per_cat,
-                   "n_bootstrap": int(n_bootstrap), "confidence": float(confidence), "seed_used": seed_used})
-    value = overall["s_amb"]
+                   "n_bootstrap": n_bootstrap, "confidence": confidence, "seed_used": seed_used})
+    value = fields["s_amb"]
     return MetricOutput(value=float(value) if value is not None else math.nan, fields=fields, items=items)
