@@ -205,6 +205,19 @@ def _prompt_ids(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_toke
     return out
 
 
+def _settings(model: Any, tokenizer: Any, device: Any, batch_size: int | None) -> tuple[Any, int, int | None, int]:
+    """What every causal generation runs with: ``(device, pad id, EOS id or None, batch size)``
+    (:func:`audit.backends.hf_scoring.default_batch_size` when ``batch_size`` is None)."""
+    dev = model_device(model, device)
+    return (dev, pad_token_id(tokenizer), getattr(tokenizer, "eos_token_id", None),
+            default_batch_size(dev) if batch_size is None else batch_size)
+
+
+def _until_eos(tokens: list[int], eos: int | None) -> list[int]:
+    """The generated tokens before the first end-of-sequence token (all of them without one)."""
+    return tokens[: tokens.index(eos)] if eos is not None and eos in tokens else tokens
+
+
 def _batched(fn: Any, seqs: list[list[int]], bs: int, dev: Any) -> list[Any]:
     """``fn`` over ``seqs`` in batches sorted by length (longest first), results in input order."""
     order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i))
@@ -311,19 +324,12 @@ def causal_generate_until(model: Any, tokenizer: Any, prompts: Sequence[str], *,
     if isinstance(until, str) or not all(isinstance(u, str) and u for u in until):
         raise ParameterError(f"until: must be a list of non-empty strings, got {until!r}")
     prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
-    dev = model_device(model, device)
-    pad, eos = pad_token_id(tokenizer), getattr(tokenizer, "eos_token_id", None)
-    order = sorted(range(len(prefixes)), key=lambda i: (-len(prefixes[i]), i))
-    bs = default_batch_size(dev) if batch_size is None else batch_size
-    res = run_batched(lambda b: _greedy(model, [prefixes[i] for i in b], max_new_tokens, pad=pad, eos=eos, dev=dev),
-                      order, bs, device=dev)
-    out: list[str] = [""] * len(prefixes)
-    for i, g in zip(order, res):
-        if eos is not None and eos in g:
-            g = g[: g.index(eos)]
-        text = tokenizer.decode(g, skip_special_tokens=True)
-        cut = min((text.find(u) for u in until if u in text), default=len(text))
-        out[i] = text[:cut]
+    dev, pad, eos, bs = _settings(model, tokenizer, device, batch_size)
+    gen = _batched(lambda seqs: _greedy(model, seqs, max_new_tokens, pad=pad, eos=eos, dev=dev), prefixes, bs, dev)
+    out: list[str] = []
+    for g in gen:
+        text = tokenizer.decode(_until_eos(g, eos), skip_special_tokens=True)
+        out.append(text[:min((text.find(u) for u in until if u in text), default=len(text))])
     return out
 
 
@@ -375,10 +381,7 @@ def causal_samples(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
         raise ParameterError(f"temperature: must be a positive number, got {temperature!r}")
     prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    dev = model_device(model, device)
-    pad = pad_token_id(tokenizer)
-    bs = default_batch_size(dev) if batch_size is None else batch_size
+    dev, pad, eos, bs = _settings(model, tokenizer, device, batch_size)
     n = len(prefixes)
     uniforms = _uniforms(seed, n, k, max_new_tokens)
     rows = list(range(n * k))
@@ -393,7 +396,7 @@ def causal_samples(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *
     res = run_batched(run, order, bs, device=dev)
     gen: list[list[int]] = [[] for _ in rows]
     for b, g in zip(order, res):
-        gen[b] = g[: g.index(eos)] if eos is not None and eos in g else g
+        gen[b] = _until_eos(g, eos)
     texts = [tokenizer.decode(g, skip_special_tokens=True) for g in gen]
     return [texts[i * k:(i + 1) * k] for i in range(n)]
 
@@ -420,10 +423,7 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
         raise ParameterError(f"decoding: must be one of {', '.join(DECODINGS)}, got {decoding!r}")
     _check_generation(max_new_tokens, seed, decoding == "sample")
     prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    dev = model_device(model, device)
-    pad = pad_token_id(tokenizer)
-    bs = default_batch_size(dev) if batch_size is None else batch_size
+    dev, pad, eos, bs = _settings(model, tokenizer, device, batch_size)
     n = len(prefixes)
 
     def batched(fn, seqs: list[list[int]]) -> list[Any]:
@@ -489,9 +489,7 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
                     done[b] = eos is not None and t == eos
     words = []
     for g in gen:
-        if eos is not None and eos in g:
-            g = g[: g.index(eos)]
-        words.append(first_word(tokenizer.decode(g, skip_special_tokens=True))[0])
+        words.append(first_word(tokenizer.decode(_until_eos(g, eos), skip_special_tokens=True))[0])
     return [words[i * k:(i + 1) * k] for i in range(n)], score.reshape(n, k)
 
 
