@@ -47,7 +47,25 @@ def variant_revision(base_revision: str, technique: str, fitted: Any, provenance
 _SCORING = ("loglikelihood", "loglikelihood_rolling", "pair_pll", "masked_scores", "topk_fills", "first_words")
 
 
-class ProjectedModel:
+class _Variant:
+    """What every debiased variant of a loaded model records: the base model's load information and
+    provenance, its own ref and revision, and the step's provenance (``self._handle``, ``self._step``,
+    ``self.ref``, ``self.revision`` set by the subclass)."""
+
+    def load_info(self) -> dict[str, str]:
+        """The base model's load information plus ``mitigation``: the step's provenance (sorted
+        JSON: technique, reference, parameters, pairs and corpus digests), recorded in every result."""
+        out = dict(self._handle.load_info()) if callable(getattr(self._handle, "load_info", None)) else {}
+        out["mitigation"] = json.dumps(self._step.provenance_, sort_keys=True, default=str)
+        return out
+
+    def provenance(self) -> dict[str, Any]:
+        out = dict(self._handle.provenance())
+        out.update({"model": self.ref, "revision": self.revision, "mitigation": self._step.provenance_})
+        return out
+
+
+class ProjectedModel(_Variant):
     """``handle`` with ``embed`` followed by ``step.transform`` (a fitted INLP or SentenceDebias)."""
 
     def __init__(self, handle: Any, step: Any):
@@ -77,18 +95,6 @@ class ProjectedModel:
         out = self._handle.embed(sentences, method=method, spans=spans, layer=layer, batch_size=batch_size,
                                  padding_side=padding_side)
         return np.asarray(self._step.transform(np.asarray(out, dtype=np.float64)), dtype=np.float32)
-
-    def load_info(self) -> dict[str, str]:
-        """The base model's load information plus ``mitigation``: the step's provenance (sorted
-        JSON: technique, reference, parameters, pairs and corpus digests), recorded in every result."""
-        out = dict(self._handle.load_info()) if callable(getattr(self._handle, "load_info", None)) else {}
-        out["mitigation"] = json.dumps(self._step.provenance_, sort_keys=True, default=str)
-        return out
-
-    def provenance(self) -> dict[str, Any]:
-        out = dict(self._handle.provenance())
-        out.update({"model": self.ref, "revision": self.revision, "mitigation": self._step.provenance_})
-        return out
 
 
 def debiased(model: Any, step: Any) -> Any:
@@ -156,7 +162,7 @@ class _Logits(dict):
         self.logits = logits
 
 
-class SelfDebiasedModel:
+class SelfDebiasedModel(_Variant):
     """``handle`` (a Hugging Face masked or causal LM) whose scoring operations (log-likelihoods,
     masked scores, pseudo-log-likelihoods) read the Self-Debias distribution; generation and
     representations are refused with the reason (:data:`audit.lm_mitigation.TECHNIQUES`)."""
@@ -181,18 +187,6 @@ class SelfDebiasedModel:
             raise ModelError(f"model {self.ref!r}: self_debias changes the output distribution, not the "
                              "representations embed reads")
         return getattr(self._handle, name)
-
-    def load_info(self) -> dict[str, str]:
-        """The base model's load information plus ``mitigation``: the step's provenance (sorted
-        JSON: technique, reference, parameters, pairs and corpus digests), recorded in every result."""
-        out = dict(self._handle.load_info()) if callable(getattr(self._handle, "load_info", None)) else {}
-        out["mitigation"] = json.dumps(self._step.provenance_, sort_keys=True, default=str)
-        return out
-
-    def provenance(self) -> dict[str, Any]:
-        out = dict(self._handle.provenance())
-        out.update({"model": self.ref, "revision": self.revision, "mitigation": self._step.provenance_})
-        return out
 
 
 def load_variant(path: str, load: Callable[..., Any], **options: Any) -> Any:
