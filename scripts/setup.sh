@@ -20,14 +20,12 @@ fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # torch comes from the CPU wheel pinned in requirements.lock (no CUDA packages are pulled).
 .venv/bin/pip install -q -c requirements.lock -e ".${extras}" 2> >(grep -v "^WARNING: Location" >&2)
-# The test-only packages that cannot be `[test]` extras (pyproject.toml [tool.biasaudit] test-no-deps):
-# wefe 1.0.1 ships WEFE's word2vec sample (the `wefe-test-model` reference) and is the tests'
-# oracle; its metadata pins numpy<1.27 and scipy<1.13, which we do not want, so it is installed
-# without its dependencies (the ones its code imports are ours already).
-if [ -n "$extras" ]; then
-  no_deps=$(.venv/bin/python -c 'import tomllib
-print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["biasaudit"]["test-no-deps"]))')
-  # shellcheck disable=SC2086  # one word per package
-  .venv/bin/pip install -q --no-deps -c requirements.lock $no_deps 2> >(grep -v "^WARNING: Location" >&2)
-fi
+# The packages installed without their dependencies (pyproject.toml [tool.biasaudit] no-deps), with or
+# without --test: wefe 1.0.1 ships WEFE's word2vec sample (the default audit's `wefe-test-model`) and
+# is the tests' oracle; its metadata pins numpy<1.27 and scipy<1.13, which we do not want, so it is
+# installed without its dependencies (the ones its code imports are ours already).
+no_deps=$(.venv/bin/python -c 'import tomllib
+print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["biasaudit"]["no-deps"]))')
+# shellcheck disable=SC2086  # one word per package
+.venv/bin/pip install -q --no-deps -c requirements.lock $no_deps 2> >(grep -v "^WARNING: Location" >&2)
 echo "$want" > "$stamp"

@@ -28,7 +28,7 @@ def missing_test_dependencies(pyproject: Path) -> list[str]:
     """The `[test]` extras and the `--no-deps` test packages of ``pyproject`` (README "Tests") that are
     not installed at a version they allow, one line each."""
     conf = tomllib.loads(pyproject.read_text("utf-8"))
-    wanted = conf["project"]["optional-dependencies"]["test"] + conf["tool"]["biasaudit"]["test-no-deps"]
+    wanted = conf["project"]["optional-dependencies"]["test"] + conf["tool"]["biasaudit"]["no-deps"]
     missing = []
     for req in map(Requirement, wanted):
         try:

@@ -81,7 +81,7 @@ def test_a_unit_test_that_starts_ray_fails_naming_its_tier(suite):
 def test_missing_or_wrong_test_dependencies_are_named(tmp_path):
     text = (REPO / "pyproject.toml").read_text("utf-8")
     assert missing_test_dependencies(REPO / "pyproject.toml") == []
-    bad = text.replace('test-no-deps = ["wefe==1.0.1"]', 'test-no-deps = ["wefe==1.0.1", "no-such-package-xq==1.0"]')
+    bad = text.replace('no-deps = ["wefe==1.0.1"]', 'no-deps = ["wefe==1.0.1", "no-such-package-xq==1.0"]')
     bad = bad.replace('"pytest>=8",', '"pytest<2",')
     assert bad.count("no-such-package-xq") == 1 and bad.count('"pytest<2"') == 1
     (tmp_path / "pyproject.toml").write_text(bad, "utf-8")
@@ -94,7 +94,7 @@ def test_missing_or_wrong_test_dependencies_are_named(tmp_path):
 def test_a_missing_test_dependency_stops_the_suite_with_one_line(suite):
     conf = (suite.path / "pyproject.toml").read_text("utf-8")
     (suite.path / "pyproject.toml").write_text(
-        conf.replace('test-no-deps = ["wefe==1.0.1"]', 'test-no-deps = ["wefe==1.0.1", "no-such-package-xq==1.0"]'))
+        conf.replace('no-deps = ["wefe==1.0.1"]', 'no-deps = ["wefe==1.0.1", "no-such-package-xq==1.0"]'))
     suite.makepyfile(test_d="import pytest\n\n@pytest.mark.unit\ndef test_x():\n    pass\n")
     r = suite.runpytest()
     assert r.ret == pytest.ExitCode.USAGE_ERROR
