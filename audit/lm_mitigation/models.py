@@ -22,8 +22,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from audit.backends.batching import pad_batch
 from audit.backends.hf_embed import METHODS, default_method
-from audit.errors import ModelError
+from audit.backends.hf_scoring import max_sequence_length, pad_token_id, split_verified
+from audit.errors import DataError, ModelError
 from audit.lm_mitigation import TECHNIQUES
 from audit.lm_mitigation.self_debias import rescale
 from audit.lm_mitigation.steps import INLP, SelfDebias, SentenceDebias
@@ -106,54 +108,152 @@ def debiased(model: Any, step: Any) -> Any:
 class SelfDebiasingLM:
     """A causal or masked LM module whose output ``logits`` are Self-Debias log-probabilities
     (:mod:`audit.lm_mitigation.self_debias`), so every scorer of :mod:`audit.backends.hf_scoring`
-    (log-softmax of the logits at the scored positions) reads the self-debiased distribution.
+    (log-softmax of the logits at the scored positions) and the first-token / top-k reads of
+    :mod:`audit.backends.hf_generate` see the self-debiased distribution; :meth:`generate` runs the
+    rescaling at every decoding step (bias-bench's ``SelfDebiasingLogitsProcessor``).
 
-    Each row of a padded batch is run alone, without padding (its real tokens: the attention
-    mask), once plain and once per prompt. Causal rows: :func:`~.self_debias.causal_logprobs`
-    (every position). Masked rows: bias-bench's masked-LM alignment (the prompt
-    ``CLS + " " + prompt`` then ``ids[1:]``) applied at every position, which at a single mask is
-    :func:`~.self_debias.masked_logprobs` exactly; with several masks (LPBS, pseudo-perplexity
-    spans) each masked position is rescaled the same way. Padded positions hold 0 (never read).
-    The forward takes no ``position_ids``/``use_cache`` and exposes no base model, so the engine's
-    key/value-cache and split-head shortcuts (which would bypass the rescaling) are not used.
+    **Batched** (:meth:`forward`): the ``B`` rows of the caller's padded batch (their real tokens:
+    the attention mask) and their ``k`` prompt-prefixed variants run as one right-padded batch of
+    ``(1 + k) B`` rows (:func:`audit.backends.batching.pad_batch`), so real tokens keep the
+    positions they have alone and padding is masked out: the same numbers as one unpadded pass per
+    row and prompt (:func:`~.self_debias.causal_logprobs`, :func:`~.self_debias.masked_logprobs`)
+    up to float32 rounding (tested to 1e-6 on the log-probabilities). Causal variants: the prompt
+    (tokenised alone, no special tokens) then the row; masked variants: ``tokenise(CLS + " " +
+    prompt)`` then ``row[1:]`` (bias-bench's alignment), read at every position. Only the hidden
+    states are kept; the LM head (the verified encoder/head split of
+    :func:`audit.backends.hf_scoring.split_verified`, else the full logits) and the rescaling run
+    on the positions the caller indexes (``logits[b, p]``), so memory stays ``(1 + k) B L H``
+    rather than ``(1 + k) B L V``. Any other indexing materialises every real position (padding
+    holds 0, never read). The forward takes no ``position_ids`` and exposes no base model, so the
+    engine's key/value-cache and split-head shortcuts (which would bypass the rescaling) are not
+    used; it accepts and ignores ``use_cache``.
     """
 
     def __init__(self, model: Any, tokenizer: Any, step: Any, kind: str):
         self._model, self._tok, self._step, self._kind = model, tokenizer, step, kind
         self.config = model.config
+        texts = [pr if kind == "causal" else f"{tokenizer.cls_token} {pr}" for pr in step.prefixes]
+        self._prompts = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        # where token t of a row sits in its prompted variant (causal: after the prompt; masked:
+        # the prompt replaces the CLS token)
+        self._shifts = [len(p) if kind == "causal" else len(p) - 1 for p in self._prompts]
+        self._pad = pad_token_id(tokenizer)
+        self._limit = max_sequence_length(model, tokenizer)
 
     def parameters(self):
         return self._model.parameters()
 
-    def forward(self, input_ids, attention_mask=None):
+    def get_output_embeddings(self):
+        return self._model.get_output_embeddings()
+
+    def _variants(self, input_ids: Any, attention_mask: Any) -> tuple[list[list[int]], list[list[int]]]:
+        """The real tokens of each row and the ``(1 + k) B`` sequences run (rows, then each prompt's
+        variants in row order, bias-bench's layout); a variant longer than the model accepts is a
+        :class:`DataError`."""
+        mask = attention_mask.bool() if attention_mask is not None else None
+        rows = [(input_ids[r][mask[r]] if mask is not None else input_ids[r]).tolist()
+                for r in range(input_ids.shape[0])]
+        out = list(rows)
+        for p in self._prompts:
+            out += [p + row if self._kind == "causal" else p + row[1:] for row in rows]
+        longest = max((len(s) for s in out), default=0)
+        if longest > self._limit:
+            raise DataError(f"Self-Debias: a sequence with its self-diagnosis prompt has {longest} tokens; the "
+                            f"model accepts at most {self._limit}")
+        return rows, out
+
+    def forward(self, input_ids, attention_mask=None, **_ignored):
         import torch
 
-        out = None
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        rows, seqs = self._variants(input_ids, mask)
+        dev = input_ids.device
+        padded = pad_batch(seqs, self._pad, "right")
+        ids, att = padded.ids.to(dev), padded.mask.to(dev)
         with torch.no_grad():
-            for r in range(input_ids.shape[0]):
-                pos = mask[r].nonzero().flatten()
-                ids = input_ids[r, pos]
-                regular = self._model(input_ids=ids.unsqueeze(0))["logits"][0]
-                biased = []
-                for pr in self._step.prefixes:
-                    text = pr if self._kind == "causal" else f"{self._tok.cls_token} {pr}"
-                    pid = torch.as_tensor(self._tok(text, add_special_tokens=False)["input_ids"], dtype=ids.dtype,
-                                          device=ids.device)
-                    if self._kind == "causal":
-                        full = torch.cat([pid, ids]).unsqueeze(0)
-                        biased.append(self._model(input_ids=full)["logits"][0, -len(ids):])
-                    else:
-                        full = torch.cat([pid, ids[1:]]).unsqueeze(0)
-                        biased.append(self._model(input_ids=full)["logits"][0, len(pid) - 1: len(pid) - 1 + len(ids)])
-                lp = rescale(regular.float(), [b.float() for b in biased], decay_constant=self._step.decay_constant,
-                             epsilon=self._step.epsilon)
-                if out is None:
-                    out = torch.zeros((*input_ids.shape, lp.shape[-1]), dtype=lp.dtype, device=lp.device)
-                out[r, pos] = lp
-        return _Logits(out)
+            split = split_verified(self._model, ids, att)
+            if split is not None:
+                encoder, head = split
+                hidden = encoder(ids, att)
+            else:
+                hidden, head = self._model(input_ids=ids, attention_mask=att).logits, (lambda h: h)
+        tok_index = (mask.cumsum(1) - 1).clamp(min=0)
+        return _Logits(_DebiasedLogits(self, hidden, head, tok_index, mask.bool(), len(rows)))
 
     __call__ = forward
+
+    def generate(self, input_ids, attention_mask=None, logits_processor=None, **kwargs):
+        """``model.generate`` with Self-Debias at every step, as bias-bench's
+        ``GPT2Wrapper.generate_self_debiasing``: the ``B`` prompts and their ``k`` prompt-prefixed
+        variants run as one left-padded batch of ``(1 + k) B`` rows through the model's own
+        ``generate`` (KV cache, position ids from the attention mask) with a logits processor that
+        replaces each row's next-token scores by ``log p~`` (:func:`~.self_debias.rescale` of the
+        row and its variants; the caller's ``logits_processor`` then applied to the ``B`` rows) and
+        gives every variant the row's scores, so all ``1 + k`` continue with the same token (and
+        stop together at EOS). Returns ``input_ids`` (as passed) followed by the new tokens."""
+        import torch
+        from transformers import LogitsProcessorList
+
+        if self._kind != "causal":
+            raise ModelError("Self-Debias generation needs a causal LM")
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        rows, seqs = self._variants(input_ids, mask)
+        padded = pad_batch(seqs, self._pad, "left")
+        dev = input_ids.device
+        width = padded.ids.shape[1]
+        proc = _StepRescaler(len(rows), self._step, list(logits_processor or []), width - input_ids.shape[1])
+        out = self._model.generate(input_ids=padded.ids.to(dev), attention_mask=padded.mask.to(dev),
+                                   logits_processor=LogitsProcessorList([proc]), **kwargs)
+        return torch.cat([input_ids, out[: len(rows), width:].to(input_ids.device)], dim=1)
+
+
+class _StepRescaler:
+    """The logits processor of :meth:`SelfDebiasingLM.generate` (bias-bench's
+    ``SelfDebiasingLogitsProcessor`` with the caller's processors applied after it on the regular
+    rows, which see their own ``input_ids``: the prompt columns cut off)."""
+
+    def __init__(self, n: int, step: Any, then: list, cut: int):
+        self.n, self.step, self.then, self.cut = n, step, then, cut
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        n, k = self.n, len(self.step.prefixes)
+        lp = rescale(scores[:n].float(), [scores[(i + 1) * n:(i + 2) * n].float() for i in range(k)],
+                     decay_constant=self.step.decay_constant, epsilon=self.step.epsilon)
+        for p in self.then:
+            lp = p(input_ids[:n, self.cut:], lp)
+        return lp.to(scores.dtype).repeat(1 + k, 1)
+
+
+class _DebiasedLogits:
+    """The lazy ``logits`` of :meth:`SelfDebiasingLM.forward`: ``x[b, p]`` (two index tensors)
+    runs the head on row ``b``'s token at column ``p`` and on the same token in each prompted
+    variant, then :func:`~.self_debias.rescale`; other indexing materialises ``(B, L, V)``."""
+
+    def __init__(self, lm: "SelfDebiasingLM", hidden: Any, head: Any, tok_index: Any, real: Any, n: int):
+        self._lm, self._hidden, self._head, self._tok, self._real, self._n = lm, hidden, head, tok_index, real, n
+        self.device = hidden.device
+
+    def rows(self, b: Any, p: Any) -> Any:
+        import torch
+
+        h = self._hidden
+        b, t = b.to(h.device), self._tok[b.to(self._tok.device), p.to(self._tok.device)].to(h.device)
+        with torch.no_grad():
+            regular = self._head(h[b, t]).float()
+            biased = [self._head(h[(i + 1) * self._n + b, t + s]).float() for i, s in enumerate(self._lm._shifts)]
+            return rescale(regular, biased, decay_constant=self._lm._step.decay_constant,
+                           epsilon=self._lm._step.epsilon)
+
+    def __getitem__(self, key: Any) -> Any:
+        import torch
+
+        if isinstance(key, tuple) and len(key) == 2 and all(torch.is_tensor(x) and x.dim() == 1 for x in key):
+            return self.rows(*key)
+        b, p = self._real.nonzero(as_tuple=True)
+        vals = self.rows(b, p)
+        full = torch.zeros((*self._real.shape, vals.shape[-1]), dtype=vals.dtype, device=vals.device)
+        full[b.to(vals.device), p.to(vals.device)] = vals
+        return full[key]
 
 
 class _Logits(dict):
@@ -164,10 +264,12 @@ class _Logits(dict):
 
 class SelfDebiasedModel(_Variant):
     """``handle`` (a Hugging Face masked or causal LM) whose scoring operations (log-likelihoods,
-    masked scores, pseudo-log-likelihoods) read the Self-Debias distribution; generation and
+    masked scores, pseudo-log-likelihoods) and completions (top-k fills, first words, sampled and
+    greedy generation) read the Self-Debias distribution (:class:`SelfDebiasingLM`);
     representations are refused with the reason (:data:`audit.lm_mitigation.TECHNIQUES`)."""
 
-    _SCORING_OPS = ("loglikelihood", "loglikelihood_rolling", "pair_pll", "masked_scores")
+    _SCORING_OPS = ("loglikelihood", "loglikelihood_rolling", "pair_pll", "masked_scores", "topk_fills",
+                    "first_words", "samples", "generate_until")
 
     def __init__(self, handle: Any, step: Any):
         if handle.kind not in ("mlm", "causal"):
@@ -181,8 +283,6 @@ class SelfDebiasedModel(_Variant):
     def __getattr__(self, name: str) -> Any:
         if name in self._SCORING_OPS:
             return getattr(self._scoring, name)
-        if name in ("topk_fills", "first_words"):
-            raise ModelError(f"model {self.ref!r}: {dict(TECHNIQUES['self_debias'].not_wired)['completions']}")
         if name == "embed":
             raise ModelError(f"model {self.ref!r}: self_debias changes the output distribution, not the "
                              "representations embed reads")
