@@ -23,7 +23,8 @@ Nothing here is biasaudit code.
   tokenizer round trip);
 * ``bias_bench/debias/self_debias/generation.py``: SelfDebiasingLogitsProcessor (debug output
   removed); ``modeling.py``: GPT2Wrapper.compute_loss_self_debiasing,
-  MaskedLMWrapper.get_token_logits_self_debiasing.
+  MaskedLMWrapper.get_token_logits_self_debiasing, GPT2Wrapper.generate_self_debiasing (greedy,
+  with SelfDebiasingGPT2LMHeadModel.greedy_search's loop).
 """
 # flake8: noqa
 from typing import List
@@ -490,6 +491,53 @@ def mlm_get_token_logits_self_debiasing(model, tokenizer, input_ids, debiasing_p
             lm_logits[:, idx, :] = logits_processor(input_ids=None, scores=lm_logits[:, idx, :])
 
     return lm_logits[mask_positions][0]
+
+
+def gpt2_generate_self_debiasing_greedy(model, input_ids, debiasing_prefix_ids, max_length, decay_constant=50,
+                                        epsilon=0.01, pad_token_id=0, eos_token_id=None):
+    """GPT2Wrapper.generate_self_debiasing with greedy decoding (``do_sample=False``, one beam), through
+    SelfDebiasingGPT2LMHeadModel.greedy_search and SelfDebiasingLogitsProcessor. Changes: the texts
+    ``input_texts + [prefix + text for prefix for text]`` given as token ids (``input_ids``: one list
+    per input; ``debiasing_prefix_ids``: one list per prefix, prepended to each input) instead of
+    ``batch_encode_plus(..., padding=True)`` of the joined strings, the left padding built the same
+    way (right-padded, mask flipped, ids rolled); greedy_search's loop written without the
+    key/value cache (each step re-runs the whole sequences: the same logits up to float rounding),
+    its position ids as GPT2LMHeadModel.prepare_inputs_for_generation computes them from the
+    attention mask; ``max_length`` counts new tokens (generate_self_debiasing adds the input
+    length); the only other processor/stopping criterion kept is EOS. Returns the new tokens of
+    the regular rows."""
+    logits_processor = SelfDebiasingLogitsProcessor(num_debiasing_prefixes=len(debiasing_prefix_ids),
+                                                    decay_constant=decay_constant, epsilon=epsilon)
+    inputs = [list(x) for x in input_ids]
+    for prefix in debiasing_prefix_ids:
+        for x in input_ids:
+            inputs += [list(prefix) + list(x)]
+    width = max(len(x) for x in inputs)
+    ids = torch.tensor([x + [pad_token_id] * (width - len(x)) for x in inputs])
+    attention_mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in inputs])
+    attention_mask = torch.flip(attention_mask, dims=[1])
+    shifts = attention_mask.shape[-1] - attention_mask.sum(dim=-1)
+    for batch_idx in range(ids.shape[0]):
+        ids[batch_idx] = ids[batch_idx].roll(shifts[batch_idx].item())
+    input_length = ids.shape[1]
+    unfinished_sequences = ids.new(ids.shape[0]).fill_(1)
+    for _ in range(max_length):
+        position_ids = attention_mask.long().cumsum(-1) - 1
+        position_ids.masked_fill_(attention_mask == 0, 1)
+        outputs = model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids)
+        next_token_logits = outputs.logits[:, -1, :]
+        next_tokens_scores = logits_processor(ids, next_token_logits)
+        next_tokens = torch.argmax(next_tokens_scores, dim=-1)
+        if eos_token_id is not None:
+            next_tokens = next_tokens * unfinished_sequences + pad_token_id * (1 - unfinished_sequences)
+        ids = torch.cat([ids, next_tokens[:, None]], dim=-1)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=-1)
+        if eos_token_id is not None:
+            unfinished_sequences = unfinished_sequences.mul((next_tokens != eos_token_id).long())
+            if unfinished_sequences.max() == 0:
+                break
+    batch_size = ids.shape[0] // (1 + len(debiasing_prefix_ids))
+    return ids[:batch_size, input_length:].tolist()
 
 
 # ---------------------------------------------------------------- dataset/inlp.py

@@ -70,11 +70,10 @@ def test_plan_drops_each_family_a_technique_does_not_change_naming_why(tmp_path)
     for t in plan.tasks:
         by_model.setdefault(t.model, set()).add(t.metric)
     assert by_model["m"] == {"seat", "lpbs", "honest"}
-    assert by_model["m+inlp"] == {"seat"} and by_model["m+self_debias"] == {"lpbs"}
+    assert by_model["m+inlp"] == {"seat"} and by_model["m+self_debias"] == {"lpbs", "honest"}
     reasons = {(s.model, s.metric): s.reason for s in plan.skipped}
     assert reasons[("m+inlp", "lpbs")].startswith("inlp does not apply to the lpbs family: it changes representations")
-    assert reasons[("m+self_debias", "honest")].startswith("self_debias does not apply to the completions family: "
-                                                           "the engine's generation")
+    assert ("m+self_debias", "honest") not in reasons  # generation is self-debiased at every step
     assert reasons[("m+self_debias", "seat")].startswith("self_debias does not apply to the sentences family")
 
 
@@ -89,8 +88,9 @@ def test_a_technique_that_does_not_apply_to_the_kind_refuses_the_spec(tmp_path, 
 def test_registry_reasons():
     check_applicable("cda", "mlm", "sentences")  # weights change: representations too (bias-bench: SEAT on CDA)
     assert family_reason("self_debias", "perplexity") is None
-    with pytest.raises(ParameterError, match="self_debias does not apply to the completions family"):
-        check_applicable("self_debias", "causal", "completions")
+    check_applicable("self_debias", "causal", "completions")  # HONEST: rescaled at every decoding step
+    with pytest.raises(ParameterError, match="self_debias does not apply to the sentences family"):
+        check_applicable("self_debias", "causal", "sentences")
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +134,8 @@ def test_self_debias_in_the_masked_scorers_equals_bias_bench_at_a_single_mask(ti
         masked[t] = h.tokenizer.mask_token_id
         want += float(masked_logprobs(h.model, h.tokenizer, masked, step.prefixes, decay_constant=50.0)[ids[t]])
     assert int(n[0]) == len(ids) - 2 and ll[0] == pytest.approx(want, abs=1e-4)
-    with pytest.raises(ModelError, match="generation .* does not run the Self-Debias rescaling"):
-        sd.topk_fills(["the [M] is here"], 3)
+    with pytest.raises(ModelError, match="self_debias changes the output distribution, not the representations"):
+        sd.embed(["the man is here"])
     assert json.loads(sd.load_info()["mitigation"])["technique"] == "self_debias"
     assert sd.revision.startswith(h.revision + "+self_debias:")
 

@@ -37,8 +37,6 @@ __all__ = ["Technique", "TECHNIQUES", "check_applicable", "family_reason", "kind
 REPRESENTATION_FAMILIES = (ASSOCIATION.name, SEAT_SENTENCES.name)
 #: Families that read the output distribution (scores, completions, LM ability).
 SCORING_FAMILIES = (PAIR_SCORES.name, LPBS_SCORES.name, COMPLETIONS.name, CHOICES.name, PERPLEXITY.name)
-#: Families Self-Debias changes (scoring operations: log-likelihoods and masked scores).
-_SELF_DEBIAS_FAMILIES = tuple(f for f in SCORING_FAMILIES if f != COMPLETIONS.name)
 
 
 @dataclass(frozen=True)
@@ -62,12 +60,10 @@ TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
     Technique("sentence_debias", "Liang et al. 2020 (ACL)", ("encoder", "mlm", "causal"), REPRESENTATION_FAMILIES,
               "representations: the bias direction removed from the last hidden layer",
               "forward passes over the counterfactual pairs + one PCA"),
-    Technique("self_debias", "Schick, Udupa & Schütze 2021 (TACL)", ("mlm", "causal"), _SELF_DEBIAS_FAMILIES,
+    Technique("self_debias", "Schick, Udupa & Schütze 2021 (TACL)", ("mlm", "causal"), SCORING_FAMILIES,
               "output distribution: next-token / masked-token probabilities rescaled at decoding",
-              "1 + number of prompts forward passes per scored position; no fitting",
-              not_wired=((COMPLETIONS.name, "the engine's generation (top-k fills, sampled/greedy first words) "
-                          "does not run the Self-Debias rescaling at each decoding step (bias-bench's "
-                          "SelfDebiasingLogitsProcessor); only the scoring operations are self-debiased"),)),
+              "1 + number of prompts rows in each batched forward pass (the prompted rows longer by the "
+              "prompt); no fitting"),
     Technique("cda", "Zmigrod et al. 2019; Webster et al. 2020", ("mlm", "causal"),
               REPRESENTATION_FAMILIES + SCORING_FAMILIES,
               "weights: further pre-training on the two-sided counterfactually augmented corpus",
