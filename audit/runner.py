@@ -214,7 +214,13 @@ def measure(model: LoadedModel, test: WordTest | SentencePairs, metric: str,
         raise DataError(f"metric {metric!r} cannot run on test {getattr(test, 'name', test)!r}: "
                         f"{registry.applies(metric, test)}")
     mp, ap = registry.split_params(metric, params)
-    return e.family.measure(model, test, e, mp, ap)
+    for_language = getattr(model.handle, "for_language", None)
+    if callable(for_language):  # a variant that depends on the text's language (Self-Debias prompts)
+        model = dataclasses.replace(model, handle=for_language(getattr(test, "language", None)), cache={})
+    meas = e.family.measure(model, test, e, mp, ap)
+    if callable(for_language):
+        meas.info.update(model.handle.measure_info())
+    return meas
 
 
 def analyse(m: Measurement, metric: str, params: dict[str, Any] | None = None, seed: int | None = None, *,
@@ -247,8 +253,8 @@ def score(
     return make_result(model, t, metric, params, seed, meas, out)
 
 
-#: Measurement info recorded in a result's provenance when the family sets it.
-PROVENANCE_INFO = ("start_token", "protocol", "generation")
+#: Measurement info recorded in a result's provenance when the family (or :func:`measure`) sets it.
+PROVENANCE_INFO = ("start_token", "protocol", "generation", "self_debias_prompts")
 def check_template(ref: str, metric: str, params: dict[str, Any], model_options: dict[str, Any] | None = None
                    ) -> None:
     """Refuse ``chat_template: true`` on a Hugging Face reference whose tokenizer files carry no

@@ -151,3 +151,39 @@ def test_masked_top_k_equals_bias_bench_rescaled_distribution(tiny):
         top = torch.sort(-bb, stable=True).indices[:5]
         assert w == [tok.decode([int(i)]).strip() for i in top]
         np.testing.assert_allclose(v, bb[top].double().numpy(), atol=1e-5)
+
+
+def test_prompts_for_every_shipped_language_and_a_one_line_refusal():
+    from audit.datasets._common import SUPPORTED_LANGUAGES
+    from audit.errors import ParameterError
+    from audit.lm_mitigation.self_debias import PROMPTS, prompts_for
+    assert PROMPTS["en"] == DEBIASING_PREFIXES  # bias-bench's own, verbatim
+    for lang in SUPPORTED_LANGUAGES:
+        assert set(PROMPTS[lang]) == set(DEBIASING_PREFIXES), lang
+        if lang != "en":  # translated, never the English text
+            assert not set(PROMPTS[lang].values()) & set(DEBIASING_PREFIXES.values()), lang
+    assert prompts_for("gender", "de") == ["Der folgende Text diskriminiert Menschen aufgrund ihres Geschlechts: "]
+    with pytest.raises(ParameterError, match=r"^self_debias: no self-diagnosis prompts for language 'xx' "
+                                             r"\(languages: ca, de, en,.*\); give your own with params.prefixes$"):
+        SelfDebias().for_language("xx")
+    assert SelfDebias(prefixes=["Mine: "]).for_language("xx").prefixes == ["Mine: "]  # given prompts: as given
+
+
+def test_a_german_test_is_self_debiased_with_german_prompts_recorded_in_provenance(tiny):
+    from audit.lm_mitigation.self_debias import PROMPTS
+    from audit.runner import LoadedModel, score
+    h = tiny["gpt2"]
+
+    def variant(**kw):
+        step = SelfDebias(**kw)
+        step.provenance_ = {"technique": "self_debias"}
+        return LoadedModel(ref="v", kind="causal", backend="hf", revision="r", handle=SelfDebiasedModel(h, step))
+
+    text = "jobs/specs/lm-debias-text/de.yaml"  # held-out German text (perplexity)
+    auto = score(variant(), text, "perplexity")
+    german = score(variant(prefixes=[PROMPTS["de"]["gender"]]), text, "perplexity")
+    english = score(variant(prefixes=[PROMPTS["en"]["gender"]]), text, "perplexity")
+    assert auto.provenance["self_debias_prompts"] == [PROMPTS["de"]["gender"]]
+    assert auto.value == german.value and auto.value != pytest.approx(english.value, rel=1e-4)
+    en = score(variant(), "jobs/specs/lm-debias-text/en.yaml", "perplexity")
+    assert en.provenance["self_debias_prompts"] == [DEBIASING_PREFIXES["gender"]]

@@ -280,6 +280,19 @@ class SelfDebiasedModel(_Variant):
         self._scoring = dataclasses.replace(handle, model=SelfDebiasingLM(handle.model, handle.tokenizer, step,
                                                                           handle.kind))
 
+    def for_language(self, language: str | None) -> "SelfDebiasedModel":
+        """This variant with the self-diagnosis prompts for text in ``language``
+        (:meth:`audit.lm_mitigation.steps.SelfDebias.for_language`; a language without prompts is a
+        :class:`ParameterError` naming it). :func:`audit.runner.measure` calls it with the test's
+        language, so a German test is self-debiased with German prompts, recorded in the result's
+        provenance (``self_debias_prompts``, :meth:`measure_info`)."""
+        return SelfDebiasedModel(self._handle, self._step.for_language(language))
+
+    def measure_info(self) -> dict[str, Any]:
+        """What :func:`audit.runner.measure` records in the measurement (and the result's provenance):
+        ``self_debias_prompts``, the prompts this view runs with."""
+        return {"self_debias_prompts": list(self._step.prefixes)}
+
     def __getattr__(self, name: str) -> Any:
         if name in self._SCORING_OPS:
             return getattr(self._scoring, name)

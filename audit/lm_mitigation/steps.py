@@ -18,6 +18,7 @@ step on model revision + parameters + corpus digest and never refit).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 from typing import Any, Sequence
@@ -36,7 +37,7 @@ from audit.lm_mitigation.inlp import (
     split_dataset,
 )
 from audit.lm_mitigation.pairs import AttributePairs
-from audit.lm_mitigation.self_debias import DEBIASING_PREFIXES, causal_logprobs, masked_logprobs
+from audit.lm_mitigation.self_debias import DEBIASING_PREFIXES, causal_logprobs, masked_logprobs, prompts_for
 from audit.lm_mitigation.self_debias import _check as check_rescaling
 from audit.lm_mitigation.sentence_debias import bias_direction, counterfactual_pairs, mean_pooled, project_out
 
@@ -158,6 +159,18 @@ class SelfDebias(_Step):
             raise ParameterError(f"self_debias: {e}") from None
         self.bias_type, self.decay_constant, self.epsilon = bias_type, decay_constant, epsilon
         self.prefixes = list(prefixes) if prefixes is not None else [DEBIASING_PREFIXES[bias_type]]
+        self._given = prefixes is not None
+        self.language_: str | None = None
+
+    def for_language(self, language: str | None) -> "SelfDebias":
+        """A copy whose prompts are for text in ``language``: the ``prefixes`` given, else the prompt
+        of ``bias_type`` in that language (:func:`~.self_debias.prompts_for`: bias-bench's English one
+        for ``en``, this project's translations for the other shipped languages; another language is
+        a :class:`ParameterError` naming it)."""
+        out = copy.copy(self)
+        out.prefixes = list(self.prefixes) if self._given else prompts_for(self.bias_type, language)
+        out.language_ = language
+        return out
 
     def logprobs(self, model: Any, tokenizer: Any, input_ids: Sequence[int], *, kind: str):
         """Causal: ``(len(ids), V)`` next-token log-probabilities; mlm: ``(V,)`` at the mask."""
