@@ -39,10 +39,14 @@ def _count_base_calls(model):
     return calls, base.register_forward_hook(lambda *a: calls.append(1))
 
 
-@pytest.mark.parametrize("side", ["right", "left"])
-def test_causal_batch_in_one_pass_equals_one_pass_per_row(tiny, side):
+@pytest.mark.parametrize("side,cached", [("right", True), ("left", True), ("right", False)])
+def test_causal_batch_in_one_pass_equals_one_pass_per_row(tiny, side, cached, monkeypatch):
     import torch
+
+    from audit.lm_mitigation import models
     h = tiny["gpt2"]
+    if not cached:  # as for a model whose prompt caches do not reproduce the joint pass: every variant in one pass
+        monkeypatch.setitem(models._PROMPT_CACHE_OK, h.model, False)
     tok, bos = h.tokenizer, h.tokenizer.bos_token_id
     rows = [[bos] + tok(s)["input_ids"] for s in ("the man said that he would call his sister", "she is", "a nurse")]
     lm = SelfDebiasingLM(h.model, tok, _step(), "causal")
@@ -53,7 +57,9 @@ def test_causal_batch_in_one_pass_equals_one_pass_per_row(tiny, side):
         out = lm(input_ids=p.ids, attention_mask=p.mask, use_cache=False).logits
     finally:
         hook.remove()
-    assert len(calls) == 1  # rows x (1 + 2 prompts) in one forward pass (was 9 passes)
+    # the rows once, then once per prompt on the prompt's cached keys/values, or all (1 + k) x 3 rows in one
+    # padded pass (was 3 rows x 3 = 9 passes)
+    assert len(calls) == (1 + len(PROMPTS) if cached else 1)
     full = out[:]  # every real position materialised
     worst, worst_p = 0.0, 0.0
     for r, ids in enumerate(rows):

@@ -1,5 +1,5 @@
 """Debiased variants of a loaded model: a fitted projection (INLP, SentenceDebias) where the
-representations are read, Self-Debias inside the scoring operations, and the saved variants a
+representations are read, Self-Debias inside the scoring operations and generation, and the saved variants a
 sweep builds (:func:`load_variant`).
 
 bias-bench applies the projection with a forward hook on the base model's ``last_hidden_state``
@@ -14,9 +14,11 @@ apply to the families that read the output distribution (:data:`audit.lm_mitigat
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +26,7 @@ import numpy as np
 
 from audit.backends.batching import pad_batch
 from audit.backends.hf_embed import METHODS, default_method
-from audit.backends.hf_scoring import max_sequence_length, pad_token_id, split_verified
+from audit.backends.hf_scoring import _accepts, max_sequence_length, pad_token_id, split_verified
 from audit.errors import DataError, ModelError
 from audit.lm_mitigation import TECHNIQUES
 from audit.lm_mitigation.self_debias import rescale
@@ -45,6 +47,9 @@ def variant_revision(base_revision: str, technique: str, fitted: Any, provenance
     prov = json.dumps(provenance, sort_keys=True, default=str).encode()
     raw = b"" if fitted is None else np.ascontiguousarray(fitted, dtype=np.float64).tobytes()
     return f"{base_revision}+{technique}:{hashlib.sha256(raw + prov).hexdigest()[:16]}"
+
+#: Per underlying model: whether the prompts' key/value caches reproduce the joint pass (checked once).
+_PROMPT_CACHE_OK: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 _SCORING = ("loglikelihood", "loglikelihood_rolling", "pair_pll", "masked_scores", "topk_fills", "first_words")
 
@@ -139,6 +144,7 @@ class SelfDebiasingLM:
         self._shifts = [len(p) if kind == "causal" else len(p) - 1 for p in self._prompts]
         self._pad = pad_token_id(tokenizer)
         self._limit = max_sequence_length(model, tokenizer)
+        self._prompt_caches: dict[tuple[int, str], Any] = {}
 
     def parameters(self):
         return self._model.parameters()
@@ -162,23 +168,74 @@ class SelfDebiasingLM:
                             f"model accepts at most {self._limit}")
         return rows, out
 
+    def _joint(self, seqs: list[list[int]], n: int, dev: Any) -> tuple[list[tuple[Any, int, int]], Any]:
+        """Every variant in one right-padded forward pass: views ``(hidden, first row, shift)``."""
+        padded = pad_batch(seqs, self._pad, "right")
+        ids, att = padded.ids.to(dev), padded.mask.to(dev)
+        split = split_verified(self._model, ids, att)
+        if split is not None:
+            encoder, head = split
+            hidden = encoder(ids, att)
+        else:
+            hidden, head = self._model(input_ids=ids, attention_mask=att).logits, (lambda h: h)
+        return [(hidden, 0, 0)] + [(hidden, (i + 1) * n, s) for i, s in enumerate(self._shifts)], head
+
+    def _cached(self, rows: list[list[int]], dev: Any) -> tuple[list[tuple[Any, int, int]], Any] | None:
+        """Causal LMs: the rows in one right-padded pass, then once more per prompt on the prompt's
+        key/value cache (computed once, repeated for the batch; position ids continuing the prompt's),
+        so the prompt's tokens are not re-run for every row; ``None`` when the model has no verified
+        head split or base model taking a cache and position ids."""
+        import torch
+
+        base = getattr(self._model, getattr(self._model, "base_model_prefix", "") or "", None)
+        if base is None or not _accepts(base.forward, "past_key_values") or not _accepts(base.forward, "position_ids"):
+            return None
+        padded = pad_batch(rows, self._pad, "right")
+        ids, att = padded.ids.to(dev), padded.mask.to(dev)
+        split = split_verified(self._model, ids, att)
+        if split is None:
+            return None
+        encoder, head = split
+        views = [(encoder(ids, att), 0, 0)]
+        n, width = ids.shape
+        for i, pid in enumerate(self._prompts):
+            key = (i, str(dev))
+            if key not in self._prompt_caches:
+                self._prompt_caches[key] = base(input_ids=torch.tensor([pid], device=dev), use_cache=True).past_key_values
+            cache = copy.deepcopy(self._prompt_caches[key])
+            cache.batch_repeat_interleave(n)
+            pos = (len(pid) + torch.arange(width, device=dev))[None, :].expand(n, width).clamp(max=self._limit - 1)
+            full = torch.cat([torch.ones((n, len(pid)), dtype=att.dtype, device=dev), att], dim=1)
+            views.append((base(input_ids=ids, attention_mask=full, position_ids=pos, past_key_values=cache,
+                               use_cache=True).last_hidden_state, 0, 0))
+        return views, head
+
     def forward(self, input_ids, attention_mask=None, **_ignored):
         import torch
 
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         rows, seqs = self._variants(input_ids, mask)
         dev = input_ids.device
-        padded = pad_batch(seqs, self._pad, "right")
-        ids, att = padded.ids.to(dev), padded.mask.to(dev)
-        with torch.no_grad():
-            split = split_verified(self._model, ids, att)
-            if split is not None:
-                encoder, head = split
-                hidden = encoder(ids, att)
-            else:
-                hidden, head = self._model(input_ids=ids, attention_mask=att).logits, (lambda h: h)
         tok_index = (mask.cumsum(1) - 1).clamp(min=0)
-        return _Logits(_DebiasedLogits(self, hidden, head, tok_index, mask.bool(), len(rows)))
+        real = mask.bool()
+        with torch.no_grad():
+            ok = _PROMPT_CACHE_OK.get(self._model) if self._kind == "causal" else False
+            got = None
+            if ok is not False:
+                try:
+                    got = self._cached(rows, dev)
+                except (TypeError, ValueError, AttributeError, NotImplementedError, RuntimeError):
+                    got = None
+                if ok is None:  # checked once per model against the joint pass (same numbers up to rounding)
+                    joint = _DebiasedLogits(self, *self._joint(seqs, len(rows), dev), tok_index, real, len(rows))
+                    fine = got is not None and bool(torch.allclose(
+                        _DebiasedLogits(self, *got, tok_index, real, len(rows))[:], joint[:], atol=1e-4, rtol=0))
+                    _PROMPT_CACHE_OK[self._model] = fine
+                    if not fine:
+                        return _Logits(joint)
+            if got is None:
+                got = self._joint(seqs, len(rows), dev)
+        return _Logits(_DebiasedLogits(self, *got, tok_index, real, len(rows)))
 
     __call__ = forward
 
@@ -227,21 +284,21 @@ class _StepRescaler:
 class _DebiasedLogits:
     """The lazy ``logits`` of :meth:`SelfDebiasingLM.forward`: ``x[b, p]`` (two index tensors)
     runs the head on row ``b``'s token at column ``p`` and on the same token in each prompted
-    variant, then :func:`~.self_debias.rescale`; other indexing materialises ``(B, L, V)``."""
+    variant (``views``: ``(hidden, first row, shift)`` of the regular rows then of each prompt's),
+    then :func:`~.self_debias.rescale`; other indexing materialises ``(B, L, V)``."""
 
-    def __init__(self, lm: "SelfDebiasingLM", hidden: Any, head: Any, tok_index: Any, real: Any, n: int):
-        self._lm, self._hidden, self._head, self._tok, self._real, self._n = lm, hidden, head, tok_index, real, n
-        self.device = hidden.device
+    def __init__(self, lm: "SelfDebiasingLM", views: list, head: Any, tok_index: Any, real: Any, n: int):
+        self._lm, self._views, self._head, self._tok, self._real, self._n = lm, views, head, tok_index, real, n
+        self.device = views[0][0].device
 
     def rows(self, b: Any, p: Any) -> Any:
         import torch
 
-        h = self._hidden
-        b, t = b.to(h.device), self._tok[b.to(self._tok.device), p.to(self._tok.device)].to(h.device)
+        dev = self.device
+        b, t = b.to(dev), self._tok[b.to(self._tok.device), p.to(self._tok.device)].to(dev)
         with torch.no_grad():
-            regular = self._head(h[b, t]).float()
-            biased = [self._head(h[(i + 1) * self._n + b, t + s]).float() for i, s in enumerate(self._lm._shifts)]
-            return rescale(regular, biased, decay_constant=self._lm._step.decay_constant,
+            out = [self._head(h[r0 + b, t + s]).float() for h, r0, s in self._views]
+            return rescale(out[0], out[1:], decay_constant=self._lm._step.decay_constant,
                            epsilon=self._lm._step.epsilon)
 
     def __getitem__(self, key: Any) -> Any:
