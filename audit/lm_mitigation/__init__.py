@@ -62,8 +62,8 @@ TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
               "forward passes over the counterfactual pairs + one PCA"),
     Technique("self_debias", "Schick, Udupa & Schütze 2021 (TACL)", ("mlm", "causal"), SCORING_FAMILIES,
               "output distribution: next-token / masked-token probabilities rescaled at decoding",
-              "1 + number of prompts rows in each batched forward pass (the prompted rows longer by the "
-              "prompt); no fitting"),
+              "the 1 + prompts variants of each batch (causal: on the prompt's shared key/value cache; "
+              "masked: the prompted rows in the same padded pass); no fitting"),
     Technique("cda", "Zmigrod et al. 2019; Webster et al. 2020", ("mlm", "causal"),
               REPRESENTATION_FAMILIES + SCORING_FAMILIES,
               "weights: further pre-training on the two-sided counterfactually augmented corpus",
