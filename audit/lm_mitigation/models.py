@@ -224,8 +224,10 @@ class SelfDebiasingLM:
             if ok is not False:
                 try:
                     got = self._cached(rows, dev)
+                except torch.cuda.OutOfMemoryError:
+                    raise  # the caller halves its batch (audit.backends.batching.run_batched)
                 except (TypeError, ValueError, AttributeError, NotImplementedError, RuntimeError):
-                    got = None
+                    got = None  # a model that cannot run on a cache as done here: the joint pass
                 if ok is None:  # checked once per model against the joint pass (same numbers up to rounding)
                     joint = _DebiasedLogits(self, *self._joint(seqs, len(rows), dev), tok_index, real, len(rows))
                     fine = got is not None and bool(torch.allclose(
