@@ -122,7 +122,9 @@ class SelfDebiasingLM:
     ``(1 + k) B`` rows (:func:`audit.backends.batching.pad_batch`), so real tokens keep the
     positions they have alone and padding is masked out: the same numbers as one unpadded pass per
     row and prompt (:func:`~.self_debias.causal_logprobs`, :func:`~.self_debias.masked_logprobs`)
-    up to float32 rounding (tested to 1e-6 on the log-probabilities). Causal variants: the prompt
+    up to float32 rounding (tested: 5e-6 on log-probabilities, 1e-6 on probabilities). Causal LMs
+    instead run the rows once and then once per prompt on the prompt's key/value cache (computed once,
+    repeated for the batch), checked once per model against the joint pass. Causal variants: the prompt
     (tokenised alone, no special tokens) then the row; masked variants: ``tokenise(CLS + " " +
     prompt)`` then ``row[1:]`` (bias-bench's alignment), read at every position. Only the hidden
     states are kept; the LM head (the verified encoder/head split of
