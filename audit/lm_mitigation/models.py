@@ -203,7 +203,8 @@ class SelfDebiasingLM:
         for i, pid in enumerate(self._prompts):
             key = (i, str(dev))
             if key not in self._prompt_caches:
-                self._prompt_caches[key] = base(input_ids=torch.tensor([pid], device=dev), use_cache=True).past_key_values
+                one = torch.tensor([pid], device=dev)
+                self._prompt_caches[key] = base(input_ids=one, use_cache=True).past_key_values
             cache = copy.deepcopy(self._prompt_caches[key])
             cache.batch_repeat_interleave(n)
             pos = (len(pid) + torch.arange(width, device=dev))[None, :].expand(n, width).clamp(max=self._limit - 1)
