@@ -33,6 +33,7 @@ from audit.errors import DataError, ParameterError
 from audit.lm_mitigation import TECHNIQUES
 from audit.lm_mitigation.models import FITTED, MANIFEST, variant_revision
 from audit.lm_mitigation.pairs import derive_pairs
+from audit.lm_mitigation.self_debias import prompts_digest
 from audit.lm_mitigation.steps import CDA, INLP, SelfDebias, SentenceDebias, corpus_digest, pairs_digest
 from audit.lm_mitigation.training import further_pretrain, set_dropout
 from audit.runner import load_model
@@ -162,6 +163,8 @@ def build_lm_variant(spec, model) -> Path:
               "base_revision": probe_revision(local, kind, dict(base.options)),
               "corpus_digest": corpus_digest(lines) if lines is not None else None,
               "pairs_digest": pairs_digest(pairs) if pairs is not None else None, "language": b["language"]}
+    if tech == "self_debias":  # the prompts per language (audit.lm_mitigation.self_debias.PROMPTS)
+        record["prompts_digest"] = prompts_digest()
     text = json.dumps(record, sort_keys=True, default=str)
     target = Path(spec.output_dir).resolve() / "models" / model.name
     if record["base_revision"] is not None and (target / "build.json").is_file() \
@@ -176,7 +179,8 @@ def build_lm_variant(spec, model) -> Path:
         fitted = None
         if tech == "self_debias":
             step: Any = SelfDebias(**b["params"])
-            prov = {"technique": tech, "reference": TECHNIQUES[tech].reference, "params": step.get_params()}
+            prov = {"technique": tech, "reference": TECHNIQUES[tech].reference, "params": step.get_params(),
+                    "prompts_digest": record["prompts_digest"]}
         else:
             step = {"inlp": INLP, "sentence_debias": SentenceDebias}[tech](**b["params"])
             step.fit(h.model, h.tokenizer, lines, pairs)

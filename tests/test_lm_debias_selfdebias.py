@@ -193,3 +193,11 @@ def test_a_german_test_is_self_debiased_with_german_prompts_recorded_in_provenan
     assert auto.value == german.value and auto.value != pytest.approx(english.value, rel=1e-4)
     en = score(variant(), "jobs/specs/lm-debias-text/en.yaml", "perplexity")
     assert en.provenance["self_debias_prompts"] == [DEBIASING_PREFIXES["gender"]]
+
+
+def test_the_prompts_digest_follows_every_prompt(monkeypatch):
+    from audit.lm_mitigation import self_debias
+    d = self_debias.prompts_digest()
+    assert d.startswith("sha256:") and len(d) == 71 and d == self_debias.prompts_digest()
+    monkeypatch.setitem(self_debias.PROMPTS["de"], "gender", "Ein anderer Text: ")  # a corrected translation
+    assert self_debias.prompts_digest() != d

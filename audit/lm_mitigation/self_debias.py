@@ -27,11 +27,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import hashlib
+import json
+
 import numpy as np
 
 from audit.errors import ParameterError
 
-__all__ = ["DEBIASING_PREFIXES", "PROMPTS", "prompts_for", "rescale", "causal_logprobs", "masked_logprobs"]
+__all__ = ["DEBIASING_PREFIXES", "PROMPTS", "prompts_digest", "prompts_for", "rescale", "causal_logprobs", "masked_logprobs"]
 
 #: bias-bench's self-diagnosis prompts for CrowS-Pairs, by bias type (English).
 DEBIASING_PREFIXES = {
@@ -99,6 +102,13 @@ PROMPTS = {"en": dict(DEBIASING_PREFIXES),
            **{lang: {t: frame.format(ph) for t, ph in zip(_TYPES, phrases)}
               for lang, (frame, phrases) in _TRANSLATED.items()}}
 
+
+
+def prompts_digest() -> str:
+    """``sha256:`` of :data:`PROMPTS` (sorted JSON): part of a Self-Debias variant's build record and
+    provenance, so a changed prompt (a corrected translation) rebuilds the variant and changes its
+    revision, hence the task keys of its results."""
+    return "sha256:" + hashlib.sha256(json.dumps(PROMPTS, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 def prompts_for(bias_type: str, language: str | None) -> list[str]:
     """The self-diagnosis prompt of ``bias_type`` in ``language`` (:data:`PROMPTS`), as a one-item
