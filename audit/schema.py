@@ -20,7 +20,8 @@ non-empty string, got 3``, ``must be >= 1, got 0`` (``>``, ``<``, ``<=`` alike),
 Pieces: :class:`Section` (the base of every model: unknown fields refused, no coercion, frozen),
 :func:`Int`, :func:`Num`, :data:`Flag`, :data:`Text`, :func:`OneOf`, :data:`Permutations` (annotated field
 types),
-:func:`plain` (NumPy scalars as Python values), :class:`Refused`
+:func:`plain` (NumPy scalars as Python values), :func:`arguments` (a class's or function's keyword
+arguments against their model), :class:`Refused`
 (raised by a validator for a value out of the allowed set), :func:`validate` (a mapping into a
 model), :func:`check` (one value against a type), :func:`error_of` (a
 :class:`pydantic.ValidationError` as the one-line :class:`~audit.errors.AuditError`).
@@ -261,5 +262,24 @@ def number(value: Any, name: str, minimum: float | None = 0.0, *, strict: bool =
         raise ParameterError(str(e)) from None
 
 
+def arguments(model: type[BaseModel], values: Mapping[str, Any], owner: str) -> dict[str, Any]:
+    """The keyword arguments ``values`` of ``owner`` (a class or a function: ``HardDebias``,
+    ``inlp``) validated against ``model`` (its parameters, each declared once there), every refusal
+    a :class:`ParameterError` worded as :func:`error_of` words it (``HardDebias: n_components: must
+    be >= 1, got 0``). Returned as written (an int given for a number stays that int, a list stays a
+    list: provenance and digests record what was given), except NumPy scalars (their Python value)
+    and a count written as a float with no fraction (``1e5``: the integer)."""
+    given = {k: plain(v) for k, v in values.items()}
+    try:
+        checked = validate(model, given, owner)
+    except DataError as e:
+        raise ParameterError(str(e)) from None
+    out = {}
+    for k, v in given.items():
+        typed = getattr(checked, k)
+        out[k] = typed if isinstance(typed, int) and not isinstance(typed, bool) and isinstance(v, float) else v
+    return out
+
+
 __all__ = ["Section", "Refused", "Int", "Num", "Flag", "Text", "OneOf", "Permutations", "plain", "problem",
-           "field_path", "error_of", "validate", "check", "flag", "integer", "number"]
+           "field_path", "error_of", "validate", "check", "flag", "integer", "number", "arguments"]

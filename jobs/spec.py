@@ -74,15 +74,12 @@ from jobs.validators import (
     PlainValues,
     Strings,
     as_list,
-    check_fields,
     named,
     non_empty,
     expand_env,
     location_overrides,
     mapping,
-    plain_values,
     read_yaml,
-    string,
     suggest,
     tracking,
 )
@@ -106,7 +103,6 @@ BUILD_KINDS = ("fasttext", "bert", "roberta", "gpt2", "llama", "qwen2", "mistral
 #: multilingual model).
 _LANGUAGE_BUILDS = {"fasttext": False, "llama": True, "qwen2": True, "mistral": True}
 
-_MITIGATION_FIELDS = {"method", "definitions", "params", "name", "scope"}
 #: ``models[i].mitigation[j].scope``: which words the method changes (``tests``: only the words
 #: the model's tests need, e.g. for RAN, whose cost grows with the number of words debiased).
 MITIGATION_SCOPES = ("all", "tests")
@@ -465,6 +461,40 @@ class ModelFields(Section):
         return self
 
 
+def _known_method(name: str) -> str:
+    try:
+        return get_mitigation(name).name
+    except AuditError as e:
+        raise Refused(str(e)) from None
+
+
+def _derived_name(name: str) -> str:
+    if not _DERIVED_NAME_RE.match(name):
+        raise Refused(f"{name!r}: use letters, digits, '-', '_', '.' and '+' only")
+    return name
+
+
+#: The name of a debiased copy or variant (:data:`_DERIVED_NAME_RE`: a model name, ``+`` allowed).
+DerivedName = Annotated[Text, AfterValidator(_derived_name)]
+
+
+class MitigationFields(Section):
+    """One step of ``models[i].mitigation`` (see :class:`MitigationStep`; a string is
+    ``{method: <string>}``); ``params`` are then checked against the method's own model
+    (:attr:`audit.mitigation.Mitigation.Params`) by :func:`_mitigation`."""
+
+    method: Annotated[Text, AfterValidator(_known_method)]
+    definitions: Text = "en/gender"
+    params: PlainValues | None = None
+    name: DerivedName | None = None
+    scope: OneOf("scope", MITIGATION_SCOPES) = "all"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, d: Any) -> Any:  # a null field takes its default
+        return {k: x for k, x in d.items() if x is not None} if isinstance(d, Mapping) else d
+
+
 class MetricFields(Section):
     """One ``metrics[i]`` entry (a string is ``{name: <string>}``); its parameters are checked
     against the metric's own model (:func:`audit.registry.check_params`) by :func:`_metric`."""
@@ -522,46 +552,26 @@ def _model(ctx: Ctx, i: int, f: ModelFields, raw: Any) -> ModelSpec:
 
 
 def _mitigation(ctx: Ctx, path: str, v: Any, model_name: str) -> tuple[MitigationStep, ...]:
-    """``models[i].mitigation``: one step (a mapping or a method name) or a list of steps.
-
-    Each step is checked here, before anything runs: the method and its parameters through
-    :func:`audit.mitigation.get_mitigation` and ``set_params`` (their own validation), the
-    definitions through :func:`audit.mitigation.load_definitions`.
-    """
+    """``models[i].mitigation``: one step (a mapping or a method name) or a list of steps, each a
+    :class:`MitigationFields`; its ``params`` validated against the method's own
+    :attr:`audit.mitigation.Mitigation.Params` and its definitions loaded
+    (:func:`audit.mitigation.load_definitions`) before anything runs."""
     items = v if isinstance(v, list) else [v]
     if not items:
         raise ctx.data(path, "expected a mitigation step or a non-empty list of steps")
     steps = []
     for j, item in enumerate(items):
         p = f"{path}[{j}]" if isinstance(v, list) else path
-        if isinstance(item, str):
-            item = {"method": item}
-        d = mapping(ctx, p, item)
-        check_fields(ctx, p, d, _MITIGATION_FIELDS)
-        if "method" not in d:
-            raise ctx.data(p, "missing required field 'method'")
-        method_name = string(ctx, f"{p}.method", d["method"])
-        params = plain_values(ctx, f"{p}.params", d.get("params"))
+        f = validate(MitigationFields, {"method": item} if isinstance(item, str) else item, ctx.source, p)
+        params = dict(f.params or {})
+        method = get_mitigation(f.method)
+        validate(type(method).Params, params, ctx.source, f"{p}.params")
         try:
-            method = get_mitigation(method_name)
-        except AuditError as e:
-            raise ctx.param(f"{p}.method", str(e)) from None
-        try:
-            method.set_params(**params)
-        except AuditError as e:
-            raise ctx.param(f"{p}.params", str(e)) from None
-        defs = string(ctx, f"{p}.definitions", d["definitions"]) if d.get("definitions") is not None else "en/gender"
-        try:
-            load_definitions(defs)
+            load_definitions(f.definitions)
         except AuditError as e:
             raise ctx.param(f"{p}.definitions", str(e)) from None
-        scope = string(ctx, f"{p}.scope", d["scope"]) if d.get("scope") is not None else "all"
-        if scope not in MITIGATION_SCOPES:
-            raise ctx.param(f"{p}.scope", f"unknown scope {scope!r}; known: {', '.join(MITIGATION_SCOPES)}")
-        name = string(ctx, f"{p}.name", d["name"]) if d.get("name") is not None else f"{model_name}+{method.name}"
-        if not _DERIVED_NAME_RE.match(name):
-            raise ctx.param(f"{p}.name", f"{name!r}: use letters, digits, '-', '_', '.' and '+' only")
-        steps.append(MitigationStep(method=method.name, name=name, definitions=defs, params=params, scope=scope))
+        steps.append(MitigationStep(method=method.name, name=f.name or f"{model_name}+{method.name}",
+                                    definitions=f.definitions, params=params, scope=f.scope))
     return tuple(steps)
 
 
