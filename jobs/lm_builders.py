@@ -34,7 +34,8 @@ from audit.lm_mitigation import TECHNIQUES
 from audit.lm_mitigation.models import FITTED, MANIFEST, variant_revision
 from audit.lm_mitigation.pairs import derive_pairs
 from audit.lm_mitigation.steps import CDA, INLP, SelfDebias, SentenceDebias, corpus_digest, pairs_digest
-from audit.lm_mitigation.training import further_pretrain, set_dropout
+from audit.lm_mitigation.training import TrainParams, further_pretrain, set_dropout
+from audit.schema import arguments
 from audit.runner import load_model
 from jobs.resolve import model_kind, probe_revision, resolve_ref
 
@@ -44,7 +45,6 @@ __all__ = ["TESTS_CORPUS", "TRAINED_TECHNIQUES", "build_lm_debiased", "build_lm_
 TESTS_CORPUS = "tests"
 
 TRAINED_TECHNIQUES = ("cda", "dropout")
-_TRAIN_PARAMS = {"steps": 100, "batch_size": 8, "lr": 5e-5, "max_length": 128, "seed": 0}
 
 
 def read_corpus(path: str | os.PathLike) -> list[str]:
@@ -69,10 +69,7 @@ def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.P
     if technique not in TRAINED_TECHNIQUES:
         raise ParameterError(f"technique {technique!r} is not trained; trained techniques: "
                              f"{', '.join(TRAINED_TECHNIQUES)}")
-    unknown = sorted(set(params or {}) - set(_TRAIN_PARAMS))
-    if unknown:
-        raise ParameterError(f"{technique}: unknown parameter(s) {unknown}; parameters: {sorted(_TRAIN_PARAMS)}")
-    p = {**_TRAIN_PARAMS, **(params or {})}
+    p = {**TrainParams().model_dump(), **arguments(TrainParams, params or {}, technique)}
     lines = read_corpus(corpus)
     pairs = derive_pairs(language)
     record = {"kind": "lm_mitigation", "technique": technique, "model_kind": kind, "params": p,

@@ -70,6 +70,7 @@ from jobs.lm_spec import parse_lm_mitigation, variant_fields
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
 from jobs.validators import (
     Ctx,
+    DerivedName,
     Name,
     PlainValues,
     Strings,
@@ -108,7 +109,6 @@ _LANGUAGE_BUILDS = {"fasttext": False, "llama": True, "qwen2": True, "mistral": 
 MITIGATION_SCOPES = ("all", "tests")
 #: The ``build.kind`` of a debiased copy (set by the parser, not written in specs).
 MITIGATION_KIND = "mitigation"
-_DERIVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-+]*$")
 #: Columns of the results table a multiple-comparison family may group by.
 FAMILY_COLUMNS = ("model", "metric", "language", "test", "params")
 #: Which p-value the significance marks of the reports read.
@@ -468,16 +468,6 @@ def _known_method(name: str) -> str:
         raise Refused(str(e)) from None
 
 
-def _derived_name(name: str) -> str:
-    if not _DERIVED_NAME_RE.match(name):
-        raise Refused(f"{name!r}: use letters, digits, '-', '_', '.' and '+' only")
-    return name
-
-
-#: The name of a debiased copy or variant (:data:`_DERIVED_NAME_RE`: a model name, ``+`` allowed).
-DerivedName = Annotated[Text, AfterValidator(_derived_name)]
-
-
 class MitigationFields(Section):
     """One step of ``models[i].mitigation`` (see :class:`MitigationStep`; a string is
     ``{method: <string>}``); ``params`` are then checked against the method's own model
@@ -543,8 +533,7 @@ def _model(ctx: Ctx, i: int, f: ModelFields, raw: Any) -> ModelSpec:
                             "debiasing applies to static embeddings only")
     lm_steps = ()
     if f.lm_mitigation is not None:
-        lm_steps = parse_lm_mitigation(ctx, f"{path}.lm_mitigation", f.lm_mitigation, name,
-                                       name_re=_DERIVED_NAME_RE)
+        lm_steps = parse_lm_mitigation(ctx, f"{path}.lm_mitigation", f.lm_mitigation, name)
     return ModelSpec(
         ref=ref, name=name, languages=f.languages, options=options,
         params=dict(f.params or {}), build=build, tests=f.tests, mitigation=steps, lm_mitigation=lm_steps,

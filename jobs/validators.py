@@ -24,7 +24,7 @@ The pieces (all public):
 ``expand_env(data, source, env=, ...)``   ``${VAR}`` / ``${VAR:-default}`` in every string
 ``is_secret_name(name)``                  the names ``expand_env`` refuses to interpolate
 ``suggest(word, choices)``                `` (did you mean 'x'?)`` or ``""``
-``Name`` ``Strings`` ``PlainValues``      field types (:mod:`audit.schema` pieces) of both specs' models
+``Name`` ``DerivedName`` ``Strings``     field types (``PlainValues`` too) (:mod:`audit.schema` pieces) of both specs' models
 ``check_fields`` ``mapping`` ``string`` ``given`` ``integer`` ``number``
 ``plain_values`` ``name``                 checkers of the fields not yet in a model, over the same types
 ``first_line(exc)``                       the first line of an exception's message
@@ -245,6 +245,20 @@ def _a_name(s: str) -> str:
 #: A name of a spec or a model (:data:`NAME_RE`): letters, digits, ``-``, ``_`` and ``.``.
 Name = Annotated[schema.Text, AfterValidator(_a_name)]
 
+#: Names of debiased copies and variants (``glove+hard_debias``): a model name, ``+`` allowed.
+DERIVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-+]*$")
+
+
+def _a_derived_name(s: str) -> str:
+    if not DERIVED_NAME_RE.match(s):
+        raise schema.Refused(f"{s!r}: use letters, digits, '-', '_', '.' and '+' only")
+    return s
+
+
+#: The name of a debiased copy (``models[i].mitigation[j].name``) or variant
+#: (``models[i].lm_mitigation[j].name``): :data:`DERIVED_NAME_RE`.
+DerivedName = Annotated[schema.Text, AfterValidator(_a_derived_name)]
+
 
 def as_list(v: Any) -> Any:
     """A single string as a list of one; anything but a non-empty list refused (:data:`Strings`)."""
@@ -321,7 +335,7 @@ def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
 __all__ = ["Ctx", "suggest", "first_line", "parse_yaml", "read_yaml", "ENV_VAR_RE", "SECRET_OK_FIELDS",
            "is_secret_name", "expand_env", "NAME_RE", "check_fields", "mapping", "given", "string", "name",
            "integer", "number", "plain_values", "Tracking", "tracking", "Name", "Strings",
-           "PlainValues", "as_list", "non_empty", "named"]
+           "PlainValues", "as_list", "non_empty", "named", "DERIVED_NAME_RE", "DerivedName"]
 
 
 def _known_store(uri: str | None) -> str | None:
