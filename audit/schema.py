@@ -194,7 +194,9 @@ def error_of(exc: ValidationError, source: str = "", path: str = "",
     """A :class:`pydantic.ValidationError` as ONE line ``<source>: <field path>: <problem>`` (its
     first error: the spec is fixed one field at a time), a DataError or a ParameterError."""
     err = exc.errors(include_url=False)[0]
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "literal["))))
+    # pydantic's own location parts (a validator's, a literal's, "[key]" of a mapping's key) are no field names
+    loc = tuple(p for p in err["loc"]
+                if not (isinstance(p, str) and (p.startswith(("function-", "literal[")) or p == "[key]")))
     cls, msg = problem(err, model)
     where = field_path(path, loc)
     head = ": ".join(s for s in (source, where) if s)

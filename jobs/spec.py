@@ -59,7 +59,8 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (AfterValidator, BeforeValidator, Field, PlainValidator, ValidationInfo, field_validator,
+                      model_validator)
 
 from audit import registry
 from audit.backends import table as backend_table
@@ -494,9 +495,27 @@ class MetricFields(Section):
     tests: Strings | None = None
 
 
+def _tag_name(k: str) -> str:
+    if k.startswith("audit.") and k != "audit.watch" and not k.startswith("audit.watch."):
+        raise Refused("tags starting with 'audit.' are set by biasaudit")
+    return k
+
+
+def _tag_value(x: Any) -> str:
+    if isinstance(x, bool) or not isinstance(x, (str, int, float)):
+        raise DataError(f"expected a string or a number, got {x!r}")
+    return str(x)
+
+
+#: ``tags:``: extra tags of the sweep's parent run, name -> a string or a number (kept as its
+#: text); names starting with ``audit.`` are biasaudit's, but for ``audit.watch.*`` (the watcher's).
+Tags = dict[Annotated[str, AfterValidator(_tag_name)], Annotated[Any, PlainValidator(_tag_value)]]
+
+
 class SpecFields(Section):
     """The top level of a sweep spec (the module docstring lists the fields). ``tracking``,
-    ``ray``, ``multiple_comparisons`` and ``tags`` are sections with models of their own."""
+    ``ray`` and ``multiple_comparisons`` are sections with models of their own, ``tags``
+    :data:`Tags`."""
 
     name: Name
     description: Annotated[str, Field(strict=True)] | None = None
@@ -512,7 +531,7 @@ class SpecFields(Section):
     n_bootstrap: Int(0) | None = None
     ray: Any = None
     multiple_comparisons: Any = None
-    tags: Any = None
+    tags: Tags | None = None
 
 
 def _model(ctx: Ctx, i: int, f: ModelFields, raw: Any) -> ModelSpec:
@@ -633,18 +652,6 @@ def _multiple_comparisons(ctx: Ctx, v: Any) -> MultipleComparisons:
                     "multiple_comparisons")
 
 
-def _tags(ctx: Ctx, v: Any) -> dict[str, str]:
-    d = mapping(ctx, "tags", v)
-    out = {}
-    for k, x in d.items():
-        if isinstance(x, bool) or not isinstance(x, (str, int, float)):
-            raise ctx.data(f"tags.{k}", f"expected a string or a number, got {x!r}")
-        if k.startswith("audit.") and k != "audit.watch" and not k.startswith("audit.watch."):
-            raise ctx.param(f"tags.{k}", "tags starting with 'audit.' are set by biasaudit")
-        out[k] = str(x)
-    return out
-
-
 def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> SweepSpec:
     """Validate a parsed spec mapping and return a :class:`SweepSpec`.
 
@@ -700,7 +707,7 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
         seed=f.seed if f.seed is not None else 0, permutations=f.permutations, n_bootstrap=f.n_bootstrap,
         output_dir=out, tracking_uri=uri, experiment=experiment, ray=_ray(ctx, f.ray),
         description=f.description or "", source=source, raw=copy.deepcopy(d),
-        multiple_comparisons=mc, tags=_tags(ctx, f.tags) if f.tags is not None else {},
+        multiple_comparisons=mc, tags=dict(f.tags or {}),
     )
 
 

@@ -24,7 +24,8 @@ The pieces (all public):
 ``expand_env(data, source, env=, ...)``   ``${VAR}`` / ``${VAR:-default}`` in every string
 ``is_secret_name(name)``                  the names ``expand_env`` refuses to interpolate
 ``suggest(word, choices)``                `` (did you mean 'x'?)`` or ``""``
-``Name`` ``DerivedName`` ``Strings``     field types (``PlainValues`` too) (:mod:`audit.schema` pieces) of both specs' models
+``Name`` ``DerivedName`` ``Strings``      field types (:mod:`audit.schema` pieces) of both specs' models
+``PlainValues``                           (names, derived names, lists of strings, plain JSON values)
 ``check_fields`` ``mapping`` ``string`` ``given`` ``integer`` ``number``
 ``plain_values`` ``name``                 checkers of the fields not yet in a model, over the same types
 ``first_line(exc)``                       the first line of an exception's message

@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
-from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from audit import registry, schema
 from audit.errors import DataError, ParameterError
@@ -31,9 +31,7 @@ from jobs.validators import (
     mapping,
     named,
     non_empty,
-    number,
     read_yaml,
-    string,
     tracking,
 )
 from jobs.watch.backoff import Backoff
@@ -43,8 +41,6 @@ SPEC_ENV = "BIASAUDIT_SWEEP_SPEC"
 #: What a submitted job runs unless the watch spec sets ``ray.entrypoint``.
 DEFAULT_ENTRYPOINT = f"python -m jobs.watch --run-spec-env {SPEC_ENV} --no-progress"
 
-_NOTIFY_FIELDS = {"command", "url", "timeout"}
-_AUDIT_FIELDS = {"spec", "overrides", "model"}
 _SOURCE_KEYS = ("repo", "author", "local")
 _LAYOUTS = ("revisions", "digest")
 _ORDERS = ("mtime", "name")
@@ -114,17 +110,20 @@ class RaySubmit(Section):
 
 
 def _http_url(url: str) -> str:
-    url = url.rstrip("/")
-    if not re.match(r"^https?://", url):
+    if not re.match(r"^https?://[^\s/]+", url):
         raise Refused(f"{url!r}: expected an http(s):// URL")
     return url
+
+
+#: An ``http(s)://`` address with a host (``hub.endpoint``, ``notify.url``).
+HttpUrl = Annotated[Text, AfterValidator(_http_url)]
 
 
 class HubFields(Section):
     """The ``hub:`` section: the Hub's address (default: ``huggingface_hub``'s), the branch whose
     commits are revisions, the seconds one request may take."""
 
-    endpoint: Annotated[Text, AfterValidator(_http_url)] | None = None
+    endpoint: Annotated[HttpUrl, AfterValidator(lambda url: url.rstrip("/"))] | None = None
     branch: Text = "main"
     timeout: Num(0.0, strict=True) = 15.0
 
@@ -141,10 +140,24 @@ class BackoffFields(Section):
     seed: Int(0) | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Notify:
+def _a_command(command: str) -> str:
+    try:
+        if not shlex.split(command):
+            raise ValueError("empty")
+    except ValueError as e:
+        raise Refused(f"{command!r}: cannot be split into a command ({e})") from None
+    return command
+
+
+def _not_given(d: Any) -> Any:
+    """A section's null or blank (``${VAR:-}``) fields read as not given: their defaults."""
+    return {k: x for k, x in d.items() if given(x)} if isinstance(d, Mapping) else d
+
+
+class Notify(Section):
     """What the watcher does when it finds a regression (``regression.notify``) or an audit fails
-    (``notify``, else ``regression.notify``). The JSON's ``event`` tells which: ``bias_regression``,
+    (``notify``, else ``regression.notify``); a typed model of :mod:`audit.schema` (null or blank
+    fields read as not given). The JSON's ``event`` tells which: ``bias_regression``,
     ``audit_failed``, ``audit_gave_up``, ``audit_not_submitted``.
 
     command: run (split like a shell line with :func:`shlex.split`, no shell) with the
@@ -155,9 +168,20 @@ class Notify:
              ``timeout`` seconds is an ``error`` decision.
     """
 
-    command: str | None = None
-    url: str | None = None
-    timeout: float = 10.0
+    command: Annotated[Text, AfterValidator(_a_command)] | None = None
+    url: HttpUrl | None = None
+    timeout: Num(0.0, strict=True) = 10.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _blank(cls, d: Any) -> Any:
+        return _not_given(d)
+
+    @model_validator(mode="after")
+    def _something(self) -> Notify:
+        if self.command is None and self.url is None:
+            raise DataError("give a `command`, a `url` or both")
+        return self
 
 
 def _comparable(m: str) -> str:
@@ -187,8 +211,6 @@ class RegressionSpec(Section):
     n_bootstrap, permutations, seed: of each comparison (:mod:`audit.compare`).
     notify:       :class:`Notify` (``None``: no notification).
     """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     metrics: Annotated[tuple[Annotated[Text, AfterValidator(_comparable)], ...], Field(strict=False)] | None = None
     tests: Annotated[tuple[Text, ...], Field(strict=False)] | None = None
@@ -273,19 +295,37 @@ class WatchSpec:
                           ensure_ascii=False)
 
 
-def _audit(ctx: Ctx, path: str, v: Any, base: AuditTemplate | None = None) -> AuditTemplate:
-    d = mapping(ctx, path, v, _AUDIT_FIELDS)
+def _set_by_watcher(key: str) -> str:
+    if key in ("ref", "revision", "build"):
+        raise Refused("is set by the watcher for each watched model")
+    return key
+
+
+#: ``audit.model`` / ``watch[i].model``: fields of the generated sweep's model entry (checked
+#: with that spec), except those the watcher sets for each watched model.
+ModelOverrides = dict[Annotated[str, AfterValidator(_set_by_watcher)], Any]
+
+
+class AuditFields(Section):
+    """The ``audit:`` section (top level and ``watch[i].audit``; see :class:`AuditTemplate`;
+    null fields read as not given)."""
+
+    spec: Text | None = None
+    overrides: dict[str, Any] | None = None
+    model: ModelOverrides | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, d: Any) -> Any:
+        return {k: x for k, x in d.items() if x is not None} if isinstance(d, Mapping) else d
+
+
+def _audit(f: AuditFields, base: AuditTemplate | None = None) -> AuditTemplate:
+    """``base`` (the top level's template) with the fields of ``f`` (``overrides`` merged)."""
     base = base or AuditTemplate()
-    spec = base.spec
-    if d.get("spec") is not None:
-        spec = Path(string(ctx, f"{path}.spec", d["spec"]))
-    overrides = dict(base.overrides)
-    if d.get("overrides") is not None:
-        overrides = deep_merge(overrides, mapping(ctx, f"{path}.overrides", d["overrides"]))
-    model = dict(base.model)
-    if d.get("model") is not None:
-        model.update(_model_fields(ctx, f"{path}.model", d["model"]))
-    return AuditTemplate(spec=spec, overrides=overrides, model=model)
+    return AuditTemplate(spec=Path(f.spec) if f.spec is not None else base.spec,
+                         overrides=deep_merge(base.overrides, f.overrides or {}),
+                         model={**base.model, **(f.model or {})})
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -298,14 +338,6 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
         else:
             out[k] = copy.deepcopy(v)
     return out
-
-
-def _model_fields(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
-    d = mapping(ctx, path, v)
-    for k in ("ref", "revision", "build"):
-        if k in d:
-            raise ctx.param(f"{path}.{k}", "is set by the watcher for each watched model")
-    return d
 
 
 def _hub_id(repo: str) -> str:
@@ -340,8 +372,8 @@ class EntryFields(Section):
     order: OneOf("order", _ORDERS) | None = None
     file: Annotated[Text, AfterValidator(_inside)] | None = None
     settle: Num() | None = None
-    audit: Any = None
-    model: Any = None
+    audit: AuditFields | None = None
+    model: ModelOverrides | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -376,11 +408,9 @@ def _entry(ctx: Ctx, i: int, f: EntryFields, default: AuditTemplate, hub_branch:
     """``watch[i]`` (validated as ``f``) as a :class:`WatchEntry` with its audit template."""
     path = f"watch[{i}]"
     kind = next(k for k in _SOURCE_KEYS if getattr(f, k) is not None)
-    audit = default
-    if f.audit is not None:
-        audit = _audit(ctx, f"{path}.audit", f.audit, default)
+    audit = _audit(f.audit, default) if f.audit is not None else default
     if f.model is not None:
-        audit = dataclasses.replace(audit, model={**audit.model, **_model_fields(ctx, f"{path}.model", f.model)})
+        audit = dataclasses.replace(audit, model={**audit.model, **f.model})
     if audit.spec is None and not audit.overrides:
         raise ctx.data(f"{path}.audit", "no audit to run: set `audit.spec` (a sweep spec template) at the top or here")
     return WatchEntry(kind=kind, target=getattr(f, kind), search=f.search, limit=f.limit or 50,
@@ -391,8 +421,8 @@ def _entry(ctx: Ctx, i: int, f: EntryFields, default: AuditTemplate, hub_branch:
 
 class WatchFields(Section):
     """The top level of a watch spec (:mod:`jobs.watch` lists the fields); ``watch[i]`` is
-    :class:`EntryFields`; ``backoff``, ``tracking``, ``hub``, ``ray``, ``audit``, ``regression``
-    and ``notify`` are sections read by their own functions."""
+    :class:`EntryFields`, ``audit`` :class:`AuditFields`, ``notify`` :class:`Notify`; ``backoff``,
+    ``tracking``, ``hub``, ``ray`` and ``regression`` are sections read by their own functions."""
 
     name: Name
     description: Annotated[str, Field(strict=True)] | None = None
@@ -404,11 +434,11 @@ class WatchFields(Section):
     sweep_output_dir: Text | None = None
     hub: Any = None
     ray: Any = None
-    audit: Any = None
+    audit: AuditFields | None = None
     watch: Annotated[tuple[Annotated[EntryFields, named("repo")], ...], non_empty("repositories or folders"),
                      Field(strict=False)]
     regression: Any = None
-    notify: Any = None
+    notify: Notify | None = None
 
 
 def _backoff(ctx: Ctx, v: Any) -> Backoff:
@@ -424,30 +454,10 @@ def _ray(ctx: Ctx, v: Any) -> RaySubmit:
     return validate(RaySubmit, r, ctx.source, "ray")
 
 
-def _notify(ctx: Ctx, path: str, v: Any) -> Notify:
-    n = mapping(ctx, path, v, _NOTIFY_FIELDS)
-    command = string(ctx, f"{path}.command", n["command"]) if given(n.get("command")) else None
-    url = string(ctx, f"{path}.url", n["url"]) if given(n.get("url")) else None
-    if url is not None and not re.match(r"^https?://[^\s/]+", url):
-        raise ctx.param(f"{path}.url", f"{url!r}: expected an http(s):// URL")
-    if command is not None:
-        try:
-            if not shlex.split(command):
-                raise ValueError("empty")
-        except ValueError as e:
-            raise ctx.param(f"{path}.command", f"{command!r}: cannot be split into a command ({e})") from None
-    if command is None and url is None:
-        raise ctx.data(path, "give a `command`, a `url` or both")
-    timeout = number(ctx, f"{path}.timeout", n["timeout"], strict=True) if n.get("timeout") is not None else 10.0
-    return Notify(command=command, url=url, timeout=timeout)
-
-
 def _regression(ctx: Ctx, v: Any) -> RegressionSpec:
     d = {k: x for k, x in mapping(ctx, "regression", v).items() if x is not None}
     if not given(d.get("baseline")):
         d.pop("baseline", None)
-    if "notify" in d:
-        d["notify"] = _notify(ctx, "regression.notify", d["notify"])
     return validate(RegressionSpec, d, ctx.source, "regression")
 
 
@@ -469,17 +479,16 @@ def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
         h.pop("endpoint", None)
     hub = validate(HubFields, h, ctx.source, "hub")
     ray = _ray(ctx, f.ray) if f.ray is not None else RaySubmit()
-    default = _audit(ctx, "audit", f.audit) if f.audit is not None else AuditTemplate()
+    default = _audit(f.audit) if f.audit is not None else AuditTemplate()
     entries = tuple(_entry(ctx, i, e, default, hub.branch) for i, e in enumerate(f.watch))
     regression = _regression(ctx, f.regression) if f.regression is not None else None
-    notify = _notify(ctx, "notify", f.notify) if f.notify is not None else None
     return WatchSpec(name=f.name, entries=entries,
                      output_dir=Path(f.output_dir) if f.output_dir is not None else Path("out") / "watch" / f.name,
                      interval=float(f.interval) if f.interval is not None else 3600.0,
                      max_attempts=f.max_attempts if f.max_attempts is not None else 2,
                      backoff=backoff, tracking_uri=uri, experiment=experiment, sweep_output_dir=f.sweep_output_dir,
                      hub_endpoint=hub.endpoint, hub_branch=hub.branch, hub_timeout=hub.timeout, ray=ray,
-                     description=f.description or "", source=source, regression=regression, notify=notify)
+                     description=f.description or "", source=source, regression=regression, notify=f.notify)
 
 
 def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | None = None,
