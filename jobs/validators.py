@@ -34,6 +34,7 @@ The pieces (all public):
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -275,6 +276,8 @@ Strings = Annotated[tuple[schema.Text, ...], BeforeValidator(as_list), Field(str
 
 
 def _plain(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):  # as a typed number field words it
+        raise DataError(f"expected a finite number, got {x!r}")
     try:
         json.dumps(x, allow_nan=False)
     except (TypeError, ValueError):

@@ -43,8 +43,10 @@ def test_typed_checkers_name_file_and_field_and_pick_the_error_class():
         V.name(ctx, "name", "a b")
     assert schema.check(V.Strings, "weat1") == ("weat1",) and V.string(ctx, "s", None, allow_none=True) is None
     assert not V.given("  ") and not V.given(None) and V.given(0)
-    with pytest.raises(DataError, match=r"p\.k: value nan is not a plain number"):
+    with pytest.raises(DataError, match=r"^w\.yaml: p\.k: expected a finite number, got nan$"):
         V.plain_values(ctx, "p", {"k": float("nan")})
+    with pytest.raises(DataError, match=r"p\.k: value \[inf\] is not a plain number"):
+        V.plain_values(ctx, "p", {"k": [float("inf")]})
     assert V.suggest("waet", ["weat", "seat"]) == " (did you mean 'weat'?)" and V.suggest("zzz", ["weat"]) == ""
 
 
