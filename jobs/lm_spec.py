@@ -28,21 +28,38 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
 from pydantic import model_validator
 
-from audit.errors import AuditError
+from audit.errors import AuditError, DataError
 from audit.lm_mitigation import TECHNIQUES
 from audit.lm_mitigation.pairs import derive_pairs
 from audit.lm_mitigation.steps import PARAMS, corpus_digest, pairs_digest
 from audit.lm_mitigation.training import TrainParams
 from audit.schema import OneOf, Section, Text, validate
-from jobs.lm_builders import TESTS_CORPUS, read_corpus
 from jobs.validators import DerivedName, PlainValues
 
-__all__ = ["KIND", "LMStep", "LMStepFields", "parse_lm_mitigation", "variant_fields", "TRAIN_PARAMS"]
+__all__ = ["KIND", "LMStep", "LMStepFields", "parse_lm_mitigation", "variant_fields", "TRAIN_PARAMS", "TESTS_CORPUS",
+           "read_corpus"]
+
+#: ``corpus: tests`` in a spec step: the text built from the language's shipped tests.
+TESTS_CORPUS = "tests"
+
+def read_corpus(path: str | os.PathLike) -> list[str]:
+    """The user's corpus: UTF-8 text, one sentence per line, blank lines skipped."""
+    p = Path(path)
+    try:
+        lines = [s.strip() for s in p.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{p}: cannot read the corpus: {e}") from None
+    lines = [s for s in lines if s]
+    if not lines:
+        raise DataError(f"{p}: the corpus has no sentences")
+    return lines
+
 
 #: The ``build.kind`` of a debiased LM variant (set by the parser, not written in specs).
 KIND = "lm_mitigation"
