@@ -40,7 +40,7 @@ from audit.lm_mitigation.pairs import derive_pairs
 from audit.lm_mitigation.steps import PARAMS, corpus_digest, pairs_digest
 from audit.lm_mitigation.training import TrainParams
 from audit.schema import OneOf, Section, Text, validate
-from jobs.validators import DerivedName, PlainValues
+from jobs.validators import DerivedName, PlainValues, steps
 
 __all__ = ["KIND", "LMStep", "LMStepFields", "parse_lm_mitigation", "variant_fields", "TRAIN_PARAMS", "TESTS_CORPUS",
            "read_corpus"]
@@ -101,13 +101,8 @@ def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *,
     """``models[i].lm_mitigation``: one step (a mapping or a technique name) or a list of steps,
     each a :class:`LMStepFields` checked before anything runs (technique, fields, parameters,
     corpus file, language)."""
-    items = v if isinstance(v, list) else [v]
-    if not items:
-        raise ctx.data(path, "expected an LM debiasing step or a non-empty list of steps")
-    steps = []
-    for j, item in enumerate(items):
-        p = f"{path}[{j}]" if isinstance(v, list) else path
-        f = validate(LMStepFields, {"technique": item} if isinstance(item, str) else item, ctx.source, p)
+    out = []
+    for p, f in steps(ctx, path, v, LMStepFields, "technique", "an LM debiasing step"):
         tech, lang, corpus, params = f.technique, f.language, f.corpus, dict(f.params or {})
         validate(PARAMS[tech], params, ctx.source, f"{p}.params")
         if tech != "self_debias":
@@ -125,9 +120,9 @@ def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *,
             if not cp.is_file():
                 raise ctx.param(f"{p}.corpus", f"{corpus}: no such file")
             corpus = str(cp.resolve())
-        steps.append(LMStep(technique=tech, name=f.name or f"{model_name}+{tech}", corpus=corpus, language=lang,
-                            params=params))
-    return tuple(steps)
+        out.append(LMStep(technique=tech, name=f.name or f"{model_name}+{tech}", corpus=corpus, language=lang,
+                          params=params))
+    return tuple(out)
 
 
 def variant_fields(base: Any, step: LMStep) -> dict[str, Any]:

@@ -82,6 +82,7 @@ from jobs.validators import (
     location_overrides,
     mapping,
     read_yaml,
+    steps,
     suggest,
     tracking,
 )
@@ -542,9 +543,9 @@ def _model(ctx: Ctx, i: int, f: ModelFields, raw: Any) -> ModelSpec:
     name = check(Name, f.name or default_model_name(ref), ctx.source, f"{path}.name")
     options = {k: getattr(f, k) for k in ("backend", "revision", "device", "dtype", "device_map", "allow_pickle",
                                           "trust_remote_code", "subword") if getattr(f, k) is not None}
-    steps: tuple[MitigationStep, ...] = ()
+    mit_steps: tuple[MitigationStep, ...] = ()
     if f.mitigation is not None:
-        steps = _mitigation(ctx, f"{path}.mitigation", f.mitigation, name)
+        mit_steps = _mitigation(ctx, f"{path}.mitigation", f.mitigation, name)
         not_static = backend_table.kind_of_backend(options.get("backend")) not in (None, "static")
         if not_static or (build is not None and build["kind"] != "fasttext"):
             what = options.get("backend") or f"build kind {build['kind']}"  # type: ignore[index]
@@ -555,7 +556,7 @@ def _model(ctx: Ctx, i: int, f: ModelFields, raw: Any) -> ModelSpec:
         lm_steps = parse_lm_mitigation(ctx, f"{path}.lm_mitigation", f.lm_mitigation, name)
     return ModelSpec(
         ref=ref, name=name, languages=f.languages, options=options,
-        params=dict(f.params or {}), build=build, tests=f.tests, mitigation=steps, lm_mitigation=lm_steps,
+        params=dict(f.params or {}), build=build, tests=f.tests, mitigation=mit_steps, lm_mitigation=lm_steps,
     )
 
 
@@ -564,13 +565,8 @@ def _mitigation(ctx: Ctx, path: str, v: Any, model_name: str) -> tuple[Mitigatio
     :class:`MitigationFields`; its ``params`` validated against the method's own
     :attr:`audit.mitigation.Mitigation.Params` and its definitions loaded
     (:func:`audit.mitigation.load_definitions`) before anything runs."""
-    items = v if isinstance(v, list) else [v]
-    if not items:
-        raise ctx.data(path, "expected a mitigation step or a non-empty list of steps")
-    steps = []
-    for j, item in enumerate(items):
-        p = f"{path}[{j}]" if isinstance(v, list) else path
-        f = validate(MitigationFields, {"method": item} if isinstance(item, str) else item, ctx.source, p)
+    out = []
+    for p, f in steps(ctx, path, v, MitigationFields, "method", "a mitigation step"):
         params = dict(f.params or {})
         method = get_mitigation(f.method)
         validate(type(method).Params, params, ctx.source, f"{p}.params")
@@ -578,9 +574,9 @@ def _mitigation(ctx: Ctx, path: str, v: Any, model_name: str) -> tuple[Mitigatio
             load_definitions(f.definitions)
         except AuditError as e:
             raise ctx.param(f"{p}.definitions", str(e)) from None
-        steps.append(MitigationStep(method=method.name, name=f.name or f"{model_name}+{method.name}",
-                                    definitions=f.definitions, params=params, scope=f.scope))
-    return tuple(steps)
+        out.append(MitigationStep(method=method.name, name=f.name or f"{model_name}+{method.name}",
+                                  definitions=f.definitions, params=params, scope=f.scope))
+    return tuple(out)
 
 
 def mitigated_model(base: ModelSpec, step: MitigationStep) -> ModelSpec:

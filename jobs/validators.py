@@ -28,6 +28,7 @@ The pieces (all public):
 ``PlainValues``                           (names, derived names, lists of strings, plain JSON values)
 ``check_fields`` ``mapping`` ``string`` ``given`` ``integer`` ``number``
 ``plain_values`` ``name``                 checkers of the fields not yet in a model, over the same types
+``steps(ctx, path, v, model, key, what)`` a step or a list of steps, each validated as ``model``
 ``first_line(exc)``                       the first line of an exception's message
 """
 
@@ -306,6 +307,22 @@ def named(key: str) -> Any:
     return BeforeValidator(lambda v: {key: v} if isinstance(v, str) else v)
 
 
+def steps(ctx: Ctx, path: str, v: Any, model: type[schema.Section], key: str,
+          what: str) -> list[tuple[str, Any]]:
+    """A list field of steps that may also be written as one step, or a step as its ``key``'s
+    value (``mitigation: hd``, ``lm_mitigation: [inlp, {technique: cda, ...}]``): each step
+    validated as ``model``, with its field path (``path[j]`` in a list, ``path`` alone);
+    an empty list is refused as ``expected <what> or a non-empty list of steps``."""
+    items = v if isinstance(v, list) else [v]
+    if not items:
+        raise ctx.data(path, f"expected {what} or a non-empty list of steps")
+    out = []
+    for j, item in enumerate(items):
+        p = f"{path}[{j}]" if isinstance(v, list) else path
+        out.append((p, schema.validate(model, {key: item} if isinstance(item, str) else item, ctx.source, p)))
+    return out
+
+
 def name(ctx: Ctx, path: str, v: Any) -> str:
     """A name (:data:`Name`)."""
     if isinstance(v, str) and not v.strip():
@@ -339,7 +356,7 @@ def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
 __all__ = ["Ctx", "suggest", "first_line", "parse_yaml", "read_yaml", "ENV_VAR_RE", "SECRET_OK_FIELDS",
            "is_secret_name", "expand_env", "NAME_RE", "check_fields", "mapping", "given", "string", "name",
            "integer", "number", "plain_values", "Tracking", "tracking", "Name", "Strings",
-           "PlainValues", "as_list", "non_empty", "named", "DERIVED_NAME_RE", "DerivedName"]
+           "PlainValues", "as_list", "non_empty", "named", "DERIVED_NAME_RE", "DerivedName", "steps"]
 
 
 def _known_store(uri: str | None) -> str | None:
