@@ -276,3 +276,29 @@ def test_unknown_fields_read_the_same_in_models_build_metrics_watch_and_the_top_
     assert "(did you mean 'interval'?)" in _refusal(cases[5][0])[1]
     assert "(did you mean 'n_components'?)" in _refusal(cases[7][0])[1]
     assert "(did you mean 'timeout'?)" in _refusal(cases[10][0])[1]
+
+
+def test_a_technique_declares_its_parameters_once():
+    """Each debiasing method's and LM technique's ``Params`` model holds exactly the constructor's
+    keyword parameters with the same defaults (the signature is the Python API, the model their
+    types and ranges); the trained techniques' model is further_pretrain's."""
+    import inspect
+
+    from audit.lm_mitigation import TECHNIQUES
+    from audit.lm_mitigation.steps import CDA, INLP, PARAMS, SelfDebias, SentenceDebias
+    from audit.lm_mitigation.training import TrainParams, further_pretrain
+    from audit.mitigation import METHODS
+
+    def defaults(fn):
+        return {p.name: p.default for p in inspect.signature(fn).parameters.values() if p.kind == p.KEYWORD_ONLY}
+
+    owners = [(cls.__init__, cls.Params) for cls in [*METHODS.values(), CDA]]
+    owners += [(further_pretrain, TrainParams)]
+    owners += [(cls.__init__, cls.Params) for cls in (INLP, SentenceDebias, SelfDebias)]
+    assert len(owners) == len(METHODS) + 5 and set(PARAMS) == set(TECHNIQUES)
+    for fn, model in owners:
+        declared = {k: f.default for k, f in model.model_fields.items()}
+        given = defaults(fn)
+        if fn is further_pretrain:
+            given = {k: v for k, v in given.items() if k in declared}  # kind, mlm_probability: not spec parameters
+        assert given == declared, (fn.__qualname__, given, declared)

@@ -69,6 +69,12 @@ class _Step:
     def get_params(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self._param_names()}
 
+    def _set_params(self, **given: Any) -> None:
+        """The constructor's parameters checked against :attr:`Params` (:func:`audit.schema.arguments`)
+        and set as attributes."""
+        for k, v in arguments(self.Params, given, self.name).items():
+            setattr(self, k, v)
+
     def _provenance(self, pairs: AttributePairs, corpus: Sequence[str] | None, **fitted: Any) -> dict[str, Any]:
         t = TECHNIQUES[self.name]
         out = {"technique": self.name, "reference": t.reference, "params": self.get_params(),
@@ -97,8 +103,7 @@ class INLP(_Step):
         seed: Int(0) = 0
 
     def __init__(self, *, n_classifiers: int = 80, n_sentences: int = 10000, seed: int = 0):
-        p = arguments(self.Params, {"n_classifiers": n_classifiers, "n_sentences": n_sentences, "seed": seed}, "inlp")
-        self.n_classifiers, self.n_sentences, self.seed = p["n_classifiers"], p["n_sentences"], p["seed"]
+        self._set_params(n_classifiers=n_classifiers, n_sentences=n_sentences, seed=seed)
         self.projection_: np.ndarray | None = None
 
     def fit(self, model: Any, tokenizer: Any, corpus: Sequence[str], pairs: AttributePairs) -> INLP:
@@ -135,10 +140,8 @@ class SentenceDebias(_Step):
 
     def __init__(self, *, n_components: int = 1, batch_size: int = 32, max_length: int = 128,
                  drop_last: bool = False):
-        p = arguments(self.Params, {"n_components": n_components, "batch_size": batch_size,
-                                    "max_length": max_length, "drop_last": drop_last}, "sentence_debias")
-        self.n_components, self.batch_size, self.max_length, self.drop_last = (
-            p["n_components"], p["batch_size"], p["max_length"], p["drop_last"])
+        self._set_params(n_components=n_components, batch_size=batch_size, max_length=max_length,
+                         drop_last=drop_last)
         self.directions_: np.ndarray | None = None
 
     def fit(self, model: Any, tokenizer: Any, corpus: Sequence[str], pairs: AttributePairs) -> SentenceDebias:
@@ -177,11 +180,8 @@ class SelfDebias(_Step):
 
     def __init__(self, *, bias_type: str = "gender", prefixes: Sequence[str] | None = None,
                  decay_constant: float = 50.0, epsilon: float = 0.01):
-        p = arguments(self.Params, {"prefixes": prefixes, "bias_type": bias_type, "decay_constant": decay_constant,
-                                    "epsilon": epsilon}, "self_debias")
-        bias_type, decay_constant, epsilon = p["bias_type"], p["decay_constant"], p["epsilon"]
-        self.bias_type, self.decay_constant, self.epsilon = bias_type, decay_constant, epsilon
-        self.prefixes = list(prefixes) if prefixes is not None else [DEBIASING_PREFIXES[bias_type]]
+        self._set_params(prefixes=prefixes, bias_type=bias_type, decay_constant=decay_constant, epsilon=epsilon)
+        self.prefixes = list(prefixes) if prefixes is not None else [DEBIASING_PREFIXES[self.bias_type]]
 
     def logprobs(self, model: Any, tokenizer: Any, input_ids: Sequence[int], *, kind: str):
         """Causal: ``(len(ids), V)`` next-token log-probabilities; mlm: ``(V,)`` at the mask."""
@@ -203,9 +203,7 @@ class CDA(_Step):
         lower: Flag = False
 
     def __init__(self, *, punctuation: bool = True, keep_unmatched: bool = False, lower: bool = False):
-        p = arguments(self.Params, {"punctuation": punctuation, "keep_unmatched": keep_unmatched, "lower": lower},
-                      "cda")
-        self.punctuation, self.keep_unmatched, self.lower = p["punctuation"], p["keep_unmatched"], p["lower"]
+        self._set_params(punctuation=punctuation, keep_unmatched=keep_unmatched, lower=lower)
 
     def transform(self, corpus: Sequence[str], pairs: AttributePairs) -> list[str]:
         out = augment_corpus(corpus, pairs, punctuation=self.punctuation, keep_unmatched=self.keep_unmatched,

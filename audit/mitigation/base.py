@@ -76,6 +76,12 @@ class Mitigation:
         """The constructor parameters (as in scikit-learn)."""
         return {k: getattr(self, k) for k in self._param_names()}
 
+    def _init_params(self, **given: Any) -> None:
+        """The constructor's parameters checked against :attr:`Params` and set as attributes."""
+        for k, v in given.items():
+            setattr(self, k, v)
+        self._validate_params()
+
     def set_params(self, **params: Any) -> Mitigation:
         """Change constructor parameters; an invalid value raises and leaves the method unchanged."""
         names = self._param_names()

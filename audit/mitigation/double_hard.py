@@ -136,14 +136,8 @@ class DoubleHardDebias(Mitigation):
         seed: int = 1,
         n_init: int = 10,
     ) -> None:
-        self.n_candidates = n_candidates
-        self.n_words = n_words
-        self.pool_size = pool_size
-        self.n_components = n_components
-        self.case_variants = case_variants
-        self.seed = seed
-        self.n_init = n_init
-        self._validate_params()
+        self._init_params(n_candidates=n_candidates, n_words=n_words, pool_size=pool_size, n_components=n_components,
+                          case_variants=case_variants, seed=seed, n_init=n_init)
 
 
     def fit(self, model: Any, definitions: BiasDefinitions | str) -> DoubleHardDebias:

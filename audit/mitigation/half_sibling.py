@@ -65,8 +65,7 @@ class HalfSiblingRegression(Mitigation):
         alpha: Num(0.0) = 60.0
 
     def __init__(self, *, alpha: float = 60.0) -> None:
-        self.alpha = alpha
-        self._validate_params()
+        self._init_params(alpha=alpha)
 
     def fit(self, model: Any, definitions: BiasDefinitions | str) -> HalfSiblingRegression:
         """Compute the hat matrix of the ridge regression on the definitional word vectors."""

@@ -130,9 +130,7 @@ class HardDebias(Mitigation):
         case_variants: Flag = True
 
     def __init__(self, *, n_components: int = 10, case_variants: bool = True) -> None:
-        self.n_components = n_components
-        self.case_variants = case_variants
-        self._validate_params()
+        self._init_params(n_components=n_components, case_variants=case_variants)
 
     def fit(self, model: Any, definitions: BiasDefinitions | str) -> HardDebias:
         """Learn the bias direction from the definitional pairs of ``definitions``."""
@@ -258,8 +256,7 @@ class MulticlassHardDebias(Mitigation):
         n_components: Int(1) = 1
 
     def __init__(self, *, n_components: int = 1) -> None:
-        self.n_components = n_components
-        self._validate_params()
+        self._init_params(n_components=n_components)
 
     def fit(self, model: Any, definitions: BiasDefinitions | str) -> MulticlassHardDebias:
         """Learn the k-dimensional bias subspace from the definitional sets."""

@@ -151,16 +151,9 @@ class RepulsionAttractionNeutralization(Mitigation):
         batch_size: int = 2048,
         n_threads: int | None = None,
     ) -> None:
-        self.weights = weights
-        self.theta = theta
-        self.n_neighbours = n_neighbours
-        self.epochs = epochs
-        self.learning_rate = learning_rate
-        self.neutralization = neutralization
-        self.n_components = n_components
-        self.batch_size = batch_size
-        self.n_threads = n_threads
-        self._validate_params()
+        self._init_params(weights=weights, theta=theta, n_neighbours=n_neighbours, epochs=epochs,
+                          learning_rate=learning_rate, neutralization=neutralization, n_components=n_components,
+                          batch_size=batch_size, n_threads=n_threads)
 
 
     def fit(self, model: Any, definitions: BiasDefinitions | str) -> RepulsionAttractionNeutralization:
