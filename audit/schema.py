@@ -17,7 +17,8 @@ The wordings (:func:`problem`): ``expected an integer, got 'x'``, ``expected a n
 non-empty string, got 3``, ``must be >= 1, got 0`` (``>``, ``<``, ``<=`` alike), ``unknown field
 (did you mean 'x'?); allowed fields: ...``, ``missing required field``.
 
-Pieces: :class:`Section` (the base of every model: unknown fields refused, no coercion, frozen),
+Pieces: :class:`Section` (the base of every model: unknown fields refused, no coercion, frozen;
+:class:`NullDefaults`: one whose null fields take their defaults),
 :func:`Int`, :func:`Num`, :data:`Flag`, :data:`Text`, :func:`OneOf`, :data:`Permutations` (annotated field
 types),
 :func:`plain` (NumPy scalars as Python values), :func:`arguments` (a class's or function's keyword
@@ -43,6 +44,7 @@ from pydantic import (
     StringConstraints,
     TypeAdapter,
     ValidationError,
+    model_validator,
 )
 
 from audit.errors import AuditError, DataError, ParameterError, suggest
@@ -53,6 +55,16 @@ class Section(BaseModel):
     a number, ``1.0`` not an integer, ``"true"`` not a boolean), instances immutable."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=False)
+
+
+class NullDefaults(Section):
+    """A :class:`Section` whose null fields (``key:`` with no value, ``key: null``) take their
+    defaults: the rule of the specs' sections (``ray:``, ``hub:``, a debiasing step ...)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, d: Any) -> Any:
+        return {k: x for k, x in d.items() if x is not None} if isinstance(d, Mapping) else d
 
 
 class Refused(ValueError):
@@ -283,5 +295,5 @@ def arguments(model: type[BaseModel], values: Mapping[str, Any], owner: str) -> 
     return out
 
 
-__all__ = ["Section", "Refused", "Int", "Num", "Flag", "Text", "OneOf", "Permutations", "plain", "problem",
+__all__ = ["Section", "NullDefaults", "Refused", "Int", "Num", "Flag", "Text", "OneOf", "Permutations", "plain", "problem",
            "field_path", "error_of", "validate", "check", "flag", "integer", "number", "arguments"]

@@ -32,14 +32,12 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import model_validator
-
 from audit.errors import AuditError, DataError
 from audit.lm_mitigation import TECHNIQUES
 from audit.lm_mitigation.pairs import derive_pairs
 from audit.lm_mitigation.steps import PARAMS, corpus_digest, pairs_digest
 from audit.lm_mitigation.training import TrainParams
-from audit.schema import OneOf, Section, Text, validate
+from audit.schema import NullDefaults, OneOf, Text, validate
 from jobs.validators import DerivedName, PlainValues, steps
 
 __all__ = ["KIND", "LMStep", "LMStepFields", "parse_lm_mitigation", "variant_fields", "TRAIN_PARAMS", "TESTS_CORPUS",
@@ -78,7 +76,7 @@ class LMStep:
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-class LMStepFields(Section):
+class LMStepFields(NullDefaults):
     """One step of ``models[i].lm_mitigation`` (see :class:`LMStep`; a string is
     ``{technique: <string>}``; a null field takes its default); ``params`` are then checked
     against the technique's own model (:data:`audit.lm_mitigation.steps.PARAMS`), the corpus file
@@ -89,11 +87,6 @@ class LMStepFields(Section):
     language: Text = "en"
     params: PlainValues | None = None
     name: DerivedName | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nulls(cls, d: Any) -> Any:
-        return {k: x for k, x in d.items() if x is not None} if isinstance(d, Mapping) else d
 
 
 def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *,

@@ -65,7 +65,7 @@ from pydantic import (AfterValidator, BeforeValidator, Field, PlainValidator, Va
 from audit import registry
 from audit.backends import table as backend_table
 from audit.errors import AuditError, DataError, ParameterError
-from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, check, validate
+from audit.schema import Flag, Int, Num, NullDefaults, OneOf, Permutations, Refused, Section, Text, check, validate
 from audit.mitigation import get_mitigation, load_definitions
 from jobs.lm_spec import parse_lm_mitigation, variant_fields
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
@@ -199,7 +199,7 @@ class MetricSpec:
     tests: tuple[str, ...] | None = None
 
 
-class RaySpec(Section):
+class RaySpec(NullDefaults):
     """How the sweep uses Ray (the ``ray:`` section; each field declared here once, validated by
     :func:`audit.schema.validate`; :mod:`jobs.pool` reads the same fields).
 
@@ -254,7 +254,7 @@ class RaySpec(Section):
         return g
 
 
-class MultipleComparisons(Section):
+class MultipleComparisons(NullDefaults):
     """How the reports adjust p-values for multiple comparisons (``multiple_comparisons:``).
 
     family: the results-table columns whose values define one family (:data:`FAMILY_COLUMNS`;
@@ -470,7 +470,7 @@ def _known_method(name: str) -> str:
         raise Refused(str(e)) from None
 
 
-class MitigationFields(Section):
+class MitigationFields(NullDefaults):
     """One step of ``models[i].mitigation`` (see :class:`MitigationStep`; a string is
     ``{method: <string>}``); ``params`` are then checked against the method's own model
     (:attr:`audit.mitigation.Mitigation.Params`) by :func:`_mitigation`."""
@@ -480,11 +480,6 @@ class MitigationFields(Section):
     params: PlainValues | None = None
     name: DerivedName | None = None
     scope: OneOf("scope", MITIGATION_SCOPES) = "all"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nulls(cls, d: Any) -> Any:  # a null field takes its default
-        return {k: x for k, x in d.items() if x is not None} if isinstance(d, Mapping) else d
 
 
 class MetricFields(Section):
@@ -514,9 +509,9 @@ Tags = dict[Annotated[str, AfterValidator(_tag_name)], Annotated[Any, PlainValid
 
 
 class SpecFields(Section):
-    """The top level of a sweep spec (the module docstring lists the fields). ``tracking``,
-    ``ray`` and ``multiple_comparisons`` are sections with models of their own, ``tags``
-    :data:`Tags`."""
+    """The top level of a sweep spec (the module docstring lists the fields): ``ray``
+    :class:`RaySpec`, ``multiple_comparisons`` :class:`MultipleComparisons`, ``tags`` :data:`Tags`;
+    ``tracking`` is read by :func:`jobs.validators.tracking`."""
 
     name: Name
     description: Annotated[str, Field(strict=True)] | None = None
@@ -530,8 +525,8 @@ class SpecFields(Section):
     languages: Languages | None = None
     permutations: Permutations | None = None
     n_bootstrap: Int(0) | None = None
-    ray: Any = None
-    multiple_comparisons: Any = None
+    ray: RaySpec | None = None
+    multiple_comparisons: MultipleComparisons | None = None
     tags: Tags | None = None
 
 
@@ -636,18 +631,6 @@ def _metric(ctx: Ctx, i: int, f: MetricFields) -> MetricSpec:
     return MetricSpec(name=name, params=params, tests=f.tests)
 
 
-def _ray(ctx: Ctx, v: Any) -> RaySpec:
-    """The ``ray:`` section; ``null`` fields take their defaults."""
-    d = mapping(ctx, "ray", v) if v is not None else {}
-    return validate(RaySpec, {k: x for k, x in d.items() if x is not None}, ctx.source, "ray")
-
-
-def _multiple_comparisons(ctx: Ctx, v: Any) -> MultipleComparisons:
-    d = mapping(ctx, "multiple_comparisons", v)
-    return validate(MultipleComparisons, {k: x for k, x in d.items() if x is not None}, ctx.source,
-                    "multiple_comparisons")
-
-
 def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> SweepSpec:
     """Validate a parsed spec mapping and return a :class:`SweepSpec`.
 
@@ -696,14 +679,12 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
     if f.tracking is not None:
         t = tracking(ctx, f.tracking)
         uri, experiment = t.uri, t.experiment
-    mc = _multiple_comparisons(ctx, f.multiple_comparisons) if f.multiple_comparisons is not None \
-        else MultipleComparisons()
     return SweepSpec(
         name=name, models=models, metrics=metrics, tests=f.tests or ("*",), languages=f.languages,
         seed=f.seed if f.seed is not None else 0, permutations=f.permutations, n_bootstrap=f.n_bootstrap,
-        output_dir=out, tracking_uri=uri, experiment=experiment, ray=_ray(ctx, f.ray),
+        output_dir=out, tracking_uri=uri, experiment=experiment, ray=f.ray or RaySpec(),
         description=f.description or "", source=source, raw=copy.deepcopy(d),
-        multiple_comparisons=mc, tags=dict(f.tags or {}),
+        multiple_comparisons=f.multiple_comparisons or MultipleComparisons(), tags=dict(f.tags or {}),
     )
 
 

@@ -20,7 +20,7 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator, mod
 
 from audit import registry, schema
 from audit.errors import DataError, ParameterError
-from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, validate
+from audit.schema import Flag, Int, Num, NullDefaults, OneOf, Permutations, Refused, Section, Text, validate
 from jobs.uris import resolve_tracking_uri, store_identity
 from jobs.validators import (
     Ctx,
@@ -119,16 +119,26 @@ def _http_url(url: str) -> str:
 HttpUrl = Annotated[Text, AfterValidator(_http_url)]
 
 
-class HubFields(Section):
-    """The ``hub:`` section: the Hub's address (default: ``huggingface_hub``'s), the branch whose
-    commits are revisions, the seconds one request may take."""
+def _blank_none(v: Any) -> Any:
+    """A blank string (``${VAR:-}`` of an unset variable) reads as not given."""
+    return None if isinstance(v, str) and not v.strip() else v
+
+
+class HubFields(NullDefaults):
+    """The ``hub:`` section: the Hub's address (default: ``huggingface_hub``'s; blank: not given),
+    the branch whose commits are revisions, the seconds one request may take."""
 
     endpoint: Annotated[HttpUrl, AfterValidator(lambda url: url.rstrip("/"))] | None = None
     branch: Text = "main"
     timeout: Num(0.0, strict=True) = 15.0
 
+    @field_validator("endpoint", mode="before")
+    @classmethod
+    def _blank(cls, v: Any) -> Any:
+        return _blank_none(v)
 
-class BackoffFields(Section):
+
+class BackoffFields(NullDefaults):
     """The types and ranges of the ``backoff:`` section (its defaults: :class:`Backoff`)."""
 
     initial: Num() | None = None
@@ -196,7 +206,7 @@ def _comparable(m: str) -> str:
     return m
 
 
-class RegressionSpec(Section):
+class RegressionSpec(NullDefaults):
     """Regression detection between audited revisions (``regression:`` of the watch spec;
     :mod:`jobs.watch.regression`; a typed model of :mod:`audit.schema`).
 
@@ -231,8 +241,8 @@ class RegressionSpec(Section):
 
     @field_validator("baseline", mode="before")
     @classmethod
-    def _revision(cls, v: Any) -> Any:
-        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    def _revision(cls, v: Any) -> Any:  # a number is its text, a blank string not given
+        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else _blank_none(v)
 
     @field_validator("previous")
     @classmethod
@@ -306,18 +316,13 @@ def _set_by_watcher(key: str) -> str:
 ModelOverrides = dict[Annotated[str, AfterValidator(_set_by_watcher)], Any]
 
 
-class AuditFields(Section):
+class AuditFields(NullDefaults):
     """The ``audit:`` section (top level and ``watch[i].audit``; see :class:`AuditTemplate`;
     null fields read as not given)."""
 
     spec: Text | None = None
     overrides: dict[str, Any] | None = None
     model: ModelOverrides | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nulls(cls, d: Any) -> Any:
-        return {k: x for k, x in d.items() if x is not None} if isinstance(d, Mapping) else d
 
 
 def _audit(f: AuditFields, base: AuditTemplate | None = None) -> AuditTemplate:
@@ -421,29 +426,25 @@ def _entry(ctx: Ctx, i: int, f: EntryFields, default: AuditTemplate, hub_branch:
 
 class WatchFields(Section):
     """The top level of a watch spec (:mod:`jobs.watch` lists the fields); ``watch[i]`` is
-    :class:`EntryFields`, ``audit`` :class:`AuditFields`, ``notify`` :class:`Notify`; ``backoff``,
-    ``tracking``, ``hub``, ``ray`` and ``regression`` are sections read by their own functions."""
+    :class:`EntryFields`, ``audit`` :class:`AuditFields`, ``notify`` :class:`Notify`, ``backoff``
+    :class:`BackoffFields`, ``hub`` :class:`HubFields`, ``regression`` :class:`RegressionSpec`;
+    ``tracking`` and ``ray`` are read by their own functions (blank values, a variable the watcher sets)."""
 
     name: Name
     description: Annotated[str, Field(strict=True)] | None = None
     output_dir: Text | None = None
     interval: Num(0.0, strict=True) | None = None
     max_attempts: Int(1) | None = None
-    backoff: Any = None
+    backoff: BackoffFields | None = None
     tracking: Any = None
     sweep_output_dir: Text | None = None
-    hub: Any = None
+    hub: HubFields | None = None
     ray: Any = None
     audit: AuditFields | None = None
     watch: Annotated[tuple[Annotated[EntryFields, named("repo")], ...], non_empty("repositories or folders"),
                      Field(strict=False)]
-    regression: Any = None
+    regression: RegressionSpec | None = None
     notify: Notify | None = None
-
-
-def _backoff(ctx: Ctx, v: Any) -> Backoff:
-    b = validate(BackoffFields, mapping(ctx, "backoff", v), ctx.source, "backoff")
-    return Backoff(**b.model_dump(exclude_none=True))
 
 
 def _ray(ctx: Ctx, v: Any) -> RaySubmit:
@@ -454,13 +455,6 @@ def _ray(ctx: Ctx, v: Any) -> RaySubmit:
     return validate(RaySubmit, r, ctx.source, "ray")
 
 
-def _regression(ctx: Ctx, v: Any) -> RegressionSpec:
-    d = {k: x for k, x in mapping(ctx, "regression", v).items() if x is not None}
-    if not given(d.get("baseline")):
-        d.pop("baseline", None)
-    return validate(RegressionSpec, d, ctx.source, "regression")
-
-
 def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
     """Validate a parsed watch spec (environment variables already expanded); errors name the
     file and the field."""
@@ -469,26 +463,22 @@ def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
         raise ctx.data("", "the watch spec is empty")
     d = {k: (None if k == "sweep_output_dir" and not given(x) else x) for k, x in mapping(ctx, "", data).items()}
     f = validate(WatchFields, d, ctx.source)
-    backoff = _backoff(ctx, f.backoff) if f.backoff is not None else Backoff()
+    backoff = Backoff(**f.backoff.model_dump(exclude_none=True)) if f.backoff is not None else Backoff()
     uri = experiment = None
     if f.tracking is not None:
         t = tracking(ctx, f.tracking)
         uri, experiment = t.uri, t.experiment
-    h = {k: x for k, x in mapping(ctx, "hub", f.hub).items() if x is not None} if f.hub is not None else {}
-    if not given(h.get("endpoint")):
-        h.pop("endpoint", None)
-    hub = validate(HubFields, h, ctx.source, "hub")
+    hub = f.hub or HubFields()
     ray = _ray(ctx, f.ray) if f.ray is not None else RaySubmit()
     default = _audit(f.audit) if f.audit is not None else AuditTemplate()
     entries = tuple(_entry(ctx, i, e, default, hub.branch) for i, e in enumerate(f.watch))
-    regression = _regression(ctx, f.regression) if f.regression is not None else None
     return WatchSpec(name=f.name, entries=entries,
                      output_dir=Path(f.output_dir) if f.output_dir is not None else Path("out") / "watch" / f.name,
                      interval=float(f.interval) if f.interval is not None else 3600.0,
                      max_attempts=f.max_attempts if f.max_attempts is not None else 2,
                      backoff=backoff, tracking_uri=uri, experiment=experiment, sweep_output_dir=f.sweep_output_dir,
                      hub_endpoint=hub.endpoint, hub_branch=hub.branch, hub_timeout=hub.timeout, ray=ray,
-                     description=f.description or "", source=source, regression=regression, notify=f.notify)
+                     description=f.description or "", source=source, regression=f.regression, notify=f.notify)
 
 
 def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | None = None,
