@@ -295,5 +295,6 @@ def arguments(model: type[BaseModel], values: Mapping[str, Any], owner: str) -> 
     return out
 
 
-__all__ = ["Section", "NullDefaults", "Refused", "Int", "Num", "Flag", "Text", "OneOf", "Permutations", "plain", "problem",
+__all__ = ["Section", "NullDefaults", "Refused", "Int", "Num", "Flag", "Text", "OneOf", "Permutations", "plain",
+           "problem",
            "field_path", "error_of", "validate", "check", "flag", "integer", "number", "arguments"]

@@ -212,7 +212,8 @@ SAME_WORDS = [
     ("a finite number that is NaN", [
         (lambda: parse_watch_spec(_watch({**LOCAL, "settle": float("nan")}), "w.yaml"),
          ("DataError", "w.yaml: watch[1].settle: expected a finite number, got nan")),
-        (lambda: parse_watch_spec({**_watch("a/b"), "notify": {"url": "http://h/x", "timeout": float("nan")}}, "w.yaml"),
+        (lambda: parse_watch_spec({**_watch("a/b"), "notify": {"url": "http://h/x", "timeout": float("nan")}},
+                                  "w.yaml"),
          ("DataError", "w.yaml: notify.timeout: expected a finite number, got nan")),
         (lambda: parse_spec(_mit(method="hsr", params={"alpha": float("nan")}), "s.yaml"),
          ("DataError", "s.yaml: models[1].mitigation.params.alpha: expected a finite number, got nan")),

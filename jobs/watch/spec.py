@@ -1,8 +1,9 @@
 """The watch spec: what to watch, which audit to run on it, where to submit it.
 
 Validated with the vocabulary of :mod:`audit.schema` (the same rules, messages and error classes as
-the sweep spec): the top level is :class:`WatchFields`, ``watch[i]`` :class:`EntryFields`, ``ray``/``hub``/``backoff``/``regression`` have
-their models; every error names the file and the field.
+the sweep spec): the top level is :class:`WatchFields`, ``watch[i]`` :class:`EntryFields`; ``audit``,
+``notify``, ``ray``, ``hub``, ``backoff`` and ``regression`` have their models; every error names the file
+and the field.
 """
 
 from __future__ import annotations
