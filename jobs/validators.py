@@ -2,9 +2,8 @@
 (:mod:`jobs.watch.spec`): one rule, one place. The specs' entries (``models[i]``, ``build``,
 ``metrics[i]``, ``watch[i]``, the sweep's top level) and sections (``ray:``, ``backoff:`` ...) are
 typed models of :mod:`audit.schema`'s vocabulary (pydantic types, one error formatter); the
-field types they share (:data:`Name`, :data:`Strings`, :data:`PlainValues`) are declared here, and
-the few checkers left for fields outside a model (``string``, ``integer``, ``number``) validate
-through the same types.
+field types they share (:data:`Name`, :data:`DerivedName`, :data:`Strings`, :data:`PlainValues`)
+and the reader of step lists (:func:`steps`) are declared here. No field is checked by hand.
 
 Every check raises an :class:`audit.errors.AuditError` whose message is one line,
 ``<file>: <field path>: <problem>``:
@@ -26,8 +25,7 @@ The pieces (all public):
 ``suggest(word, choices)``                `` (did you mean 'x'?)`` or ``""``
 ``Name`` ``DerivedName`` ``Strings``      field types (:mod:`audit.schema` pieces) of both specs' models
 ``PlainValues``                           (names, derived names, lists of strings, plain JSON values)
-``check_fields`` ``mapping`` ``string`` ``given`` ``integer`` ``number``
-``plain_values`` ``name``                 checkers of the fields not yet in a model, over the same types
+``mapping`` ``given``                     a mapping with string keys; a value that is set and not blank
 ``steps(ctx, path, v, model, key, what)`` a step or a list of steps, each validated as ``model``
 ``first_line(exc)``                       the first line of an exception's message
 """
@@ -39,7 +37,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Mapping
+from typing import Annotated, Any, Mapping
 
 import yaml
 from pydantic import AfterValidator, BeforeValidator, Field
@@ -201,26 +199,14 @@ def expand_env(data: Any, source: str = "", path: str = "", *, env: Mapping[str,
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
-def check_fields(ctx: Ctx, path: str, d: Mapping, allowed: Iterable[str]) -> None:
-    """An unknown key of ``d`` is a :class:`DataError` naming it, the closest allowed one and
-    every allowed one."""
-    allowed = set(allowed)
-    for k in d:
-        if k not in allowed:
-            raise ctx.data(f"{path}.{k}" if path else str(k),
-                           f"unknown field{suggest(k, allowed)}; allowed fields: {', '.join(sorted(allowed))}")
-
-
-def mapping(ctx: Ctx, path: str, v: Any, allowed: Iterable[str] | None = None) -> dict[str, Any]:
-    """A mapping with string keys (a copy); with ``allowed``, unknown keys are refused
-    (:func:`check_fields`)."""
+def mapping(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
+    """A mapping with string keys (a copy): a spec's top level and the sections read before
+    their model (their null or blank values dropped first)."""
     if not isinstance(v, Mapping):
         raise ctx.data(path, f"expected a mapping, got {type(v).__name__} {v!r}")
     for k in v:
         if not isinstance(k, str):
             raise ctx.data(path, f"keys must be strings, got {k!r}")
-    if allowed is not None:
-        check_fields(ctx, path, v, allowed)
     return dict(v)
 
 
@@ -228,15 +214,6 @@ def given(v: Any) -> bool:
     """Set and not empty: ``None`` and blank strings (``${VAR:-}`` of an unset variable) read as
     not given."""
     return v is not None and not (isinstance(v, str) and not v.strip())
-
-
-def string(ctx: Ctx, path: str, v: Any, *, allow_none: bool = False) -> str | None:
-    """A non-empty string, stripped (``None`` passes through with ``allow_none``)."""
-    if v is None and allow_none:
-        return None
-    if isinstance(v, str) and not v.strip():
-        raise ctx.data(path, f"expected a non-empty string, got {v!r}")
-    return schema.check(schema.Text, v, ctx.source, path)
 
 
 def _a_name(s: str) -> str:
@@ -323,39 +300,8 @@ def steps(ctx: Ctx, path: str, v: Any, model: type[schema.Section], key: str,
     return out
 
 
-def name(ctx: Ctx, path: str, v: Any) -> str:
-    """A name (:data:`Name`)."""
-    if isinstance(v, str) and not v.strip():
-        raise ctx.data(path, f"expected a non-empty string, got {v!r}")
-    return schema.check(Name, v, ctx.source, path)
-
-
-def integer(ctx: Ctx, path: str, v: Any, *, minimum: int | None = None) -> int:
-    """An integer (not a bool, not ``1.0``), at least ``minimum``: :func:`audit.schema.Int`."""
-    return schema.check(schema.Int(minimum), v, ctx.source, path)
-
-
-def number(ctx: Ctx, path: str, v: Any, *, minimum: float = 0.0, strict: bool = False) -> float:
-    """A finite number (int or float, not a bool) ``>= minimum`` (``> minimum`` with ``strict``):
-    :func:`audit.schema.Num`.
-
-    Not a number (a string, a list, ``true``) and a float that is NaN or infinite (YAML ``.nan``,
-    ``.inf``): :class:`DataError`, as for NaN among metric parameters (:func:`plain_values`) and
-    in word vectors; a finite number below the minimum: :class:`ParameterError`.
-    """
-    return float(schema.check(schema.Num(float(minimum), strict=strict), v, ctx.source, path))
-
-
-def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
-    """A mapping (``None``: empty) whose values are plain JSON: :data:`PlainValues`."""
-    if v is None:
-        return {}
-    return dict(schema.check(PlainValues, mapping(ctx, path, v), ctx.source, path))
-
-
 __all__ = ["Ctx", "suggest", "first_line", "parse_yaml", "read_yaml", "ENV_VAR_RE", "SECRET_OK_FIELDS",
-           "is_secret_name", "expand_env", "NAME_RE", "check_fields", "mapping", "given", "string", "name",
-           "integer", "number", "plain_values", "Tracking", "tracking", "Name", "Strings",
+           "is_secret_name", "expand_env", "NAME_RE", "mapping", "given", "Tracking", "tracking", "Name", "Strings",
            "PlainValues", "as_list", "non_empty", "named", "DERIVED_NAME_RE", "DerivedName", "steps"]
 
 
