@@ -44,14 +44,12 @@ from audit.errors import AuditError, ModelError
 from audit.mitigation import apply_mitigation, as_matrix, load_definitions
 from audit.provenance import code_version
 from audit.runner import load_model
-from jobs.built import is_built, write_built
+from jobs.built import is_built, original, write_built
 from jobs.lm_builders import build_lm_variant
 from jobs.resolve import (
     MATRIX_FILE,
     built_path,
-    model_kind,
     probe_revision,
-    resolve_ref,
 )
 
 _FASTTEXT_DEFAULTS = {"dim": 16, "epoch": 5}
@@ -146,10 +144,7 @@ def mitigation_record(spec, model, plan) -> dict[str, Any]:
     when this changes, so a resumed sweep reuses the same file and the same task keys."""
     import hashlib
 
-    b = dict(model.build)
-    base = spec.model(b["base"])
-    local = resolve_ref(base.ref, output_dir=spec.output_dir, build=dict(base.build) if base.build else None)
-    kind = model_kind(base.ref, base.backend, dict(base.build) if base.build else None, local_ref=local)
+    b, base, local, kind = original(spec, model)
     if kind != "static":
         raise ModelError(f"model {base.name!r} is a {kind} model; debiasing ({b['method']}) needs static word vectors")
     defs = load_definitions(b["definitions"])

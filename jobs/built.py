@@ -13,10 +13,23 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["BUILD_RECORD", "is_built", "write_built"]
+__all__ = ["BUILD_RECORD", "is_built", "write_built", "original"]
 
 #: The record of what a built folder was built from (compared as text: JSON with sorted keys).
 BUILD_RECORD = "build.json"
+
+
+def original(spec: Any, model: Any) -> tuple[dict[str, Any], Any, str, str]:
+    """What a derived model (a debiased copy or LM variant: ``build.base`` names its original) is
+    built from: ``(its build block, the original's ModelSpec, the original's local reference,
+    the original's model kind)`` (:func:`jobs.resolve.resolve_ref`, :func:`jobs.resolve.model_kind`)."""
+    from jobs.resolve import model_kind, resolve_ref
+
+    b = dict(model.build)
+    base = spec.model(b["base"])
+    build = dict(base.build) if base.build else None
+    local = resolve_ref(base.ref, output_dir=spec.output_dir, build=build)
+    return b, base, local, model_kind(base.ref, base.backend, build, local_ref=local)
 
 
 def is_built(target: Path, record: str) -> bool:

@@ -35,9 +35,9 @@ from audit.lm_mitigation.steps import CDA, INLP, SelfDebias, SentenceDebias, cor
 from audit.lm_mitigation.training import TrainParams, further_pretrain, set_dropout
 from audit.schema import arguments
 from audit.runner import load_model
-from jobs.built import is_built, write_built
+from jobs.built import is_built, original, write_built
 from jobs.lm_spec import TESTS_CORPUS, read_corpus
-from jobs.resolve import model_kind, probe_revision, resolve_ref
+from jobs.resolve import probe_revision
 
 #: ``TESTS_CORPUS`` and ``read_corpus`` live in :mod:`jobs.lm_spec` (the spec reads the corpus for
 #: its digest without importing the builders); importable from here as before.
@@ -120,10 +120,7 @@ def build_lm_variant(spec, model) -> Path:
     :mod:`jobs.lm_spec`). Projections are fitted on the original loaded with its options; the
     directory is rebuilt only when the original's revision, the technique, its parameters, the
     corpus or the pairs change (``build.json``)."""
-    b = dict(model.build)
-    base = spec.model(b["base"])
-    local = resolve_ref(base.ref, output_dir=spec.output_dir, build=dict(base.build) if base.build else None)
-    kind = model_kind(base.ref, base.backend, dict(base.build) if base.build else None, local_ref=local)
+    b, base, local, kind = original(spec, model)
     tech = b["technique"]
     if tech in TRAINED_TECHNIQUES:
         if not Path(local).is_dir():
