@@ -216,28 +216,23 @@ def given(v: Any) -> bool:
     return v is not None and not (isinstance(v, str) and not v.strip())
 
 
-def _a_name(s: str) -> str:
-    if not NAME_RE.match(s):
-        raise schema.Refused(f"{s!r}: use letters, digits, '-', '_' and '.' only")
-    return s
+def _named(pattern: re.Pattern, allowed: str) -> Any:
+    """A name type: a non-empty string matching ``pattern``, refused as ``'x': use <allowed> only``."""
+    def check(s: str) -> str:
+        if not pattern.match(s):
+            raise schema.Refused(f"{s!r}: use {allowed} only")
+        return s
+    return Annotated[schema.Text, AfterValidator(check)]
 
 
 #: A name of a spec or a model (:data:`NAME_RE`): letters, digits, ``-``, ``_`` and ``.``.
-Name = Annotated[schema.Text, AfterValidator(_a_name)]
+Name = _named(NAME_RE, "letters, digits, '-', '_' and '.'")
 
 #: Names of debiased copies and variants (``glove+hard_debias``): a model name, ``+`` allowed.
 DERIVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-+]*$")
-
-
-def _a_derived_name(s: str) -> str:
-    if not DERIVED_NAME_RE.match(s):
-        raise schema.Refused(f"{s!r}: use letters, digits, '-', '_', '.' and '+' only")
-    return s
-
-
 #: The name of a debiased copy (``models[i].mitigation[j].name``) or variant
 #: (``models[i].lm_mitigation[j].name``): :data:`DERIVED_NAME_RE`.
-DerivedName = Annotated[schema.Text, AfterValidator(_a_derived_name)]
+DerivedName = _named(DERIVED_NAME_RE, "letters, digits, '-', '_', '.' and '+'")
 
 
 def as_list(v: Any) -> Any:
