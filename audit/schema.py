@@ -17,10 +17,12 @@ The wordings (:func:`problem`): ``expected an integer, got 'x'``, ``expected a n
 non-empty string, got 3``, ``must be >= 1, got 0`` (``>``, ``<``, ``<=`` alike), ``unknown field
 (did you mean 'x'?); allowed fields: ...``, ``missing required field``.
 
-Pieces: :class:`Section` (the base of every model: unknown fields refused, no coercion, frozen),
+Pieces: :class:`Section` (the base of every model: unknown fields refused, no coercion, frozen;
+:class:`NullDefaults`: one whose null fields take their defaults),
 :func:`Int`, :func:`Num`, :data:`Flag`, :data:`Text`, :func:`OneOf`, :data:`Permutations` (annotated field
 types),
-:func:`plain` (NumPy scalars as Python values), :class:`Refused`
+:func:`plain` (NumPy scalars as Python values), :func:`arguments` (a class's or function's keyword
+arguments against their model), :class:`Refused`
 (raised by a validator for a value out of the allowed set), :func:`validate` (a mapping into a
 model), :func:`check` (one value against a type), :func:`error_of` (a
 :class:`pydantic.ValidationError` as the one-line :class:`~audit.errors.AuditError`).
@@ -42,6 +44,7 @@ from pydantic import (
     StringConstraints,
     TypeAdapter,
     ValidationError,
+    model_validator,
 )
 
 from audit.errors import AuditError, DataError, ParameterError, suggest
@@ -52,6 +55,16 @@ class Section(BaseModel):
     a number, ``1.0`` not an integer, ``"true"`` not a boolean), instances immutable."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=False)
+
+
+class NullDefaults(Section):
+    """A :class:`Section` whose null fields (``key:`` with no value, ``key: null``) take their
+    defaults: the rule of the specs' sections (``ray:``, ``hub:``, a debiasing step ...)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls(cls, d: Any) -> Any:
+        return {k: x for k, x in d.items() if x is not None} if isinstance(d, Mapping) else d
 
 
 class Refused(ValueError):
@@ -193,7 +206,9 @@ def error_of(exc: ValidationError, source: str = "", path: str = "",
     """A :class:`pydantic.ValidationError` as ONE line ``<source>: <field path>: <problem>`` (its
     first error: the spec is fixed one field at a time), a DataError or a ParameterError."""
     err = exc.errors(include_url=False)[0]
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "literal["))))
+    # pydantic's own location parts (a validator's, a literal's, "[key]" of a mapping's key) are no field names
+    loc = tuple(p for p in err["loc"]
+                if not (isinstance(p, str) and (p.startswith(("function-", "literal[")) or p == "[key]")))
     cls, msg = problem(err, model)
     where = field_path(path, loc)
     head = ": ".join(s for s in (source, where) if s)
@@ -261,5 +276,25 @@ def number(value: Any, name: str, minimum: float | None = 0.0, *, strict: bool =
         raise ParameterError(str(e)) from None
 
 
-__all__ = ["Section", "Refused", "Int", "Num", "Flag", "Text", "OneOf", "Permutations", "plain", "problem",
-           "field_path", "error_of", "validate", "check", "flag", "integer", "number"]
+def arguments(model: type[BaseModel], values: Mapping[str, Any], owner: str) -> dict[str, Any]:
+    """The keyword arguments ``values`` of ``owner`` (a class or a function: ``HardDebias``,
+    ``inlp``) validated against ``model`` (its parameters, each declared once there), every refusal
+    a :class:`ParameterError` worded as :func:`error_of` words it (``HardDebias: n_components: must
+    be >= 1, got 0``). Returned as written (an int given for a number stays that int, a list stays a
+    list: provenance and digests record what was given), except NumPy scalars (their Python value)
+    and a count written as a float with no fraction (``1e5``: the integer)."""
+    given = {k: plain(v) for k, v in values.items()}
+    try:
+        checked = validate(model, given, owner)
+    except DataError as e:
+        raise ParameterError(str(e)) from None
+    out = {}
+    for k, v in given.items():
+        typed = getattr(checked, k)
+        out[k] = typed if isinstance(typed, int) and not isinstance(typed, bool) and isinstance(v, float) else v
+    return out
+
+
+__all__ = ["Section", "NullDefaults", "Refused", "Int", "Num", "Flag", "Text", "OneOf", "Permutations", "plain",
+           "problem",
+           "field_path", "error_of", "validate", "check", "flag", "integer", "number", "arguments"]

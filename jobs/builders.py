@@ -34,9 +34,6 @@ suite), so smoke sweeps run from an installed wheel as from a checkout.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +44,12 @@ from audit.errors import AuditError, ModelError
 from audit.mitigation import apply_mitigation, as_matrix, load_definitions
 from audit.provenance import code_version
 from audit.runner import load_model
+from jobs.built import is_built, original, write_built
 from jobs.lm_builders import build_lm_variant
 from jobs.resolve import (
     MATRIX_FILE,
     built_path,
-    model_kind,
     probe_revision,
-    resolve_ref,
 )
 
 _FASTTEXT_DEFAULTS = {"dim": 16, "epoch": 5}
@@ -108,22 +104,9 @@ def build_model(output_dir: str | Path, name: str, build: dict[str, Any]) -> Pat
     kind = build["kind"]
     target_dir = built_path(output_dir, name)
     record = json.dumps(dict(build), sort_keys=True)
-    marker = target_dir / "build.json"
-    if marker.is_file() and marker.read_text(encoding="utf-8") == record:
-        return built_path(output_dir, name, kind)
-    target_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target_dir.parent))
-    try:
-        if kind == "fasttext":
-            _build_fasttext(tmp, dict(build))
-        else:
-            _build_hf(kind, tmp, dict(build))
-        (tmp / "build.json").write_text(record, encoding="utf-8")
-        if target_dir.exists():
-            shutil.rmtree(target_dir)
-        os.rename(tmp, target_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if not is_built(target_dir, record):
+        write_built(target_dir, record, lambda tmp: _build_fasttext(tmp, dict(build)) if kind == "fasttext"
+                    else _build_hf(kind, tmp, dict(build)))
     return built_path(output_dir, name, kind)
 
 
@@ -161,10 +144,7 @@ def mitigation_record(spec, model, plan) -> dict[str, Any]:
     when this changes, so a resumed sweep reuses the same file and the same task keys."""
     import hashlib
 
-    b = dict(model.build)
-    base = spec.model(b["base"])
-    local = resolve_ref(base.ref, output_dir=spec.output_dir, build=dict(base.build) if base.build else None)
-    kind = model_kind(base.ref, base.backend, dict(base.build) if base.build else None, local_ref=local)
+    b, base, local, kind = original(spec, model)
     if kind != "static":
         raise ModelError(f"model {base.name!r} is a {kind} model; debiasing ({b['method']}) needs static word vectors")
     defs = load_definitions(b["definitions"])
@@ -209,16 +189,13 @@ def build_mitigated(spec, model, plan) -> Path:
     except AuditError as e:
         raise type(e)(f"{where}: {e}") from None
     target_dir = built_path(spec.output_dir, model.name)
-    marker = target_dir / "build.json"
     text = json.dumps(rec, sort_keys=True)
-    if rec["base_revision"] is not None and marker.is_file() and marker.read_text(encoding="utf-8") == text \
+    if rec["base_revision"] is not None and is_built(target_dir, text) \
             and (target_dir / MATRIX_FILE).is_file() and (target_dir / VOCAB_FILE).is_file():
         return target_dir / MATRIX_FILE
     base = spec.model(b["base"])
-    target_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=target_dir.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the copy from workers running as other users
-    try:
+
+    def fill(tmp: Path) -> None:
         try:
             loaded = load_model(rec["base_local_ref"], **dict(base.options))
             matrix = as_matrix(loaded.handle)
@@ -244,10 +221,6 @@ def build_mitigated(spec, model, plan) -> Path:
             "provenance": debiased.provenance,
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str), encoding="utf-8")
-        (tmp / "build.json").write_text(text, encoding="utf-8")
-        if target_dir.exists():
-            shutil.rmtree(target_dir)
-        os.rename(tmp, target_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_built(target_dir, text, fill)
     return target_dir / MATRIX_FILE

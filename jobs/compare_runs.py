@@ -39,20 +39,10 @@ from audit import cli as core_cli
 from audit import regression, registry
 from audit.entries import KIND_NAMES
 from audit.errors import AuditError, DataError, ParameterError
-from jobs.tracker import ROLE_SWEEP, ROLE_TASK, unavailable
+from jobs.tracker import ROLE_SWEEP, ROLE_TASK, search_all as _search, unavailable
 from jobs.uris import TRACKING_URI_ENV, tracking_uri_problem
 
 __all__ = ["find_parent", "finished_tasks", "load_items", "left_out", "compare_parents", "command", "add_options"]
-
-
-def _search(client, experiment_ids: list[str], filter_string: str) -> list:
-    runs, token = [], None
-    while True:
-        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
 
 
 def _experiments(client, experiment: str | None) -> list[str]:

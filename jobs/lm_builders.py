@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,30 +33,18 @@ from audit.lm_mitigation.models import FITTED, MANIFEST, variant_revision
 from audit.lm_mitigation.pairs import derive_pairs
 from audit.lm_mitigation.self_debias import prompts_digest
 from audit.lm_mitigation.steps import CDA, INLP, SelfDebias, SentenceDebias, corpus_digest, pairs_digest
-from audit.lm_mitigation.training import further_pretrain, set_dropout
+from audit.lm_mitigation.training import TrainParams, further_pretrain, set_dropout
+from audit.schema import arguments
 from audit.runner import load_model
-from jobs.resolve import model_kind, probe_revision, resolve_ref
+from jobs.built import is_built, original, write_built
+from jobs.lm_spec import TESTS_CORPUS, read_corpus
+from jobs.resolve import probe_revision
 
+#: ``TESTS_CORPUS`` and ``read_corpus`` live in :mod:`jobs.lm_spec` (the spec reads the corpus for
+#: its digest without importing the builders); importable from here as before.
 __all__ = ["TESTS_CORPUS", "TRAINED_TECHNIQUES", "build_lm_debiased", "build_lm_variant", "read_corpus"]
 
-#: ``corpus: tests`` in a spec step: the text built from the language's shipped tests.
-TESTS_CORPUS = "tests"
-
 TRAINED_TECHNIQUES = ("cda", "dropout")
-_TRAIN_PARAMS = {"steps": 100, "batch_size": 8, "lr": 5e-5, "max_length": 128, "seed": 0}
-
-
-def read_corpus(path: str | os.PathLike) -> list[str]:
-    """The user's corpus: UTF-8 text, one sentence per line, blank lines skipped."""
-    p = Path(path)
-    try:
-        lines = [s.strip() for s in p.read_text(encoding="utf-8").splitlines()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{p}: cannot read the corpus: {e}") from None
-    lines = [s for s in lines if s]
-    if not lines:
-        raise DataError(f"{p}: the corpus has no sentences")
-    return lines
 
 
 def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.PathLike, *, kind: str,
@@ -70,10 +56,7 @@ def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.P
     if technique not in TRAINED_TECHNIQUES:
         raise ParameterError(f"technique {technique!r} is not trained; trained techniques: "
                              f"{', '.join(TRAINED_TECHNIQUES)}")
-    unknown = sorted(set(params or {}) - set(_TRAIN_PARAMS))
-    if unknown:
-        raise ParameterError(f"{technique}: unknown parameter(s) {unknown}; parameters: {sorted(_TRAIN_PARAMS)}")
-    p = {**_TRAIN_PARAMS, **(params or {})}
+    p = {**TrainParams().model_dump(), **arguments(TrainParams, params or {}, technique)}
     lines = read_corpus(corpus)
     pairs = derive_pairs(language)
     record = {"kind": "lm_mitigation", "technique": technique, "model_kind": kind, "params": p,
@@ -82,35 +65,31 @@ def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.P
               "pairs": {"language": language, "digest": pairs_digest(pairs)} if technique == "cda" else None}
     text = json.dumps(record, sort_keys=True)
     target = Path(output_dir) / "models" / name
-    if (target / "build.json").is_file() and (target / "build.json").read_text(encoding="utf-8") == text:
+    if is_built(target, text):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
+
+    def train(tmp: Path) -> None:
         config = AutoConfig.from_pretrained(base, local_files_only=True)
         dropout = set_dropout(config) if technique == "dropout" else {}
         cls = AutoModelForMaskedLM if kind == "mlm" else AutoModelForCausalLM
         model = cls.from_pretrained(base, config=config, local_files_only=True)
         tok = AutoTokenizer.from_pretrained(base, local_files_only=True)
         prov: dict[str, Any] = {"dropout": dropout}
+        sentences = lines
         if technique == "cda":
             step = CDA()
-            lines = step.transform(lines, pairs)
+            sentences = step.transform(lines, pairs)
             prov = step.provenance_
-            if not lines:
+            if not sentences:
                 raise DataError(f"{corpus}: no sentence contains a {language} attribute word; "
                                 "CDA has nothing to train on")
-        losses = further_pretrain(model, tok, lines, kind=kind, **p)
+        losses = further_pretrain(model, tok, sentences, kind=kind, **p)
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / "mitigation.json").write_text(json.dumps({**record, "provenance": prov, "losses": losses},
                                                         indent=1, sort_keys=True, default=str), encoding="utf-8")
-        (tmp / "build.json").write_text(text, encoding="utf-8")
-        if target.exists():
-            shutil.rmtree(target)
-        os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_built(target, text, train)
     return target
 
 
@@ -142,10 +121,7 @@ def build_lm_variant(spec, model) -> Path:
     :mod:`jobs.lm_spec`). Projections are fitted on the original loaded with its options; the
     directory is rebuilt only when the original's revision, the technique, its parameters, the
     corpus or the pairs change (``build.json``)."""
-    b = dict(model.build)
-    base = spec.model(b["base"])
-    local = resolve_ref(base.ref, output_dir=spec.output_dir, build=dict(base.build) if base.build else None)
-    kind = model_kind(base.ref, base.backend, dict(base.build) if base.build else None, local_ref=local)
+    b, base, local, kind = original(spec, model)
     tech = b["technique"]
     if tech in TRAINED_TECHNIQUES:
         if not Path(local).is_dir():
@@ -167,12 +143,10 @@ def build_lm_variant(spec, model) -> Path:
         record["prompts_digest"] = prompts_digest()
     text = json.dumps(record, sort_keys=True, default=str)
     target = Path(spec.output_dir).resolve() / "models" / model.name
-    if record["base_revision"] is not None and (target / "build.json").is_file() \
-            and (target / "build.json").read_text(encoding="utf-8") == text:
+    if record["base_revision"] is not None and is_built(target, text):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}-", dir=target.parent))
-    try:
+
+    def fit(tmp: Path) -> None:
         t0 = time.perf_counter()
         loaded = load_model(local, **options)
         h = loaded.handle
@@ -190,10 +164,6 @@ def build_lm_variant(spec, model) -> Path:
         manifest = {**record, "corpus": corpus_path, "provenance": prov, "fit_seconds": time.perf_counter() - t0,
                     "revision": variant_revision(loaded.revision, tech, fitted, prov)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str), encoding="utf-8")
-        (tmp / "build.json").write_text(text, encoding="utf-8")
-        if target.exists():
-            shutil.rmtree(target)
-        os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_built(target, text, fit)
     return target

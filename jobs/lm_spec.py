@@ -27,26 +27,42 @@ a technique that does not apply to the original's kind refuses the spec.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from audit.errors import AuditError
+from audit.errors import AuditError, DataError
 from audit.lm_mitigation import TECHNIQUES
 from audit.lm_mitigation.pairs import derive_pairs
-from audit.lm_mitigation.steps import INLP, SelfDebias, SentenceDebias, corpus_digest, pairs_digest
-from jobs.lm_builders import TESTS_CORPUS, read_corpus
-from jobs.validators import check_fields, mapping, plain_values, string
+from audit.lm_mitigation.steps import PARAMS, corpus_digest, pairs_digest
+from audit.lm_mitigation.training import TrainParams
+from audit.schema import NullDefaults, OneOf, Text, validate
+from jobs.validators import DerivedName, PlainValues, steps
 
-__all__ = ["KIND", "LMStep", "parse_lm_mitigation", "variant_fields", "TRAIN_PARAMS"]
+__all__ = ["KIND", "LMStep", "LMStepFields", "parse_lm_mitigation", "variant_fields", "TRAIN_PARAMS", "TESTS_CORPUS",
+           "read_corpus"]
+
+#: ``corpus: tests`` in a spec step: the text built from the language's shipped tests.
+TESTS_CORPUS = "tests"
+
+def read_corpus(path: str | os.PathLike) -> list[str]:
+    """The user's corpus: UTF-8 text, one sentence per line, blank lines skipped."""
+    p = Path(path)
+    try:
+        lines = [s.strip() for s in p.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{p}: cannot read the corpus: {e}") from None
+    lines = [s for s in lines if s]
+    if not lines:
+        raise DataError(f"{p}: the corpus has no sentences")
+    return lines
+
 
 #: The ``build.kind`` of a debiased LM variant (set by the parser, not written in specs).
 KIND = "lm_mitigation"
-_FIELDS = {"technique", "corpus", "language", "params", "name"}
-#: Parameters of the trained techniques (jobs.lm_builders._TRAIN_PARAMS).
-TRAIN_PARAMS = ("steps", "batch_size", "lr", "max_length", "seed")
-_STEP_CLASSES = {"inlp": INLP, "sentence_debias": SentenceDebias, "self_debias": SelfDebias}
+#: Parameters of the trained techniques (:class:`audit.lm_mitigation.training.TrainParams`).
+TRAIN_PARAMS = tuple(TrainParams.model_fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,51 +76,33 @@ class LMStep:
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _check_params(technique: str, params: dict[str, Any]) -> None:
-    cls = _STEP_CLASSES.get(technique)
-    if cls is None:
-        unknown = sorted(set(params) - set(TRAIN_PARAMS))
-        if unknown:
-            raise AuditError(f"{technique}: unknown parameter(s) {unknown}; parameters: {list(TRAIN_PARAMS)}")
-        return
-    allowed = [p.name for p in inspect.signature(cls.__init__).parameters.values() if p.kind == p.KEYWORD_ONLY]
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise AuditError(f"{technique}: unknown parameter(s) {unknown}; parameters: {allowed}")
-    cls(**params)  # the step's own validation
+class LMStepFields(NullDefaults):
+    """One step of ``models[i].lm_mitigation`` (see :class:`LMStep`; a string is
+    ``{technique: <string>}``; a null field takes its default); ``params`` are then checked
+    against the technique's own model (:data:`audit.lm_mitigation.steps.PARAMS`), the corpus file
+    and the language's pairs by :func:`parse_lm_mitigation`."""
+
+    technique: OneOf("LM debiasing technique", tuple(TECHNIQUES))
+    corpus: Text | None = None
+    language: Text = "en"
+    params: PlainValues | None = None
+    name: DerivedName | None = None
 
 
-def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *, name_re: Any,
+def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *,
                         source_dir: Path | None = None) -> tuple[LMStep, ...]:
     """``models[i].lm_mitigation``: one step (a mapping or a technique name) or a list of steps,
-    each checked before anything runs (technique, fields, parameters, corpus file, language);
-    ``name_re``: the spec's rule for derived model names."""
-    items = v if isinstance(v, list) else [v]
-    if not items:
-        raise ctx.data(path, "expected an LM debiasing step or a non-empty list of steps")
-    steps = []
-    for j, item in enumerate(items):
-        p = f"{path}[{j}]" if isinstance(v, list) else path
-        d = mapping(ctx, p, {"technique": item} if isinstance(item, str) else item)
-        check_fields(ctx, p, d, _FIELDS)
-        if "technique" not in d:
-            raise ctx.data(p, "missing required field 'technique'")
-        tech = string(ctx, f"{p}.technique", d["technique"])
-        if tech not in TECHNIQUES:
-            raise ctx.param(f"{p}.technique",
-                            f"unknown LM debiasing technique {tech!r}; known: {', '.join(TECHNIQUES)}")
-        params = plain_values(ctx, f"{p}.params", d.get("params"))
-        try:
-            _check_params(tech, dict(params))
-        except AuditError as e:
-            raise ctx.param(f"{p}.params", str(e)) from None
-        lang = string(ctx, f"{p}.language", d["language"]) if d.get("language") is not None else "en"
+    each a :class:`LMStepFields` checked before anything runs (technique, fields, parameters,
+    corpus file, language)."""
+    out = []
+    for p, f in steps(ctx, path, v, LMStepFields, "technique", "an LM debiasing step"):
+        tech, lang, corpus, params = f.technique, f.language, f.corpus, dict(f.params or {})
+        validate(PARAMS[tech], params, ctx.source, f"{p}.params")
         if tech != "self_debias":
             try:
                 derive_pairs(lang)
             except AuditError as e:
                 raise ctx.param(f"{p}.language", str(e)) from None
-        corpus = string(ctx, f"{p}.corpus", d["corpus"]) if d.get("corpus") is not None else None
         if corpus is None and tech != "self_debias":
             raise ctx.data(f"{p}.corpus", f"{tech} is fitted on a corpus: give a text file (one sentence per line) "
                            f"or '{TESTS_CORPUS}'")
@@ -115,11 +113,9 @@ def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *, name_re
             if not cp.is_file():
                 raise ctx.param(f"{p}.corpus", f"{corpus}: no such file")
             corpus = str(cp.resolve())
-        name = string(ctx, f"{p}.name", d["name"]) if d.get("name") is not None else f"{model_name}+{tech}"
-        if not name_re.match(name):
-            raise ctx.param(f"{p}.name", f"{name!r}: use letters, digits, '-', '_', '.' and '+' only")
-        steps.append(LMStep(technique=tech, name=name, corpus=corpus, language=lang, params=params))
-    return tuple(steps)
+        out.append(LMStep(technique=tech, name=f.name or f"{model_name}+{tech}", corpus=corpus, language=lang,
+                          params=params))
+    return tuple(out)
 
 
 def variant_fields(base: Any, step: LMStep) -> dict[str, Any]:

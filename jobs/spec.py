@@ -59,30 +59,30 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (AfterValidator, BeforeValidator, Field, PlainValidator, ValidationInfo, field_validator,
+                      model_validator)
 
 from audit import registry
 from audit.backends import table as backend_table
 from audit.errors import AuditError, DataError, ParameterError
-from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, check, validate
+from audit.schema import Flag, Int, Num, NullDefaults, OneOf, Permutations, Refused, Section, Text, check, validate
 from audit.mitigation import get_mitigation, load_definitions
 from jobs.lm_spec import parse_lm_mitigation, variant_fields
 from jobs.uris import default_tracking_uri, resolve_tracking_uri, tracking_uri_problem  # noqa: F401 (re-export)
 from jobs.validators import (
     Ctx,
+    DerivedName,
     Name,
     PlainValues,
     Strings,
     as_list,
-    check_fields,
     named,
     non_empty,
     expand_env,
     location_overrides,
     mapping,
-    plain_values,
     read_yaml,
-    string,
+    steps,
     suggest,
     tracking,
 )
@@ -106,13 +106,11 @@ BUILD_KINDS = ("fasttext", "bert", "roberta", "gpt2", "llama", "qwen2", "mistral
 #: multilingual model).
 _LANGUAGE_BUILDS = {"fasttext": False, "llama": True, "qwen2": True, "mistral": True}
 
-_MITIGATION_FIELDS = {"method", "definitions", "params", "name", "scope"}
 #: ``models[i].mitigation[j].scope``: which words the method changes (``tests``: only the words
 #: the model's tests need, e.g. for RAN, whose cost grows with the number of words debiased).
 MITIGATION_SCOPES = ("all", "tests")
 #: The ``build.kind`` of a debiased copy (set by the parser, not written in specs).
 MITIGATION_KIND = "mitigation"
-_DERIVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-+]*$")
 #: Columns of the results table a multiple-comparison family may group by.
 FAMILY_COLUMNS = ("model", "metric", "language", "test", "params")
 #: Which p-value the significance marks of the reports read.
@@ -201,7 +199,7 @@ class MetricSpec:
     tests: tuple[str, ...] | None = None
 
 
-class RaySpec(Section):
+class RaySpec(NullDefaults):
     """How the sweep uses Ray (the ``ray:`` section; each field declared here once, validated by
     :func:`audit.schema.validate`; :mod:`jobs.pool` reads the same fields).
 
@@ -256,7 +254,7 @@ class RaySpec(Section):
         return g
 
 
-class MultipleComparisons(Section):
+class MultipleComparisons(NullDefaults):
     """How the reports adjust p-values for multiple comparisons (``multiple_comparisons:``).
 
     family: the results-table columns whose values define one family (:data:`FAMILY_COLUMNS`;
@@ -465,6 +463,25 @@ class ModelFields(Section):
         return self
 
 
+def _known_method(name: str) -> str:
+    try:
+        return get_mitigation(name).name
+    except AuditError as e:
+        raise Refused(str(e)) from None
+
+
+class MitigationFields(NullDefaults):
+    """One step of ``models[i].mitigation`` (see :class:`MitigationStep`; a string is
+    ``{method: <string>}``); ``params`` are then checked against the method's own model
+    (:attr:`audit.mitigation.Mitigation.Params`) by :func:`_mitigation`."""
+
+    method: Annotated[Text, AfterValidator(_known_method)]
+    definitions: Text = "en/gender"
+    params: PlainValues | None = None
+    name: DerivedName | None = None
+    scope: OneOf("scope", MITIGATION_SCOPES) = "all"
+
+
 class MetricFields(Section):
     """One ``metrics[i]`` entry (a string is ``{name: <string>}``); its parameters are checked
     against the metric's own model (:func:`audit.registry.check_params`) by :func:`_metric`."""
@@ -474,9 +491,27 @@ class MetricFields(Section):
     tests: Strings | None = None
 
 
+def _tag_name(k: str) -> str:
+    if k.startswith("audit.") and k != "audit.watch" and not k.startswith("audit.watch."):
+        raise Refused("tags starting with 'audit.' are set by biasaudit")
+    return k
+
+
+def _tag_value(x: Any) -> str:
+    if isinstance(x, bool) or not isinstance(x, (str, int, float)):
+        raise DataError(f"expected a string or a number, got {x!r}")
+    return str(x)
+
+
+#: ``tags:``: extra tags of the sweep's parent run, name -> a string or a number (kept as its
+#: text); names starting with ``audit.`` are biasaudit's, but for ``audit.watch.*`` (the watcher's).
+Tags = dict[Annotated[str, AfterValidator(_tag_name)], Annotated[Any, PlainValidator(_tag_value)]]
+
+
 class SpecFields(Section):
-    """The top level of a sweep spec (the module docstring lists the fields). ``tracking``,
-    ``ray``, ``multiple_comparisons`` and ``tags`` are sections with models of their own."""
+    """The top level of a sweep spec (the module docstring lists the fields): ``ray``
+    :class:`RaySpec`, ``multiple_comparisons`` :class:`MultipleComparisons`, ``tags`` :data:`Tags`;
+    ``tracking`` is read by :func:`jobs.validators.tracking`."""
 
     name: Name
     description: Annotated[str, Field(strict=True)] | None = None
@@ -490,9 +525,9 @@ class SpecFields(Section):
     languages: Languages | None = None
     permutations: Permutations | None = None
     n_bootstrap: Int(0) | None = None
-    ray: Any = None
-    multiple_comparisons: Any = None
-    tags: Any = None
+    ray: RaySpec | None = None
+    multiple_comparisons: MultipleComparisons | None = None
+    tags: Tags | None = None
 
 
 def _model(ctx: Ctx, i: int, f: ModelFields, raw: Any) -> ModelSpec:
@@ -503,9 +538,9 @@ def _model(ctx: Ctx, i: int, f: ModelFields, raw: Any) -> ModelSpec:
     name = check(Name, f.name or default_model_name(ref), ctx.source, f"{path}.name")
     options = {k: getattr(f, k) for k in ("backend", "revision", "device", "dtype", "device_map", "allow_pickle",
                                           "trust_remote_code", "subword") if getattr(f, k) is not None}
-    steps: tuple[MitigationStep, ...] = ()
+    mit_steps: tuple[MitigationStep, ...] = ()
     if f.mitigation is not None:
-        steps = _mitigation(ctx, f"{path}.mitigation", f.mitigation, name)
+        mit_steps = _mitigation(ctx, f"{path}.mitigation", f.mitigation, name)
         not_static = backend_table.kind_of_backend(options.get("backend")) not in (None, "static")
         if not_static or (build is not None and build["kind"] != "fasttext"):
             what = options.get("backend") or f"build kind {build['kind']}"  # type: ignore[index]
@@ -513,56 +548,30 @@ def _model(ctx: Ctx, i: int, f: ModelFields, raw: Any) -> ModelSpec:
                             "debiasing applies to static embeddings only")
     lm_steps = ()
     if f.lm_mitigation is not None:
-        lm_steps = parse_lm_mitigation(ctx, f"{path}.lm_mitigation", f.lm_mitigation, name,
-                                       name_re=_DERIVED_NAME_RE)
+        lm_steps = parse_lm_mitigation(ctx, f"{path}.lm_mitigation", f.lm_mitigation, name)
     return ModelSpec(
         ref=ref, name=name, languages=f.languages, options=options,
-        params=dict(f.params or {}), build=build, tests=f.tests, mitigation=steps, lm_mitigation=lm_steps,
+        params=dict(f.params or {}), build=build, tests=f.tests, mitigation=mit_steps, lm_mitigation=lm_steps,
     )
 
 
 def _mitigation(ctx: Ctx, path: str, v: Any, model_name: str) -> tuple[MitigationStep, ...]:
-    """``models[i].mitigation``: one step (a mapping or a method name) or a list of steps.
-
-    Each step is checked here, before anything runs: the method and its parameters through
-    :func:`audit.mitigation.get_mitigation` and ``set_params`` (their own validation), the
-    definitions through :func:`audit.mitigation.load_definitions`.
-    """
-    items = v if isinstance(v, list) else [v]
-    if not items:
-        raise ctx.data(path, "expected a mitigation step or a non-empty list of steps")
-    steps = []
-    for j, item in enumerate(items):
-        p = f"{path}[{j}]" if isinstance(v, list) else path
-        if isinstance(item, str):
-            item = {"method": item}
-        d = mapping(ctx, p, item)
-        check_fields(ctx, p, d, _MITIGATION_FIELDS)
-        if "method" not in d:
-            raise ctx.data(p, "missing required field 'method'")
-        method_name = string(ctx, f"{p}.method", d["method"])
-        params = plain_values(ctx, f"{p}.params", d.get("params"))
+    """``models[i].mitigation``: one step (a mapping or a method name) or a list of steps, each a
+    :class:`MitigationFields`; its ``params`` validated against the method's own
+    :attr:`audit.mitigation.Mitigation.Params` and its definitions loaded
+    (:func:`audit.mitigation.load_definitions`) before anything runs."""
+    out = []
+    for p, f in steps(ctx, path, v, MitigationFields, "method", "a mitigation step"):
+        params = dict(f.params or {})
+        method = get_mitigation(f.method)
+        validate(type(method).Params, params, ctx.source, f"{p}.params")
         try:
-            method = get_mitigation(method_name)
-        except AuditError as e:
-            raise ctx.param(f"{p}.method", str(e)) from None
-        try:
-            method.set_params(**params)
-        except AuditError as e:
-            raise ctx.param(f"{p}.params", str(e)) from None
-        defs = string(ctx, f"{p}.definitions", d["definitions"]) if d.get("definitions") is not None else "en/gender"
-        try:
-            load_definitions(defs)
+            load_definitions(f.definitions)
         except AuditError as e:
             raise ctx.param(f"{p}.definitions", str(e)) from None
-        scope = string(ctx, f"{p}.scope", d["scope"]) if d.get("scope") is not None else "all"
-        if scope not in MITIGATION_SCOPES:
-            raise ctx.param(f"{p}.scope", f"unknown scope {scope!r}; known: {', '.join(MITIGATION_SCOPES)}")
-        name = string(ctx, f"{p}.name", d["name"]) if d.get("name") is not None else f"{model_name}+{method.name}"
-        if not _DERIVED_NAME_RE.match(name):
-            raise ctx.param(f"{p}.name", f"{name!r}: use letters, digits, '-', '_', '.' and '+' only")
-        steps.append(MitigationStep(method=method.name, name=name, definitions=defs, params=params, scope=scope))
-    return tuple(steps)
+        out.append(MitigationStep(method=method.name, name=f.name or f"{model_name}+{method.name}",
+                                  definitions=f.definitions, params=params, scope=f.scope))
+    return tuple(out)
 
 
 def mitigated_model(base: ModelSpec, step: MitigationStep) -> ModelSpec:
@@ -622,30 +631,6 @@ def _metric(ctx: Ctx, i: int, f: MetricFields) -> MetricSpec:
     return MetricSpec(name=name, params=params, tests=f.tests)
 
 
-def _ray(ctx: Ctx, v: Any) -> RaySpec:
-    """The ``ray:`` section; ``null`` fields take their defaults."""
-    d = mapping(ctx, "ray", v) if v is not None else {}
-    return validate(RaySpec, {k: x for k, x in d.items() if x is not None}, ctx.source, "ray")
-
-
-def _multiple_comparisons(ctx: Ctx, v: Any) -> MultipleComparisons:
-    d = mapping(ctx, "multiple_comparisons", v)
-    return validate(MultipleComparisons, {k: x for k, x in d.items() if x is not None}, ctx.source,
-                    "multiple_comparisons")
-
-
-def _tags(ctx: Ctx, v: Any) -> dict[str, str]:
-    d = mapping(ctx, "tags", v)
-    out = {}
-    for k, x in d.items():
-        if isinstance(x, bool) or not isinstance(x, (str, int, float)):
-            raise ctx.data(f"tags.{k}", f"expected a string or a number, got {x!r}")
-        if k.startswith("audit.") and k != "audit.watch" and not k.startswith("audit.watch."):
-            raise ctx.param(f"tags.{k}", "tags starting with 'audit.' are set by biasaudit")
-        out[k] = str(x)
-    return out
-
-
 def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> SweepSpec:
     """Validate a parsed spec mapping and return a :class:`SweepSpec`.
 
@@ -694,14 +679,12 @@ def parse_spec(data: Any, source: str = "", *, base_dir: Path | None = None) -> 
     if f.tracking is not None:
         t = tracking(ctx, f.tracking)
         uri, experiment = t.uri, t.experiment
-    mc = _multiple_comparisons(ctx, f.multiple_comparisons) if f.multiple_comparisons is not None \
-        else MultipleComparisons()
     return SweepSpec(
         name=name, models=models, metrics=metrics, tests=f.tests or ("*",), languages=f.languages,
         seed=f.seed if f.seed is not None else 0, permutations=f.permutations, n_bootstrap=f.n_bootstrap,
-        output_dir=out, tracking_uri=uri, experiment=experiment, ray=_ray(ctx, f.ray),
+        output_dir=out, tracking_uri=uri, experiment=experiment, ray=f.ray or RaySpec(),
         description=f.description or "", source=source, raw=copy.deepcopy(d),
-        multiple_comparisons=mc, tags=_tags(ctx, f.tags) if f.tags is not None else {},
+        multiple_comparisons=f.multiple_comparisons or MultipleComparisons(), tags=dict(f.tags or {}),
     )
 
 

@@ -366,14 +366,7 @@ class Tracker:
 
     # ------------------------------------------------------------------ queries
     def _search(self, filter_string: str) -> list:
-        runs, token = [], None
-        while True:
-            page = self.client.search_runs([self.experiment_id], filter_string=filter_string,
-                                           max_results=1000, page_token=token)
-            runs.extend(page)
-            token = page.token
-            if not token:
-                return runs
+        return search_all(self.client, [self.experiment_id], filter_string)
 
     def task_runs(self) -> list:
         """Every child (task) run of the experiment."""
@@ -776,6 +769,18 @@ def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None
     }
 
 
+def search_all(client: Any, experiment_ids: list[str], filter_string: str) -> list:
+    """Every run of ``experiment_ids`` that ``filter_string`` selects (MLflow's ``search_runs``,
+    page after page of 1000)."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
 def unavailable(uri: str, e: BaseException) -> TrackingUnavailable:
     """A :class:`TrackingUnavailable` for an exception met while talking to ``uri``: one line,
     the socket error when there is one (``[Errno 111] Connection refused``), credentials in the
@@ -802,4 +807,4 @@ def tracking_env_note(uri: str) -> str:
 
 __all__ = ["Tracker", "TrackingUnavailable", "task_record", "record_row", "run_row", "result_metrics",
            "embedding_method", "tracking_env_note", "redact_uri", "driver_id", "driver_alive", "store_lock",
-           "sqlite_path"]
+           "sqlite_path", "search_all"]

@@ -2,9 +2,8 @@
 (:mod:`jobs.watch.spec`): one rule, one place. The specs' entries (``models[i]``, ``build``,
 ``metrics[i]``, ``watch[i]``, the sweep's top level) and sections (``ray:``, ``backoff:`` ...) are
 typed models of :mod:`audit.schema`'s vocabulary (pydantic types, one error formatter); the
-field types they share (:data:`Name`, :data:`Strings`, :data:`PlainValues`) are declared here, and
-the few checkers left for fields outside a model (``string``, ``integer``, ``number``) validate
-through the same types.
+field types they share (:data:`Name`, :data:`DerivedName`, :data:`Strings`, :data:`PlainValues`)
+and the reader of step lists (:func:`steps`) are declared here. No field is checked by hand.
 
 Every check raises an :class:`audit.errors.AuditError` whose message is one line,
 ``<file>: <field path>: <problem>``:
@@ -24,19 +23,21 @@ The pieces (all public):
 ``expand_env(data, source, env=, ...)``   ``${VAR}`` / ``${VAR:-default}`` in every string
 ``is_secret_name(name)``                  the names ``expand_env`` refuses to interpolate
 ``suggest(word, choices)``                `` (did you mean 'x'?)`` or ``""``
-``Name`` ``Strings`` ``PlainValues``      field types (:mod:`audit.schema` pieces) of both specs' models
-``check_fields`` ``mapping`` ``string`` ``given`` ``integer`` ``number``
-``plain_values`` ``name``                 checkers of the fields not yet in a model, over the same types
+``Name`` ``DerivedName`` ``Strings``      field types (:mod:`audit.schema` pieces) of both specs' models
+``PlainValues``                           (names, derived names, lists of strings, plain JSON values)
+``mapping`` ``given``                     a mapping with string keys; a value that is set and not blank
+``steps(ctx, path, v, model, key, what)`` a step or a list of steps, each validated as ``model``
 ``first_line(exc)``                       the first line of an exception's message
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Mapping
+from typing import Annotated, Any, Mapping
 
 import yaml
 from pydantic import AfterValidator, BeforeValidator, Field
@@ -198,26 +199,14 @@ def expand_env(data: Any, source: str = "", path: str = "", *, env: Mapping[str,
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
-def check_fields(ctx: Ctx, path: str, d: Mapping, allowed: Iterable[str]) -> None:
-    """An unknown key of ``d`` is a :class:`DataError` naming it, the closest allowed one and
-    every allowed one."""
-    allowed = set(allowed)
-    for k in d:
-        if k not in allowed:
-            raise ctx.data(f"{path}.{k}" if path else str(k),
-                           f"unknown field{suggest(k, allowed)}; allowed fields: {', '.join(sorted(allowed))}")
-
-
-def mapping(ctx: Ctx, path: str, v: Any, allowed: Iterable[str] | None = None) -> dict[str, Any]:
-    """A mapping with string keys (a copy); with ``allowed``, unknown keys are refused
-    (:func:`check_fields`)."""
+def mapping(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
+    """A mapping with string keys (a copy): a spec's top level and the sections read before
+    their model (their null or blank values dropped first)."""
     if not isinstance(v, Mapping):
         raise ctx.data(path, f"expected a mapping, got {type(v).__name__} {v!r}")
     for k in v:
         if not isinstance(k, str):
             raise ctx.data(path, f"keys must be strings, got {k!r}")
-    if allowed is not None:
-        check_fields(ctx, path, v, allowed)
     return dict(v)
 
 
@@ -227,23 +216,23 @@ def given(v: Any) -> bool:
     return v is not None and not (isinstance(v, str) and not v.strip())
 
 
-def string(ctx: Ctx, path: str, v: Any, *, allow_none: bool = False) -> str | None:
-    """A non-empty string, stripped (``None`` passes through with ``allow_none``)."""
-    if v is None and allow_none:
-        return None
-    if isinstance(v, str) and not v.strip():
-        raise ctx.data(path, f"expected a non-empty string, got {v!r}")
-    return schema.check(schema.Text, v, ctx.source, path)
-
-
-def _a_name(s: str) -> str:
-    if not NAME_RE.match(s):
-        raise schema.Refused(f"{s!r}: use letters, digits, '-', '_' and '.' only")
-    return s
+def _named(pattern: re.Pattern, allowed: str) -> Any:
+    """A name type: a non-empty string matching ``pattern``, refused as ``'x': use <allowed> only``."""
+    def check(s: str) -> str:
+        if not pattern.match(s):
+            raise schema.Refused(f"{s!r}: use {allowed} only")
+        return s
+    return Annotated[schema.Text, AfterValidator(check)]
 
 
 #: A name of a spec or a model (:data:`NAME_RE`): letters, digits, ``-``, ``_`` and ``.``.
-Name = Annotated[schema.Text, AfterValidator(_a_name)]
+Name = _named(NAME_RE, "letters, digits, '-', '_' and '.'")
+
+#: Names of debiased copies and variants (``glove+hard_debias``): a model name, ``+`` allowed.
+DERIVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-+]*$")
+#: The name of a debiased copy (``models[i].mitigation[j].name``) or variant
+#: (``models[i].lm_mitigation[j].name``): :data:`DERIVED_NAME_RE`.
+DerivedName = _named(DERIVED_NAME_RE, "letters, digits, '-', '_', '.' and '+'")
 
 
 def as_list(v: Any) -> Any:
@@ -260,6 +249,8 @@ Strings = Annotated[tuple[schema.Text, ...], BeforeValidator(as_list), Field(str
 
 
 def _plain(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):  # as a typed number field words it
+        raise DataError(f"expected a finite number, got {x!r}")
     try:
         json.dumps(x, allow_nan=False)
     except (TypeError, ValueError):
@@ -288,40 +279,25 @@ def named(key: str) -> Any:
     return BeforeValidator(lambda v: {key: v} if isinstance(v, str) else v)
 
 
-def name(ctx: Ctx, path: str, v: Any) -> str:
-    """A name (:data:`Name`)."""
-    if isinstance(v, str) and not v.strip():
-        raise ctx.data(path, f"expected a non-empty string, got {v!r}")
-    return schema.check(Name, v, ctx.source, path)
-
-
-def integer(ctx: Ctx, path: str, v: Any, *, minimum: int | None = None) -> int:
-    """An integer (not a bool, not ``1.0``), at least ``minimum``: :func:`audit.schema.Int`."""
-    return schema.check(schema.Int(minimum), v, ctx.source, path)
-
-
-def number(ctx: Ctx, path: str, v: Any, *, minimum: float = 0.0, strict: bool = False) -> float:
-    """A finite number (int or float, not a bool) ``>= minimum`` (``> minimum`` with ``strict``):
-    :func:`audit.schema.Num`.
-
-    Not a number (a string, a list, ``true``) and a float that is NaN or infinite (YAML ``.nan``,
-    ``.inf``): :class:`DataError`, as for NaN among metric parameters (:func:`plain_values`) and
-    in word vectors; a finite number below the minimum: :class:`ParameterError`.
-    """
-    return float(schema.check(schema.Num(float(minimum), strict=strict), v, ctx.source, path))
-
-
-def plain_values(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
-    """A mapping (``None``: empty) whose values are plain JSON: :data:`PlainValues`."""
-    if v is None:
-        return {}
-    return dict(schema.check(PlainValues, mapping(ctx, path, v), ctx.source, path))
+def steps(ctx: Ctx, path: str, v: Any, model: type[schema.Section], key: str,
+          what: str) -> list[tuple[str, Any]]:
+    """A list field of steps that may also be written as one step, or a step as its ``key``'s
+    value (``mitigation: hd``, ``lm_mitigation: [inlp, {technique: cda, ...}]``): each step
+    validated as ``model``, with its field path (``path[j]`` in a list, ``path`` alone);
+    an empty list is refused as ``expected <what> or a non-empty list of steps``."""
+    items = v if isinstance(v, list) else [v]
+    if not items:
+        raise ctx.data(path, f"expected {what} or a non-empty list of steps")
+    out = []
+    for j, item in enumerate(items):
+        p = f"{path}[{j}]" if isinstance(v, list) else path
+        out.append((p, schema.validate(model, {key: item} if isinstance(item, str) else item, ctx.source, p)))
+    return out
 
 
 __all__ = ["Ctx", "suggest", "first_line", "parse_yaml", "read_yaml", "ENV_VAR_RE", "SECRET_OK_FIELDS",
-           "is_secret_name", "expand_env", "NAME_RE", "check_fields", "mapping", "given", "string", "name",
-           "integer", "number", "plain_values", "Tracking", "tracking", "Name", "Strings",
-           "PlainValues", "as_list", "non_empty", "named"]
+           "is_secret_name", "expand_env", "NAME_RE", "mapping", "given", "Tracking", "tracking", "Name", "Strings",
+           "PlainValues", "as_list", "non_empty", "named", "DERIVED_NAME_RE", "DerivedName", "steps"]
 
 
 def _known_store(uri: str | None) -> str | None:

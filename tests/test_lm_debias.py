@@ -262,7 +262,7 @@ def test_inlp_and_sentence_debias_steps_fit_with_provenance(corpora):
     assert sd.directions_.shape == (1, 32) and sd.provenance_["n_examples"] == sd.provenance_["n_encoded"] > 10
     h = np.random.default_rng(0).normal(size=(2, 5, 32))
     assert np.abs(sd.transform(h) @ sd.directions_[0]).max() < 1e-9
-    with pytest.raises(ParameterError, match="inlp: n_classifiers must be a positive integer"):
+    with pytest.raises(ParameterError, match=r"^inlp: n_classifiers: must be >= 1, got 0$"):
         INLP(n_classifiers=0)
     with pytest.raises(ParameterError, match="sentence_debias: call fit before transform"):
         SentenceDebias().transform(h)
@@ -311,7 +311,7 @@ def test_cda_and_dropout_further_pretraining(corpora):
     assert set_dropout(m1.config)["hidden_dropout_prob"] == 0.20
     lg = further_pretrain(g, gtok, corpora["de"], kind="causal", steps=2, batch_size=4, seed=1)
     assert len(lg) == 2 and all(np.isfinite(lg))
-    with pytest.raises(ParameterError, match="steps must be a positive integer"):
+    with pytest.raises(ParameterError, match=r"^further pre-training: steps: must be >= 1, got 0$"):
         further_pretrain(g, gtok, corpora["de"], kind="causal", steps=0)
 
 

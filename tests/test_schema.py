@@ -120,6 +120,16 @@ def _refusal(fn):
 
 BUILD = {"name": "tiny", "build": {"kind": "fasttext"}}
 LOCAL = {"local": "/models"}
+
+
+def _mit(**step):
+    """A sweep whose models[1] has the static debiasing step ``step``."""
+    return _sweep({"mitigation": {"method": "hd", **step}})
+
+
+def _lm(**step):
+    """A sweep whose models[1] has the LM debiasing step ``step``."""
+    return _sweep({"lm_mitigation": {"technique": "inlp", "corpus": "tests", **step}})
 #: (what, [(the input, the line it is refused with)]): the same bad value in models[i], models[i].build,
 #: metrics[i], watch[i] and the top level reads the same after its field path.
 SAME_WORDS = [
@@ -130,29 +140,51 @@ SAME_WORDS = [
          ("DataError", "w.yaml: watch[1].revisions: expected an integer, got 'x'")),
         (lambda: parse_watch_spec({**_watch("a/b"), "max_attempts": "x"}, "w.yaml"),
          ("DataError", "w.yaml: max_attempts: expected an integer, got 'x'")),
-        (lambda: parse_spec(_sweep(seed="x"), "s.yaml"), ("DataError", "s.yaml: seed: expected an integer, got 'x'"))]),
+        (lambda: parse_spec(_sweep(seed="x"), "s.yaml"), ("DataError", "s.yaml: seed: expected an integer, got 'x'")),
+        (lambda: parse_spec(_lm(technique="cda", params={"steps": "x"}), "s.yaml"),
+         ("DataError", "s.yaml: models[1].lm_mitigation.params.steps: expected an integer, got 'x'")),
+        (lambda: parse_spec(_mit(method="dhd", params={"n_init": "x"}), "s.yaml"),
+         ("DataError", "s.yaml: models[1].mitigation.params.n_init: expected an integer, got 'x'"))]),
     ("a count below its minimum", [
         (lambda: parse_spec(_sweep({**BUILD, "build": {"kind": "fasttext", "epoch": 0}}), "s.yaml"),
          ("ParameterError", "s.yaml: models[1].build.epoch: must be >= 1, got 0")),
         (lambda: parse_watch_spec(_watch({"author": "org", "limit": 0}), "w.yaml"),
-         ("ParameterError", "w.yaml: watch[1].limit: must be >= 1, got 0"))]),
+         ("ParameterError", "w.yaml: watch[1].limit: must be >= 1, got 0")),
+        (lambda: parse_spec(_mit(params={"n_components": 0}), "s.yaml"),
+         ("ParameterError", "s.yaml: models[1].mitigation.params.n_components: must be >= 1, got 0")),
+        (lambda: parse_spec(_lm(params={"n_classifiers": 0}), "s.yaml"),
+         ("ParameterError", "s.yaml: models[1].lm_mitigation.params.n_classifiers: must be >= 1, got 0"))]),
     ("a flag written as yes", [
         (lambda: parse_spec(_sweep({"subword": "yes"}), "s.yaml"),
-         ("DataError", "s.yaml: models[1].subword: expected true or false, got 'yes'"))]),
+         ("DataError", "s.yaml: models[1].subword: expected true or false, got 'yes'")),
+        (lambda: parse_spec(_mit(params={"case_variants": "yes"}), "s.yaml"),
+         ("DataError", "s.yaml: models[1].mitigation.params.case_variants: expected true or false, got 'yes'")),
+        (lambda: parse_spec(_lm(technique="sentence_debias", params={"drop_last": "yes"}), "s.yaml"),
+         ("DataError", "s.yaml: models[1].lm_mitigation.params.drop_last: expected true or false, got 'yes'"))]),
     ("an empty string", [
         (lambda: parse_spec(_sweep({"ref": ""}), "s.yaml"),
          ("DataError", "s.yaml: models[1].ref: expected a non-empty string, got ''")),
         (lambda: parse_spec(_sweep(metric={"name": "weat", "tests": ["weat1", ""]}), "s.yaml"),
          ("DataError", "s.yaml: metrics[0].tests[1]: expected a non-empty string, got ''")),
         (lambda: parse_watch_spec(_watch({"author": ""}), "w.yaml"),
-         ("DataError", "w.yaml: watch[1].author: expected a non-empty string, got ''"))]),
+         ("DataError", "w.yaml: watch[1].author: expected a non-empty string, got ''")),
+        (lambda: parse_spec(_mit(definitions=""), "s.yaml"),
+         ("DataError", "s.yaml: models[1].mitigation.definitions: expected a non-empty string, got ''")),
+        (lambda: parse_spec(_lm(language=""), "s.yaml"),
+         ("DataError", "s.yaml: models[1].lm_mitigation.language: expected a non-empty string, got ''")),
+        (lambda: parse_watch_spec({**_watch("a/b"), "audit": {"spec": ""}}, "w.yaml"),
+         ("DataError", "w.yaml: audit.spec: expected a non-empty string, got ''"))]),
     ("a required field left out", [
         (lambda: parse_spec(_sweep({**BUILD, "build": {"dim": 8}}), "s.yaml"),
          ("DataError", "s.yaml: models[1].build.kind: missing required field")),
         (lambda: parse_spec(_sweep(metric={"params": {}}), "s.yaml"),
          ("DataError", "s.yaml: metrics[0].name: missing required field")),
         (lambda: parse_spec({"models": ["glove-6b-50d"], "metrics": ["weat"]}, "s.yaml"),
-         ("DataError", "s.yaml: name: missing required field"))]),
+         ("DataError", "s.yaml: name: missing required field")),
+        (lambda: parse_spec(_sweep({"mitigation": [{"params": {}}]}), "s.yaml"),
+         ("DataError", "s.yaml: models[1].mitigation[0].method: missing required field")),
+        (lambda: parse_spec(_sweep({"lm_mitigation": {"corpus": "tests"}}), "s.yaml"),
+         ("DataError", "s.yaml: models[1].lm_mitigation.technique: missing required field"))]),
     ("a name out of a closed set, near a known one", [
         (lambda: parse_spec(_sweep({"dtype": "float31"}), "s.yaml"),
          ("ParameterError", "s.yaml: models[1].dtype: unknown dtype 'float31' (did you mean 'float32'?); "
@@ -160,7 +192,16 @@ SAME_WORDS = [
         (lambda: parse_watch_spec(_watch({**LOCAL, "order": "nmae"}), "w.yaml"),
          ("ParameterError", "w.yaml: watch[1].order: unknown order 'nmae' (did you mean 'name'?); known: mtime, name")),
         (lambda: parse_watch_spec(_watch({**LOCAL, "layout": 3}), "w.yaml"),
-         ("DataError", "w.yaml: watch[1].layout: expected a non-empty string, got 3"))]),
+         ("DataError", "w.yaml: watch[1].layout: expected a non-empty string, got 3")),
+        (lambda: parse_spec(_mit(scope="tets"), "s.yaml"),
+         ("ParameterError", "s.yaml: models[1].mitigation.scope: unknown scope 'tets' (did you mean 'tests'?); "
+                            "known: all, tests")),
+        (lambda: parse_spec(_lm(technique="inpl"), "s.yaml"),
+         ("ParameterError", "s.yaml: models[1].lm_mitigation.technique: unknown LM debiasing technique 'inpl' "
+                            "(did you mean 'inlp'?); known: inlp, sentence_debias, self_debias, cda, dropout")),
+        (lambda: parse_spec(_mit(method="ran", params={"neutralization": "cosin"}), "s.yaml"),
+         ("ParameterError", "s.yaml: models[1].mitigation.params.neutralization: unknown neutralization 'cosin' "
+                            "(did you mean 'cosine'?); known: cosine, dot"))]),
     ("a language that is no ISO 639-1 code", [
         (lambda: parse_spec(_sweep({"languages": ["en", "xx"]}), "s.yaml"),
          ("ParameterError", "s.yaml: models[1].languages[1]: unknown language 'xx'; use an ISO 639-1 code such as "
@@ -170,7 +211,26 @@ SAME_WORDS = [
                             "such as en, de, fr"))]),
     ("a finite number that is NaN", [
         (lambda: parse_watch_spec(_watch({**LOCAL, "settle": float("nan")}), "w.yaml"),
-         ("DataError", "w.yaml: watch[1].settle: expected a finite number, got nan"))]),
+         ("DataError", "w.yaml: watch[1].settle: expected a finite number, got nan")),
+        (lambda: parse_watch_spec({**_watch("a/b"), "notify": {"url": "http://h/x", "timeout": float("nan")}},
+                                  "w.yaml"),
+         ("DataError", "w.yaml: notify.timeout: expected a finite number, got nan")),
+        (lambda: parse_spec(_mit(method="hsr", params={"alpha": float("nan")}), "s.yaml"),
+         ("DataError", "s.yaml: models[1].mitigation.params.alpha: expected a finite number, got nan")),
+        (lambda: parse_spec(_lm(technique="self_debias", params={"epsilon": float("nan")}), "s.yaml"),
+         ("DataError", "s.yaml: models[1].lm_mitigation.params.epsilon: expected a finite number, got nan"))]),
+    ("a number below its minimum", [
+        (lambda: parse_watch_spec({**_watch("a/b"), "notify": {"url": "http://h/x", "timeout": 0}}, "w.yaml"),
+         ("ParameterError", "w.yaml: notify.timeout: must be > 0, got 0")),
+        (lambda: parse_spec(_lm(technique="dropout", params={"lr": 0}), "s.yaml"),
+         ("ParameterError", "s.yaml: models[1].lm_mitigation.params.lr: must be > 0, got 0")),
+        (lambda: parse_spec(_mit(method="ran", params={"learning_rate": 0}), "s.yaml"),
+         ("ParameterError", "s.yaml: models[1].mitigation.params.learning_rate: must be > 0, got 0"))]),
+    ("a key biasaudit or the watcher sets", [
+        (lambda: parse_spec(_sweep(tags={"audit.model": "x"}), "s.yaml"),
+         ("ParameterError", "s.yaml: tags.audit.model: tags starting with 'audit.' are set by biasaudit")),
+        (lambda: parse_watch_spec({**_watch("a/b"), "audit": {"spec": "s.yaml", "model": {"ref": "x"}}}, "w.yaml"),
+         ("ParameterError", "w.yaml: audit.model.ref: is set by the watcher for each watched model"))]),
 ]
 
 
@@ -178,13 +238,16 @@ SAME_WORDS = [
 def test_models_build_metrics_and_watch_entries_refuse_in_the_same_words(what, cases):
     got = [_refusal(fn) for fn, _ in cases]
     assert got == [want for _, want in cases]
-    if not what.startswith("a name out of"):  # the same value, the same class and words after the field path
+    if not what.startswith(("a name out of", "a key")):  # the same value, the same class and words after the field path
         assert len({(cls, line.split(": ", 2)[-1]) for cls, line in got}) == 1, got
 
 
 def test_unknown_fields_read_the_same_in_models_build_metrics_watch_and_the_top_level():
-    from jobs.spec import BuildSpec, MetricFields, ModelFields, SpecFields
-    from jobs.watch.spec import EntryFields, WatchFields
+    from audit.lm_mitigation.steps import INLP
+    from audit.mitigation import HardDebias
+    from jobs.lm_spec import LMStepFields
+    from jobs.spec import BuildSpec, MetricFields, MitigationFields, ModelFields, SpecFields
+    from jobs.watch.spec import AuditFields, EntryFields, Notify, WatchFields
 
     cases = [(lambda: parse_spec(_sweep({"batch_size": 2}), "s.yaml"), "s.yaml: models[1].batch_size", ModelFields),
              (lambda: parse_spec(_sweep({**BUILD, "build": {"kind": "fasttext", "dimm": 8}}), "s.yaml"),
@@ -194,7 +257,17 @@ def test_unknown_fields_read_the_same_in_models_build_metrics_watch_and_the_top_
              (lambda: parse_spec(_sweep(seeed=1), "s.yaml"), "s.yaml: seeed", SpecFields),
              (lambda: parse_watch_spec(_watch({"repo": "a/b", "limt": 1}), "w.yaml"), "w.yaml: watch[1].limt",
               EntryFields),
-             (lambda: parse_watch_spec({**_watch("a/b"), "intervall": 60}, "w.yaml"), "w.yaml: intervall", WatchFields)]
+             (lambda: parse_watch_spec({**_watch("a/b"), "intervall": 60}, "w.yaml"), "w.yaml: intervall", WatchFields),
+             (lambda: parse_spec(_mit(scop="all"), "s.yaml"), "s.yaml: models[1].mitigation.scop", MitigationFields),
+             (lambda: parse_spec(_mit(params={"n_component": 2}), "s.yaml"),
+              "s.yaml: models[1].mitigation.params.n_component", HardDebias.Params),
+             (lambda: parse_spec(_lm(corpuss="x"), "s.yaml"), "s.yaml: models[1].lm_mitigation.corpuss", LMStepFields),
+             (lambda: parse_spec(_lm(params={"n_clasifiers": 2}), "s.yaml"),
+              "s.yaml: models[1].lm_mitigation.params.n_clasifiers", INLP.Params),
+             (lambda: parse_watch_spec({**_watch("a/b"), "notify": {"url": "http://h/x", "timeot": 3}}, "w.yaml"),
+              "w.yaml: notify.timeot", Notify),
+             (lambda: parse_watch_spec(_watch({"repo": "a/b", "audit": {"spek": "s.yaml"}}), "w.yaml"),
+              "w.yaml: watch[1].audit.spek", AuditFields)]
     for fn, where, model in cases:
         cls, line = _refusal(fn)
         assert cls == "DataError" and line.startswith(f"{where}: unknown field")
@@ -202,3 +275,31 @@ def test_unknown_fields_read_the_same_in_models_build_metrics_watch_and_the_top_
     assert "(did you mean 'dim'?)" in _refusal(cases[1][0])[1] and "(did you mean 'seed'?)" in _refusal(cases[3][0])[1]
     assert "(did you mean 'limit'?)" in _refusal(cases[4][0])[1]
     assert "(did you mean 'interval'?)" in _refusal(cases[5][0])[1]
+    assert "(did you mean 'n_components'?)" in _refusal(cases[7][0])[1]
+    assert "(did you mean 'timeout'?)" in _refusal(cases[10][0])[1]
+
+
+def test_a_technique_declares_its_parameters_once():
+    """Each debiasing method's and LM technique's ``Params`` model holds exactly the constructor's
+    keyword parameters with the same defaults (the signature is the Python API, the model their
+    types and ranges); the trained techniques' model is further_pretrain's."""
+    import inspect
+
+    from audit.lm_mitigation import TECHNIQUES
+    from audit.lm_mitigation.steps import CDA, INLP, PARAMS, SelfDebias, SentenceDebias
+    from audit.lm_mitigation.training import TrainParams, further_pretrain
+    from audit.mitigation import METHODS
+
+    def defaults(fn):
+        return {p.name: p.default for p in inspect.signature(fn).parameters.values() if p.kind == p.KEYWORD_ONLY}
+
+    owners = [(cls.__init__, cls.Params) for cls in [*METHODS.values(), CDA]]
+    owners += [(further_pretrain, TrainParams)]
+    owners += [(cls.__init__, cls.Params) for cls in (INLP, SentenceDebias, SelfDebias)]
+    assert len(owners) == len(METHODS) + 5 and set(PARAMS) == set(TECHNIQUES)
+    for fn, model in owners:
+        declared = {k: f.default for k, f in model.model_fields.items()}
+        given = defaults(fn)
+        if fn is further_pretrain:
+            given = {k: v for k, v in given.items() if k in declared}  # kind, mlm_probability: not spec parameters
+        assert given == declared, (fn.__qualname__, given, declared)

@@ -19,32 +19,24 @@ pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_typed_checkers_name_file_and_field_and_pick_the_error_class():
+def test_shared_field_types_name_file_and_field_and_pick_the_error_class():
     ctx = V.Ctx("w.yaml")
-    assert V.number(ctx, "a", 2) == 2.0 and V.number(ctx, "a", 0.5, minimum=0.5) == 0.5
-    for bad, cls, msg in ((float("nan"), DataError, "w.yaml: a: expected a finite number, got nan"),
-                          (float("-inf"), DataError, "w.yaml: a: expected a finite number, got -inf"),
-                          ("1", DataError, "w.yaml: a: expected a number, got '1'"),
-                          (True, DataError, "w.yaml: a: expected a number, got True"),
-                          (-1, ParameterError, "w.yaml: a: must be >= 0, got -1")):
-        with pytest.raises(cls) as e:
-            V.number(ctx, "a", bad)
-        assert str(e.value) == msg and type(e.value) is cls
-    with pytest.raises(ParameterError, match=r"^w\.yaml: a: must be > 0, got 0$"):
-        V.number(ctx, "a", 0, strict=True)
-    with pytest.raises(DataError, match=r"expected an integer, got 1\.5"):
-        V.integer(ctx, "n", 1.5)
-    assert V.integer(ctx, "n", 1e5) == 100000  # a float with no fraction is its integer (audit.schema.Int)
-    with pytest.raises(DataError, match=r"^w\.yaml: x\.colour: unknown field \(did you mean 'color'\?\); allowed fields: color, size$"):
-        V.mapping(ctx, "x", {"colour": 1}, {"color", "size"})
     with pytest.raises(DataError, match=r"^<spec>: expected a mapping, got list \[1\]$"):
         V.mapping(V.Ctx(""), "", [1])
-    with pytest.raises(ParameterError, match=r"'a b': use letters, digits"):
-        V.name(ctx, "name", "a b")
-    assert schema.check(V.Strings, "weat1") == ("weat1",) and V.string(ctx, "s", None, allow_none=True) is None
+    with pytest.raises(DataError, match=r"^w\.yaml: x: keys must be strings, got 1$"):
+        V.mapping(ctx, "x", {1: "a"})
+    with pytest.raises(ParameterError, match=r"^w\.yaml: name: 'a b': use letters, digits, '-', '_' and '\.' only$"):
+        schema.check(V.Name, "a b", "w.yaml", "name")
+    with pytest.raises(ParameterError,
+                       match=r"^w\.yaml: name: 'a b': use letters, digits, '-', '_', '\.' and '\+' only$"):
+        schema.check(V.DerivedName, "a b", "w.yaml", "name")
+    assert schema.check(V.DerivedName, "glove+hd") == "glove+hd"
+    assert schema.check(V.Strings, "weat1") == ("weat1",)
     assert not V.given("  ") and not V.given(None) and V.given(0)
-    with pytest.raises(DataError, match=r"p\.k: value nan is not a plain number"):
-        V.plain_values(ctx, "p", {"k": float("nan")})
+    with pytest.raises(DataError, match=r"^w\.yaml: p\.k: expected a finite number, got nan$"):
+        schema.check(V.PlainValues, {"k": float("nan")}, "w.yaml", "p")
+    with pytest.raises(DataError, match=r"p\.k: value \[inf\] is not a plain number"):
+        schema.check(V.PlainValues, {"k": [float("inf")]}, "w.yaml", "p")
     assert V.suggest("waet", ["weat", "seat"]) == " (did you mean 'weat'?)" and V.suggest("zzz", ["weat"]) == ""
 
 

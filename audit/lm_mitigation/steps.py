@@ -21,11 +21,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
-from typing import Any, Sequence
+from typing import Annotated, Any, Sequence
 
 import numpy as np
 
+from pydantic import Field, ValidationInfo, field_validator
+
 from audit.errors import ParameterError
+from audit.schema import Flag, Int, Num, Refused, Section, Text, arguments
 from audit.lm_mitigation import TECHNIQUES
 from audit.lm_mitigation.cda import augment_corpus
 from audit.lm_mitigation.inlp import (
@@ -38,10 +41,10 @@ from audit.lm_mitigation.inlp import (
 )
 from audit.lm_mitigation.pairs import AttributePairs
 from audit.lm_mitigation.self_debias import DEBIASING_PREFIXES, causal_logprobs, masked_logprobs, prompts_for
-from audit.lm_mitigation.self_debias import _check as check_rescaling
+from audit.lm_mitigation.training import TrainParams
 from audit.lm_mitigation.sentence_debias import bias_direction, counterfactual_pairs, mean_pooled, project_out
 
-__all__ = ["CDA", "INLP", "SelfDebias", "SentenceDebias", "corpus_digest", "pairs_digest"]
+__all__ = ["CDA", "INLP", "PARAMS", "SelfDebias", "SentenceDebias", "corpus_digest", "pairs_digest"]
 
 
 def corpus_digest(sentences: Sequence[str]) -> str:
@@ -56,6 +59,9 @@ def pairs_digest(pairs: AttributePairs) -> str:
 
 class _Step:
     name = ""
+    #: the types and ranges of the keyword parameters (:mod:`audit.schema`), declared once: the
+    #: constructor and a sweep spec's ``models[i].lm_mitigation[j].params`` check them
+    Params: type[Section] = Section
 
     @classmethod
     def _param_names(cls) -> list[str]:
@@ -63,6 +69,12 @@ class _Step:
 
     def get_params(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self._param_names()}
+
+    def _set_params(self, **given: Any) -> None:
+        """The constructor's parameters checked against :attr:`Params` (:func:`audit.schema.arguments`)
+        and set as attributes."""
+        for k, v in arguments(self.Params, given, self.name).items():
+            setattr(self, k, v)
 
     def _provenance(self, pairs: AttributePairs, corpus: Sequence[str] | None, **fitted: Any) -> dict[str, Any]:
         t = TECHNIQUES[self.name]
@@ -86,11 +98,13 @@ class INLP(_Step):
 
     name = "inlp"
 
+    class Params(Section):
+        n_classifiers: Int(1) = 80
+        n_sentences: Int(1) = 10000
+        seed: Int(0) = 0
+
     def __init__(self, *, n_classifiers: int = 80, n_sentences: int = 10000, seed: int = 0):
-        for k, v in (("n_classifiers", n_classifiers), ("n_sentences", n_sentences)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ParameterError(f"inlp: {k} must be a positive integer, got {v!r}")
-        self.n_classifiers, self.n_sentences, self.seed = n_classifiers, n_sentences, seed
+        self._set_params(n_classifiers=n_classifiers, n_sentences=n_sentences, seed=seed)
         self.projection_: np.ndarray | None = None
 
     def fit(self, model: Any, tokenizer: Any, corpus: Sequence[str], pairs: AttributePairs) -> INLP:
@@ -119,13 +133,16 @@ class SentenceDebias(_Step):
 
     name = "sentence_debias"
 
+    class Params(Section):
+        n_components: Int(1) = 1
+        batch_size: Int(1) = 32
+        max_length: Int(1) = 128
+        drop_last: Flag = False
+
     def __init__(self, *, n_components: int = 1, batch_size: int = 32, max_length: int = 128,
                  drop_last: bool = False):
-        for k, v in (("n_components", n_components), ("batch_size", batch_size), ("max_length", max_length)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ParameterError(f"sentence_debias: {k} must be a positive integer, got {v!r}")
-        self.n_components, self.batch_size, self.max_length, self.drop_last = (n_components, batch_size,
-                                                                                max_length, drop_last)
+        self._set_params(n_components=n_components, batch_size=batch_size, max_length=max_length,
+                         drop_last=drop_last)
         self.directions_: np.ndarray | None = None
 
     def fit(self, model: Any, tokenizer: Any, corpus: Sequence[str], pairs: AttributePairs) -> SentenceDebias:
@@ -148,17 +165,24 @@ class SelfDebias(_Step):
 
     name = "self_debias"
 
+    class Params(Section):
+        prefixes: Annotated[tuple[Text, ...], Field(strict=False)] | None = None
+        bias_type: Text = "gender"
+        decay_constant: Num(0.0) = 50.0
+        epsilon: Num(0.0, strict=True, maximum=1.0, inclusive=True) = 0.01
+
+        @field_validator("bias_type")
+        @classmethod
+        def _a_prompt(cls, v: str, info: ValidationInfo) -> str:
+            if info.data.get("prefixes") is None and v not in DEBIASING_PREFIXES:
+                raise Refused(f"no prompt for bias_type {v!r}; known: {', '.join(DEBIASING_PREFIXES)} "
+                              "(or pass prefixes)")
+            return v
+
     def __init__(self, *, bias_type: str = "gender", prefixes: Sequence[str] | None = None,
                  decay_constant: float = 50.0, epsilon: float = 0.01):
-        if prefixes is None and bias_type not in DEBIASING_PREFIXES:
-            raise ParameterError(f"self_debias: no prompt for bias_type {bias_type!r}; known: "
-                                 f"{', '.join(DEBIASING_PREFIXES)} (or pass prefixes)")
-        try:
-            check_rescaling(decay_constant, epsilon)
-        except ParameterError as e:
-            raise ParameterError(f"self_debias: {e}") from None
-        self.bias_type, self.decay_constant, self.epsilon = bias_type, decay_constant, epsilon
-        self.prefixes = list(prefixes) if prefixes is not None else [DEBIASING_PREFIXES[bias_type]]
+        self._set_params(prefixes=prefixes, bias_type=bias_type, decay_constant=decay_constant, epsilon=epsilon)
+        self.prefixes = list(prefixes) if prefixes is not None else [DEBIASING_PREFIXES[self.bias_type]]
         self._given = prefixes is not None
         self.language_: str | None = None
 
@@ -186,8 +210,13 @@ class CDA(_Step):
 
     name = "cda"
 
+    class Params(Section):
+        punctuation: Flag = True
+        keep_unmatched: Flag = False
+        lower: Flag = False
+
     def __init__(self, *, punctuation: bool = True, keep_unmatched: bool = False, lower: bool = False):
-        self.punctuation, self.keep_unmatched, self.lower = punctuation, keep_unmatched, lower
+        self._set_params(punctuation=punctuation, keep_unmatched=keep_unmatched, lower=lower)
 
     def transform(self, corpus: Sequence[str], pairs: AttributePairs) -> list[str]:
         out = augment_corpus(corpus, pairs, punctuation=self.punctuation, keep_unmatched=self.keep_unmatched,
@@ -195,3 +224,10 @@ class CDA(_Step):
         self.provenance_ = self._provenance(pairs, corpus, augmented={"digest": corpus_digest(out),
                                                                       "n_sentences": len(out)})
         return out
+
+
+#: The parameters a sweep spec's ``models[i].lm_mitigation`` step takes, by technique: the fitted
+#: and decoding-time steps' own :attr:`_Step.Params`; the trained techniques (``cda``, ``dropout``)
+#: take further pre-training's (:class:`audit.lm_mitigation.training.TrainParams`).
+PARAMS: dict[str, type[Section]] = {"inlp": INLP.Params, "sentence_debias": SentenceDebias.Params,
+                                    "self_debias": SelfDebias.Params, "cda": TrainParams, "dropout": TrainParams}

@@ -26,8 +26,21 @@ import random
 from typing import Any, Sequence
 
 from audit.errors import ParameterError
+from audit.schema import Int, Num, Section, arguments
 
-__all__ = ["DROPOUT", "set_dropout", "further_pretrain"]
+__all__ = ["DROPOUT", "TrainParams", "set_dropout", "further_pretrain"]
+
+
+class TrainParams(Section):
+    """The parameters of further pre-training (:func:`further_pretrain`; the ``params`` of the
+    ``cda`` and ``dropout`` steps of a sweep spec), declared once: optimiser steps, sentences per
+    batch, AdamW learning rate, tokens per sentence, seed of the batch order and masking."""
+
+    steps: Int(1) = 100
+    batch_size: Int(1) = 8
+    lr: Num(0.0, strict=True) = 5e-5
+    max_length: Int(1) = 128
+    seed: Int(0) = 0
 
 #: model_type -> config attribute -> bias-bench's debiasing dropout.
 DROPOUT: dict[str, dict[str, float]] = {
@@ -64,11 +77,9 @@ def further_pretrain(model: Any, tokenizer: Any, sentences: Sequence[str], *, ki
 
     if kind not in ("mlm", "causal"):
         raise ParameterError(f"further pre-training needs a masked or causal LM, got kind={kind!r}")
-    for k, v in (("steps", steps), ("batch_size", batch_size), ("max_length", max_length)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ParameterError(f"further pre-training: {k} must be a positive integer, got {v!r}")
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ParameterError(f"further pre-training: lr must be > 0, got {lr!r}")
+    p = arguments(TrainParams, {"steps": steps, "batch_size": batch_size, "lr": lr, "max_length": max_length,
+                                "seed": seed}, "further pre-training")
+    steps, batch_size, lr, max_length, seed = p["steps"], p["batch_size"], p["lr"], p["max_length"], p["seed"]
     lines = [s for s in sentences if s.strip()]
     if not lines:
         raise ParameterError("further pre-training: the corpus has no non-empty line")

@@ -12,12 +12,12 @@ their explained variance ratios; the methods check the rank themselves."""
 from __future__ import annotations
 
 import inspect
-import numbers
 import warnings
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from audit import schema
 from audit.errors import CoverageError, ParameterError
 from audit.metrics.same import bias_subspace
 from audit.mitigation.definitions import BiasDefinitions, load_definitions, resolve_word
@@ -26,8 +26,6 @@ from audit.mitigation.matrix import EmbeddingMatrix, as_matrix
 __all__ = [
     "Mitigation",
     "bias_subspace",
-    "check_float",
-    "check_int",
     "normalize_rows",
     "resolve_sets",
     "scope_mask",
@@ -64,6 +62,9 @@ class Mitigation:
     name: str = ""
     #: short citation of the method
     reference: str = ""
+    #: the types and ranges of the constructor's parameters (:mod:`audit.schema`), declared once:
+    #: :meth:`_validate_params` and a sweep spec's ``models[i].mitigation[j].params`` read them
+    Params: type[schema.Section] = schema.Section
 
     # -- parameters ------------------------------------------------------------------------
     @classmethod
@@ -74,6 +75,12 @@ class Mitigation:
     def get_params(self) -> dict[str, Any]:
         """The constructor parameters (as in scikit-learn)."""
         return {k: getattr(self, k) for k in self._param_names()}
+
+    def _init_params(self, **given: Any) -> None:
+        """The constructor's parameters checked against :attr:`Params` and set as attributes."""
+        for k, v in given.items():
+            setattr(self, k, v)
+        self._validate_params()
 
     def set_params(self, **params: Any) -> Mitigation:
         """Change constructor parameters; an invalid value raises and leaves the method unchanged."""
@@ -96,8 +103,11 @@ class Mitigation:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
 
-    def _validate_params(self) -> None:  # pragma: no cover - overridden
-        pass
+    def _validate_params(self) -> None:
+        """The parameters checked against :attr:`Params` (:func:`audit.schema.arguments`: a
+        :class:`ParameterError` such as ``HardDebias: n_components: must be >= 1, got 0``)."""
+        for k, v in schema.arguments(self.Params, self.get_params(), type(self).__name__).items():
+            setattr(self, k, v)
 
     # -- API -------------------------------------------------------------------------------
     def fit(self, model: Any, definitions: BiasDefinitions | str) -> Mitigation:  # pragma: no cover
@@ -162,22 +172,6 @@ def _jsonable_params(p: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 # Validation helpers
 # --------------------------------------------------------------------------------------
-
-
-def check_int(owner: str, name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ParameterError(f"{owner}: {name} must be an integer >= {minimum}, got {value!r}")
-
-
-def check_float(owner: str, name: str, value: Any, *, minimum: float | None = None,
-                maximum: float | None = None, strict_min: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value):
-        raise ParameterError(f"{owner}: {name} must be a finite number, got {value!r}")
-    if minimum is not None and (value < minimum or (strict_min and value == minimum)):
-        rel = ">" if strict_min else ">="
-        raise ParameterError(f"{owner}: {name} must be {rel} {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ParameterError(f"{owner}: {name} must be <= {maximum}, got {value!r}")
 
 
 def resolve_sets(

@@ -10,11 +10,11 @@ from audit.errors import CoverageError, ParameterError
 from audit.mitigation.base import (
     Mitigation,
     bias_subspace,
-    check_int,
     normalize_rows,
     resolve_sets,
     scope_mask,
 )
+from audit.schema import Flag, Int, Section
 from audit.mitigation.definitions import BiasDefinitions, resolve_word
 from audit.mitigation.hard_debias import _equalize_candidates, hard_debias_arrays, protected_words
 from audit.mitigation.matrix import EmbeddingMatrix, as_matrix
@@ -116,6 +116,15 @@ class DoubleHardDebias(Mitigation):
     name = "double_hard_debias"
     reference = "Wang et al. (2020), ACL"
 
+    class Params(Section):
+        n_candidates: Int(1) = 20
+        n_words: Int(2) = 1000
+        pool_size: Int(4) = 50000
+        n_components: Int(1) = 10
+        case_variants: Flag = True
+        seed: Int(0) = 1
+        n_init: Int(1) = 10
+
     def __init__(
         self,
         *,
@@ -127,25 +136,9 @@ class DoubleHardDebias(Mitigation):
         seed: int = 1,
         n_init: int = 10,
     ) -> None:
-        self.n_candidates = n_candidates
-        self.n_words = n_words
-        self.pool_size = pool_size
-        self.n_components = n_components
-        self.case_variants = case_variants
-        self.seed = seed
-        self.n_init = n_init
-        self._validate_params()
+        self._init_params(n_candidates=n_candidates, n_words=n_words, pool_size=pool_size, n_components=n_components,
+                          case_variants=case_variants, seed=seed, n_init=n_init)
 
-    def _validate_params(self) -> None:
-        o = type(self).__name__
-        check_int(o, "n_candidates", self.n_candidates, minimum=1)
-        check_int(o, "n_words", self.n_words, minimum=2)
-        check_int(o, "pool_size", self.pool_size, minimum=4)
-        check_int(o, "n_components", self.n_components, minimum=1)
-        check_int(o, "seed", self.seed, minimum=0)
-        check_int(o, "n_init", self.n_init, minimum=1)
-        if not isinstance(self.case_variants, bool):
-            raise ParameterError(f"{o}: case_variants must be True or False, got {self.case_variants!r}")
 
     def fit(self, model: Any, definitions: BiasDefinitions | str) -> DoubleHardDebias:
         """Choose the frequency direction by clustering, then fit the Hard Debias direction."""

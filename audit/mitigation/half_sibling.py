@@ -7,7 +7,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from audit.errors import CoverageError
-from audit.mitigation.base import Mitigation, check_float, scope_mask
+from audit.mitigation.base import Mitigation, scope_mask
+from audit.schema import Num, Section
 from audit.mitigation.definitions import BiasDefinitions, resolve_word
 from audit.mitigation.matrix import EmbeddingMatrix, as_matrix
 
@@ -60,12 +61,11 @@ class HalfSiblingRegression(Mitigation):
     name = "half_sibling_regression"
     reference = "Yang & Feng (2020), AAAI"
 
-    def __init__(self, *, alpha: float = 60.0) -> None:
-        self.alpha = alpha
-        self._validate_params()
+    class Params(Section):
+        alpha: Num(0.0) = 60.0
 
-    def _validate_params(self) -> None:
-        check_float(type(self).__name__, "alpha", self.alpha, minimum=0.0)
+    def __init__(self, *, alpha: float = 60.0) -> None:
+        self._init_params(alpha=alpha)
 
     def fit(self, model: Any, definitions: BiasDefinitions | str) -> HalfSiblingRegression:
         """Compute the hat matrix of the ridge regression on the definitional word vectors."""

@@ -11,11 +11,11 @@ from audit.errors import ParameterError
 from audit.mitigation.base import (
     Mitigation,
     bias_subspace,
-    check_int,
     normalize_rows,
     resolve_sets,
     scope_mask,
 )
+from audit.schema import Flag, Int, Section
 from audit.mitigation.definitions import BiasDefinitions, resolve_word
 from audit.mitigation.matrix import EmbeddingMatrix, as_matrix
 
@@ -125,15 +125,12 @@ class HardDebias(Mitigation):
     name = "hard_debias"
     reference = "Bolukbasi et al. (2016), NeurIPS"
 
-    def __init__(self, *, n_components: int = 10, case_variants: bool = True) -> None:
-        self.n_components = n_components
-        self.case_variants = case_variants
-        self._validate_params()
+    class Params(Section):
+        n_components: Int(1) = 10
+        case_variants: Flag = True
 
-    def _validate_params(self) -> None:
-        check_int(type(self).__name__, "n_components", self.n_components, minimum=1)
-        if not isinstance(self.case_variants, bool):
-            raise ParameterError(f"HardDebias: case_variants must be True or False, got {self.case_variants!r}")
+    def __init__(self, *, n_components: int = 10, case_variants: bool = True) -> None:
+        self._init_params(n_components=n_components, case_variants=case_variants)
 
     def fit(self, model: Any, definitions: BiasDefinitions | str) -> HardDebias:
         """Learn the bias direction from the definitional pairs of ``definitions``."""
@@ -255,12 +252,11 @@ class MulticlassHardDebias(Mitigation):
     name = "multiclass_hard_debias"
     reference = "Manzini et al. (2019), NAACL"
 
-    def __init__(self, *, n_components: int = 1) -> None:
-        self.n_components = n_components
-        self._validate_params()
+    class Params(Section):
+        n_components: Int(1) = 1
 
-    def _validate_params(self) -> None:
-        check_int(type(self).__name__, "n_components", self.n_components, minimum=1)
+    def __init__(self, *, n_components: int = 1) -> None:
+        self._init_params(n_components=n_components)
 
     def fit(self, model: Any, definitions: BiasDefinitions | str) -> MulticlassHardDebias:
         """Learn the k-dimensional bias subspace from the definitional sets."""

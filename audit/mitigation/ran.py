@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Annotated, Any, Iterable
 
 import numpy as np
+from pydantic import BeforeValidator, Field
 
 from audit.errors import ParameterError
 from audit.mitigation.base import (
     Mitigation,
     bias_subspace,
-    check_float,
-    check_int,
     normalize_rows,
     resolve_sets,
     scope_mask,
 )
+from audit.schema import Int, Num, OneOf, Refused, Section
 from audit.mitigation.definitions import BiasDefinitions
 from audit.mitigation.matrix import EmbeddingMatrix, as_matrix
 
@@ -56,6 +56,12 @@ def indirect_bias(w: np.ndarray, v: np.ndarray, g: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):  # w.v = 0 -> inf/NaN: never > theta
         cos_p = np.sum(wp * vp, axis=-1) / (np.linalg.norm(wp, axis=-1) * np.linalg.norm(vp, axis=-1))
         return (wv - cos_p) / wv
+
+
+def _three(w: Any) -> Any:
+    if isinstance(w, (str, bytes)) or not isinstance(w, (list, tuple)) or len(w) != 3:
+        raise Refused(f"expected three numbers (repulsion, attraction, neutralization), got {w!r}")
+    return w
 
 
 class RepulsionAttractionNeutralization(Mitigation):
@@ -120,6 +126,18 @@ class RepulsionAttractionNeutralization(Mitigation):
     name = "repulsion_attraction_neutralization"
     reference = "Kumar et al. (2020), TACL"
 
+    class Params(Section):
+        #: repulsion, attraction, neutralization
+        weights: Annotated[tuple[Num(), Num(), Num()], BeforeValidator(_three), Field(strict=False)] = (0.33,) * 3
+        theta: Num() = 0.05
+        n_neighbours: Int(1) = 100
+        epochs: Int(0) = 300
+        learning_rate: Num(0.0, strict=True) = 0.01
+        neutralization: OneOf("neutralization", ("cosine", "dot")) = "cosine"
+        n_components: Int(1) = 10
+        batch_size: Int(1) = 2048
+        n_threads: Int(1) | None = None
+
     def __init__(
         self,
         *,
@@ -133,36 +151,10 @@ class RepulsionAttractionNeutralization(Mitigation):
         batch_size: int = 2048,
         n_threads: int | None = None,
     ) -> None:
-        self.weights = weights
-        self.theta = theta
-        self.n_neighbours = n_neighbours
-        self.epochs = epochs
-        self.learning_rate = learning_rate
-        self.neutralization = neutralization
-        self.n_components = n_components
-        self.batch_size = batch_size
-        self.n_threads = n_threads
-        self._validate_params()
+        self._init_params(weights=weights, theta=theta, n_neighbours=n_neighbours, epochs=epochs,
+                          learning_rate=learning_rate, neutralization=neutralization, n_components=n_components,
+                          batch_size=batch_size, n_threads=n_threads)
 
-    def _validate_params(self) -> None:
-        o = type(self).__name__
-        w = self.weights
-        if isinstance(w, (str, bytes)) or not hasattr(w, "__len__") or len(w) != 3:
-            raise ParameterError(
-                f"{o}: weights must be three numbers (repulsion, attraction, neutralization), got {w!r}"
-            )
-        for i, x in enumerate(w):
-            check_float(o, f"weights[{i}]", x, minimum=0.0)
-        check_float(o, "theta", self.theta)
-        check_int(o, "n_neighbours", self.n_neighbours, minimum=1)
-        check_int(o, "epochs", self.epochs, minimum=0)
-        check_float(o, "learning_rate", self.learning_rate, minimum=0.0, strict_min=True)
-        check_int(o, "n_components", self.n_components, minimum=1)
-        check_int(o, "batch_size", self.batch_size, minimum=1)
-        if self.n_threads is not None:
-            check_int(o, "n_threads", self.n_threads, minimum=1)
-        if self.neutralization not in ("cosine", "dot"):
-            raise ParameterError(f"{o}: neutralization must be 'cosine' or 'dot', got {self.neutralization!r}")
 
     def fit(self, model: Any, definitions: BiasDefinitions | str) -> RepulsionAttractionNeutralization:
         """Learn the gender direction (as Hard Debias: first PC of the centred unit pairs)."""

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from audit.errors import AuditError
-from jobs.tracker import STATE_TAG, STUCK, STUCK_EXIT_CODE, STUCK_REASON_TAG
+from jobs.tracker import STATE_TAG, STUCK, STUCK_EXIT_CODE, STUCK_REASON_TAG, search_all
 from jobs.uris import redact_uri
 from jobs.validators import first_line
 from jobs.watch.backoff import SourceUnavailable
@@ -105,7 +105,7 @@ class AuditIndex:
                 return cls()
             idx = cls()
             started: dict[str, int] = {}
-            for r in _search_all(client, exp.experiment_id, "tags.`audit.role` = 'sweep'"):
+            for r in search_all(client, [exp.experiment_id], "tags.`audit.role` = 'sweep'"):
                 name = r.data.tags.get("audit.sweep")
                 if not name:
                     continue
@@ -121,7 +121,7 @@ class AuditIndex:
                                                name=name, source=tags.get(SOURCE_TAG), repo=tags.get(REPO_TAG),
                                                revision=tags.get(REVISION_TAG), when=tags.get(WHEN_TAG) or "",
                                                start_time=int(start), regression=tags.get(REGRESSION_TAG))
-            for r in _search_all(client, exp.experiment_id, "tags.`audit.role` = 'task'"):
+            for r in search_all(client, [exp.experiment_id], "tags.`audit.role` = 'task'"):
                 key = (r.data.params.get("model", ""), r.data.params.get("revision", ""))
                 c = idx.revisions.setdefault(key, {})
                 c[r.info.status] = c.get(r.info.status, 0) + 1
@@ -131,16 +131,6 @@ class AuditIndex:
         except Exception as e:  # noqa: BLE001 - connection refused, database locked, HTTP 5xx
             raise SourceUnavailable(f"tracking store {redact_uri(uri)} (experiment {experiment}): "
                                     f"{type(e).__name__}: {first_line(e)}") from None
-
-
-def _search_all(client, experiment_id: str, filter_string: str) -> list:
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
 
 
 __all__ = ["SweepRecord", "AuditIndex", "STATE_TAG", "STUCK_REASON_TAG", "STUCK", "STUCK_EXIT_CODE", "REGRESSION_TAG",

@@ -1,8 +1,9 @@
 """The watch spec: what to watch, which audit to run on it, where to submit it.
 
 Validated with the vocabulary of :mod:`audit.schema` (the same rules, messages and error classes as
-the sweep spec): the top level is :class:`WatchFields`, ``watch[i]`` :class:`EntryFields`, ``ray``/``hub``/``backoff``/``regression`` have
-their models; every error names the file and the field.
+the sweep spec): the top level is :class:`WatchFields`, ``watch[i]`` :class:`EntryFields`; ``audit``,
+``notify``, ``ray``, ``hub``, ``backoff`` and ``regression`` have their models; every error names the file
+and the field.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import shlex
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
-from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from audit import registry, schema
 from audit.errors import DataError, ParameterError
-from audit.schema import Flag, Int, Num, OneOf, Permutations, Refused, Section, Text, validate
+from audit.schema import Flag, Int, Num, NullDefaults, OneOf, Permutations, Refused, Section, Text, validate
 from jobs.uris import resolve_tracking_uri, store_identity
 from jobs.validators import (
     Ctx,
@@ -31,9 +32,7 @@ from jobs.validators import (
     mapping,
     named,
     non_empty,
-    number,
     read_yaml,
-    string,
     tracking,
 )
 from jobs.watch.backoff import Backoff
@@ -43,8 +42,6 @@ SPEC_ENV = "BIASAUDIT_SWEEP_SPEC"
 #: What a submitted job runs unless the watch spec sets ``ray.entrypoint``.
 DEFAULT_ENTRYPOINT = f"python -m jobs.watch --run-spec-env {SPEC_ENV} --no-progress"
 
-_NOTIFY_FIELDS = {"command", "url", "timeout"}
-_AUDIT_FIELDS = {"spec", "overrides", "model"}
 _SOURCE_KEYS = ("repo", "author", "local")
 _LAYOUTS = ("revisions", "digest")
 _ORDERS = ("mtime", "name")
@@ -114,22 +111,35 @@ class RaySubmit(Section):
 
 
 def _http_url(url: str) -> str:
-    url = url.rstrip("/")
-    if not re.match(r"^https?://", url):
+    if not re.match(r"^https?://[^\s/]+", url):
         raise Refused(f"{url!r}: expected an http(s):// URL")
     return url
 
 
-class HubFields(Section):
-    """The ``hub:`` section: the Hub's address (default: ``huggingface_hub``'s), the branch whose
-    commits are revisions, the seconds one request may take."""
+#: An ``http(s)://`` address with a host (``hub.endpoint``, ``notify.url``).
+HttpUrl = Annotated[Text, AfterValidator(_http_url)]
 
-    endpoint: Annotated[Text, AfterValidator(_http_url)] | None = None
+
+def _blank_none(v: Any) -> Any:
+    """A blank string (``${VAR:-}`` of an unset variable) reads as not given."""
+    return None if isinstance(v, str) and not v.strip() else v
+
+
+class HubFields(NullDefaults):
+    """The ``hub:`` section: the Hub's address (default: ``huggingface_hub``'s; blank: not given),
+    the branch whose commits are revisions, the seconds one request may take."""
+
+    endpoint: Annotated[HttpUrl, AfterValidator(lambda url: url.rstrip("/"))] | None = None
     branch: Text = "main"
     timeout: Num(0.0, strict=True) = 15.0
 
+    @field_validator("endpoint", mode="before")
+    @classmethod
+    def _blank(cls, v: Any) -> Any:
+        return _blank_none(v)
 
-class BackoffFields(Section):
+
+class BackoffFields(NullDefaults):
     """The types and ranges of the ``backoff:`` section (its defaults: :class:`Backoff`)."""
 
     initial: Num() | None = None
@@ -141,10 +151,24 @@ class BackoffFields(Section):
     seed: Int(0) | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Notify:
+def _a_command(command: str) -> str:
+    try:
+        if not shlex.split(command):
+            raise ValueError("empty")
+    except ValueError as e:
+        raise Refused(f"{command!r}: cannot be split into a command ({e})") from None
+    return command
+
+
+def _not_given(d: Any) -> Any:
+    """A section's null or blank (``${VAR:-}``) fields read as not given: their defaults."""
+    return {k: x for k, x in d.items() if given(x)} if isinstance(d, Mapping) else d
+
+
+class Notify(Section):
     """What the watcher does when it finds a regression (``regression.notify``) or an audit fails
-    (``notify``, else ``regression.notify``). The JSON's ``event`` tells which: ``bias_regression``,
+    (``notify``, else ``regression.notify``); a typed model of :mod:`audit.schema` (null or blank
+    fields read as not given). The JSON's ``event`` tells which: ``bias_regression``,
     ``audit_failed``, ``audit_gave_up``, ``audit_not_submitted``.
 
     command: run (split like a shell line with :func:`shlex.split`, no shell) with the
@@ -155,9 +179,20 @@ class Notify:
              ``timeout`` seconds is an ``error`` decision.
     """
 
-    command: str | None = None
-    url: str | None = None
-    timeout: float = 10.0
+    command: Annotated[Text, AfterValidator(_a_command)] | None = None
+    url: HttpUrl | None = None
+    timeout: Num(0.0, strict=True) = 10.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _blank(cls, d: Any) -> Any:
+        return _not_given(d)
+
+    @model_validator(mode="after")
+    def _something(self) -> Notify:
+        if self.command is None and self.url is None:
+            raise DataError("give a `command`, a `url` or both")
+        return self
 
 
 def _comparable(m: str) -> str:
@@ -172,7 +207,7 @@ def _comparable(m: str) -> str:
     return m
 
 
-class RegressionSpec(Section):
+class RegressionSpec(NullDefaults):
     """Regression detection between audited revisions (``regression:`` of the watch spec;
     :mod:`jobs.watch.regression`; a typed model of :mod:`audit.schema`).
 
@@ -187,8 +222,6 @@ class RegressionSpec(Section):
     n_bootstrap, permutations, seed: of each comparison (:mod:`audit.compare`).
     notify:       :class:`Notify` (``None``: no notification).
     """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     metrics: Annotated[tuple[Annotated[Text, AfterValidator(_comparable)], ...], Field(strict=False)] | None = None
     tests: Annotated[tuple[Text, ...], Field(strict=False)] | None = None
@@ -209,8 +242,8 @@ class RegressionSpec(Section):
 
     @field_validator("baseline", mode="before")
     @classmethod
-    def _revision(cls, v: Any) -> Any:
-        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    def _revision(cls, v: Any) -> Any:  # a number is its text, a blank string not given
+        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else _blank_none(v)
 
     @field_validator("previous")
     @classmethod
@@ -273,19 +306,32 @@ class WatchSpec:
                           ensure_ascii=False)
 
 
-def _audit(ctx: Ctx, path: str, v: Any, base: AuditTemplate | None = None) -> AuditTemplate:
-    d = mapping(ctx, path, v, _AUDIT_FIELDS)
+def _set_by_watcher(key: str) -> str:
+    if key in ("ref", "revision", "build"):
+        raise Refused("is set by the watcher for each watched model")
+    return key
+
+
+#: ``audit.model`` / ``watch[i].model``: fields of the generated sweep's model entry (checked
+#: with that spec), except those the watcher sets for each watched model.
+ModelOverrides = dict[Annotated[str, AfterValidator(_set_by_watcher)], Any]
+
+
+class AuditFields(NullDefaults):
+    """The ``audit:`` section (top level and ``watch[i].audit``; see :class:`AuditTemplate`;
+    null fields read as not given)."""
+
+    spec: Text | None = None
+    overrides: dict[str, Any] | None = None
+    model: ModelOverrides | None = None
+
+
+def _audit(f: AuditFields, base: AuditTemplate | None = None) -> AuditTemplate:
+    """``base`` (the top level's template) with the fields of ``f`` (``overrides`` merged)."""
     base = base or AuditTemplate()
-    spec = base.spec
-    if d.get("spec") is not None:
-        spec = Path(string(ctx, f"{path}.spec", d["spec"]))
-    overrides = dict(base.overrides)
-    if d.get("overrides") is not None:
-        overrides = deep_merge(overrides, mapping(ctx, f"{path}.overrides", d["overrides"]))
-    model = dict(base.model)
-    if d.get("model") is not None:
-        model.update(_model_fields(ctx, f"{path}.model", d["model"]))
-    return AuditTemplate(spec=spec, overrides=overrides, model=model)
+    return AuditTemplate(spec=Path(f.spec) if f.spec is not None else base.spec,
+                         overrides=deep_merge(base.overrides, f.overrides or {}),
+                         model={**base.model, **(f.model or {})})
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -298,14 +344,6 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
         else:
             out[k] = copy.deepcopy(v)
     return out
-
-
-def _model_fields(ctx: Ctx, path: str, v: Any) -> dict[str, Any]:
-    d = mapping(ctx, path, v)
-    for k in ("ref", "revision", "build"):
-        if k in d:
-            raise ctx.param(f"{path}.{k}", "is set by the watcher for each watched model")
-    return d
 
 
 def _hub_id(repo: str) -> str:
@@ -340,8 +378,8 @@ class EntryFields(Section):
     order: OneOf("order", _ORDERS) | None = None
     file: Annotated[Text, AfterValidator(_inside)] | None = None
     settle: Num() | None = None
-    audit: Any = None
-    model: Any = None
+    audit: AuditFields | None = None
+    model: ModelOverrides | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -376,11 +414,9 @@ def _entry(ctx: Ctx, i: int, f: EntryFields, default: AuditTemplate, hub_branch:
     """``watch[i]`` (validated as ``f``) as a :class:`WatchEntry` with its audit template."""
     path = f"watch[{i}]"
     kind = next(k for k in _SOURCE_KEYS if getattr(f, k) is not None)
-    audit = default
-    if f.audit is not None:
-        audit = _audit(ctx, f"{path}.audit", f.audit, default)
+    audit = _audit(f.audit, default) if f.audit is not None else default
     if f.model is not None:
-        audit = dataclasses.replace(audit, model={**audit.model, **_model_fields(ctx, f"{path}.model", f.model)})
+        audit = dataclasses.replace(audit, model={**audit.model, **f.model})
     if audit.spec is None and not audit.overrides:
         raise ctx.data(f"{path}.audit", "no audit to run: set `audit.spec` (a sweep spec template) at the top or here")
     return WatchEntry(kind=kind, target=getattr(f, kind), search=f.search, limit=f.limit or 50,
@@ -391,29 +427,25 @@ def _entry(ctx: Ctx, i: int, f: EntryFields, default: AuditTemplate, hub_branch:
 
 class WatchFields(Section):
     """The top level of a watch spec (:mod:`jobs.watch` lists the fields); ``watch[i]`` is
-    :class:`EntryFields`; ``backoff``, ``tracking``, ``hub``, ``ray``, ``audit``, ``regression``
-    and ``notify`` are sections read by their own functions."""
+    :class:`EntryFields`, ``audit`` :class:`AuditFields`, ``notify`` :class:`Notify`, ``backoff``
+    :class:`BackoffFields`, ``hub`` :class:`HubFields`, ``regression`` :class:`RegressionSpec`;
+    ``tracking`` and ``ray`` are read by their own functions (blank values, a variable the watcher sets)."""
 
     name: Name
     description: Annotated[str, Field(strict=True)] | None = None
     output_dir: Text | None = None
     interval: Num(0.0, strict=True) | None = None
     max_attempts: Int(1) | None = None
-    backoff: Any = None
+    backoff: BackoffFields | None = None
     tracking: Any = None
     sweep_output_dir: Text | None = None
-    hub: Any = None
+    hub: HubFields | None = None
     ray: Any = None
-    audit: Any = None
+    audit: AuditFields | None = None
     watch: Annotated[tuple[Annotated[EntryFields, named("repo")], ...], non_empty("repositories or folders"),
                      Field(strict=False)]
-    regression: Any = None
-    notify: Any = None
-
-
-def _backoff(ctx: Ctx, v: Any) -> Backoff:
-    b = validate(BackoffFields, mapping(ctx, "backoff", v), ctx.source, "backoff")
-    return Backoff(**b.model_dump(exclude_none=True))
+    regression: RegressionSpec | None = None
+    notify: Notify | None = None
 
 
 def _ray(ctx: Ctx, v: Any) -> RaySubmit:
@@ -424,33 +456,6 @@ def _ray(ctx: Ctx, v: Any) -> RaySubmit:
     return validate(RaySubmit, r, ctx.source, "ray")
 
 
-def _notify(ctx: Ctx, path: str, v: Any) -> Notify:
-    n = mapping(ctx, path, v, _NOTIFY_FIELDS)
-    command = string(ctx, f"{path}.command", n["command"]) if given(n.get("command")) else None
-    url = string(ctx, f"{path}.url", n["url"]) if given(n.get("url")) else None
-    if url is not None and not re.match(r"^https?://[^\s/]+", url):
-        raise ctx.param(f"{path}.url", f"{url!r}: expected an http(s):// URL")
-    if command is not None:
-        try:
-            if not shlex.split(command):
-                raise ValueError("empty")
-        except ValueError as e:
-            raise ctx.param(f"{path}.command", f"{command!r}: cannot be split into a command ({e})") from None
-    if command is None and url is None:
-        raise ctx.data(path, "give a `command`, a `url` or both")
-    timeout = number(ctx, f"{path}.timeout", n["timeout"], strict=True) if n.get("timeout") is not None else 10.0
-    return Notify(command=command, url=url, timeout=timeout)
-
-
-def _regression(ctx: Ctx, v: Any) -> RegressionSpec:
-    d = {k: x for k, x in mapping(ctx, "regression", v).items() if x is not None}
-    if not given(d.get("baseline")):
-        d.pop("baseline", None)
-    if "notify" in d:
-        d["notify"] = _notify(ctx, "regression.notify", d["notify"])
-    return validate(RegressionSpec, d, ctx.source, "regression")
-
-
 def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
     """Validate a parsed watch spec (environment variables already expanded); errors name the
     file and the field."""
@@ -459,27 +464,22 @@ def parse_watch_spec(data: Any, source: str = "") -> WatchSpec:
         raise ctx.data("", "the watch spec is empty")
     d = {k: (None if k == "sweep_output_dir" and not given(x) else x) for k, x in mapping(ctx, "", data).items()}
     f = validate(WatchFields, d, ctx.source)
-    backoff = _backoff(ctx, f.backoff) if f.backoff is not None else Backoff()
+    backoff = Backoff(**f.backoff.model_dump(exclude_none=True)) if f.backoff is not None else Backoff()
     uri = experiment = None
     if f.tracking is not None:
         t = tracking(ctx, f.tracking)
         uri, experiment = t.uri, t.experiment
-    h = {k: x for k, x in mapping(ctx, "hub", f.hub).items() if x is not None} if f.hub is not None else {}
-    if not given(h.get("endpoint")):
-        h.pop("endpoint", None)
-    hub = validate(HubFields, h, ctx.source, "hub")
+    hub = f.hub or HubFields()
     ray = _ray(ctx, f.ray) if f.ray is not None else RaySubmit()
-    default = _audit(ctx, "audit", f.audit) if f.audit is not None else AuditTemplate()
+    default = _audit(f.audit) if f.audit is not None else AuditTemplate()
     entries = tuple(_entry(ctx, i, e, default, hub.branch) for i, e in enumerate(f.watch))
-    regression = _regression(ctx, f.regression) if f.regression is not None else None
-    notify = _notify(ctx, "notify", f.notify) if f.notify is not None else None
     return WatchSpec(name=f.name, entries=entries,
                      output_dir=Path(f.output_dir) if f.output_dir is not None else Path("out") / "watch" / f.name,
                      interval=float(f.interval) if f.interval is not None else 3600.0,
                      max_attempts=f.max_attempts if f.max_attempts is not None else 2,
                      backoff=backoff, tracking_uri=uri, experiment=experiment, sweep_output_dir=f.sweep_output_dir,
                      hub_endpoint=hub.endpoint, hub_branch=hub.branch, hub_timeout=hub.timeout, ray=ray,
-                     description=f.description or "", source=source, regression=regression, notify=notify)
+                     description=f.description or "", source=source, regression=f.regression, notify=f.notify)
 
 
 def load_watch_spec(path: str | os.PathLike, *, output_dir: str | os.PathLike | None = None,
