@@ -184,8 +184,10 @@ def test_rescale_formula_by_hand():
     got = rescale(logits, [biased], decay_constant=1.0).numpy()
     w = np.array([0.5, 0.3, 0.2 * np.exp(-0.3)])
     np.testing.assert_allclose(np.exp(got), w / w.sum(), rtol=1e-6)
-    with pytest.raises(ParameterError, match="epsilon must be in"):
+    with pytest.raises(ParameterError, match=r"^self_debias: epsilon: must be > 0, got 0$"):
         rescale(logits, [biased], epsilon=0)
+    with pytest.raises(ParameterError, match=r"^self_debias: decay_constant: expected a finite number, got nan$"):
+        rescale(logits, [biased], decay_constant=float("nan"))
 
 
 def test_self_debias_causal_equals_bias_bench():

@@ -33,6 +33,7 @@ import json
 import numpy as np
 
 from audit.errors import ParameterError
+from audit.schema import Num, Section, arguments
 
 __all__ = ["DEBIASING_PREFIXES", "PROMPTS", "prompts_digest", "prompts_for", "rescale", "causal_logprobs", "masked_logprobs"]
 
@@ -122,11 +123,16 @@ def prompts_for(bias_type: str, language: str | None) -> list[str]:
     return [PROMPTS[language][bias_type]]
 
 
+class Rescaling(Section):
+    """The rescaling's two parameters, declared once (:class:`~audit.lm_mitigation.steps.SelfDebias`
+    adds its prompt fields to these)."""
+
+    decay_constant: Num(0.0) = 50.0
+    epsilon: Num(0.0, strict=True, maximum=1.0, inclusive=True) = 0.01
+
+
 def _check(decay_constant: float, epsilon: float) -> None:
-    if not (isinstance(decay_constant, (int, float)) and np.isfinite(decay_constant) and decay_constant >= 0):
-        raise ParameterError(f"decay_constant must be a finite number >= 0, got {decay_constant!r}")
-    if not (isinstance(epsilon, (int, float)) and 0 < epsilon <= 1):
-        raise ParameterError(f"epsilon must be in (0, 1], got {epsilon!r}")
+    arguments(Rescaling, {"decay_constant": decay_constant, "epsilon": epsilon}, "self_debias")
 
 
 def rescale(logits: Any, biased_logits: Sequence[Any], *, decay_constant: float = 50, epsilon: float = 0.01):

@@ -40,7 +40,9 @@ from audit.lm_mitigation.inlp import (
     split_dataset,
 )
 from audit.lm_mitigation.pairs import AttributePairs
-from audit.lm_mitigation.self_debias import DEBIASING_PREFIXES, causal_logprobs, masked_logprobs, prompts_for
+from audit.lm_mitigation.self_debias import (
+    DEBIASING_PREFIXES, Rescaling, causal_logprobs, masked_logprobs, prompts_for,
+)
 from audit.lm_mitigation.training import TrainParams
 from audit.lm_mitigation.sentence_debias import bias_direction, counterfactual_pairs, mean_pooled, project_out
 
@@ -165,11 +167,9 @@ class SelfDebias(_Step):
 
     name = "self_debias"
 
-    class Params(Section):
+    class Params(Rescaling):
         prefixes: Annotated[tuple[Text, ...], Field(strict=False)] | None = None
         bias_type: Text = "gender"
-        decay_constant: Num(0.0) = 50.0
-        epsilon: Num(0.0, strict=True, maximum=1.0, inclusive=True) = 0.01
 
         @field_validator("bias_type")
         @classmethod
