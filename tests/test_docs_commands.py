@@ -20,6 +20,9 @@ Measured on 2 CPUs shared with other work (load average 6 to 10): the two ``es/b
 on the tiny Llama (every Gender, resp. Gender and SES item) took 284 s and 478 s of the file's
 run; since the docs say ``--param limit=20`` resp. ``limit=10`` they take 58 s and 44 s at a load
 average of 13 to 15, and the whole file 144 s of CPU (user + system, children included).
+One after another the 26 commands took 237 s of CPU and 1241 s of wall time (load average 11 to 15);
+started two at a time (:func:`started`), one thread each, and with the lighter start-up of every
+`audit` (docs/architecture.md, "Start-up"): 167 s of CPU and 600 s of wall time (load 10 to 22).
 """
 
 from __future__ import annotations
