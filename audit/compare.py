@@ -92,7 +92,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.stats import binomtest
 
 from audit import schema
 from audit.errors import DataError, ParameterError
@@ -622,6 +621,8 @@ def compare_proportions(outcome_a: Any, outcome_b: Any, *, confidence: float = 0
     )
     n01 = int(((a == 0) & (b == 1)).sum())
     n10 = int(((a == 1) & (b == 0)).sum())
+    from scipy.stats import binomtest  # local: see audit/multitest.py
+
     p = 1.0 if n01 + n10 == 0 else float(binomtest(n01, n01 + n10, 0.5, alternative=alternative).pvalue)
     floor = min(1.0, (2.0 if alternative == "two-sided" else 1.0) * 0.5 ** (n01 + n10))
     return dataclasses.replace(res, p_value=p, p_method="exact McNemar", n_permutations=n01 + n10, p_min=floor,

@@ -33,7 +33,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.stats import false_discovery_control
 
 from audit.errors import DataError, ParameterError
 
@@ -100,6 +99,11 @@ def benjamini_hochberg(p: Any) -> np.ndarray:
     out = np.full(x.shape, np.nan)
     ok = ~np.isnan(x)
     if ok.any():
+        # scipy and sklearn are imported where they are used, in this and the other audit modules: at the top
+        # they cost ~1.2 s of CPU in every `audit` process that never calls them (help, refusals, a sweep's
+        # driver; docs/architecture.md "Start-up", tests/test_cli.py checks that `jobs.cli` loads neither).
+        from scipy.stats import false_discovery_control
+
         out[ok] = false_discovery_control(x[ok], method="bh")
     return out
 

@@ -637,6 +637,19 @@ def _busy(spec: SweepSpec, who: str) -> SweepOutcome:
                         parent_run_id=None)
 
 
+def _lock_holder(out_dir: Path, wait_s: float = 5.0) -> str:
+    """``host H pid P`` of the driver holding ``<output_dir>/sweep.lock``, as it wrote it just after
+    taking the lock (waiting up to ``wait_s`` for a driver that has just taken it), else "another driver"."""
+    path = out_dir / "sweep.lock.holder"
+    deadline = time.monotonic() + wait_s
+    while not path.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        return path.read_text(encoding="utf-8").strip() or "another driver"
+    except OSError:
+        return "another driver"
+
+
 def _claim_sweep(spec: SweepSpec, out_dir: Path):
     """Make this driver the only one of the sweep (:mod:`jobs.lease`): a file lock on
     ``<output_dir>/sweep.lock`` (drivers sharing an output directory, the tracking store
@@ -650,12 +663,11 @@ def _claim_sweep(spec: SweepSpec, out_dir: Path):
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        holder = (out_dir / "sweep.lock.holder").read_text(encoding="utf-8").strip() \
-            if (out_dir / "sweep.lock.holder").is_file() else "another driver"
-        return _busy(spec, f"{holder} (lock {out_dir / 'sweep.lock'})")
+        return _busy(spec, f"{_lock_holder(out_dir)} (lock {out_dir / 'sweep.lock'})")
     try:
-        (out_dir / "sweep.lock.holder").write_text(f"host {driver_id().rsplit(':', 2)[0]} pid {os.getpid()}\n",
-                                                   encoding="utf-8")
+        tmp = out_dir / f"sweep.lock.holder.{os.getpid()}"  # renamed into place: never read half-written
+        tmp.write_text(f"host {driver_id().rsplit(':', 2)[0]} pid {os.getpid()}\n", encoding="utf-8")
+        os.replace(tmp, out_dir / "sweep.lock.holder")
         try:
             tracker = Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
         except TrackingUnavailable as e:

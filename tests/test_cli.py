@@ -303,3 +303,15 @@ def test_lpbs_forms_from_the_command_line_and_specs(capsys):
     spec = parse_spec({"name": "f", "models": [bert], "tests": [lp],
                        "metrics": [{"name": "lpbs", "params": {"forms": ["singular"]}}]}, source="f.yaml")
     assert spec.metrics[0].params == {"forms": ["singular"]}
+
+
+@pytest.mark.unit
+def test_the_command_line_starts_without_scipy_sklearn_torch_mlflow_or_ray():
+    """Every `audit` process (help, a refusal, a sweep's driver) imports `jobs.cli`; scipy and
+    sklearn are imported by the functions that use them (~1.2 s of CPU per process otherwise), and
+    torch, transformers, MLflow and Ray only where a model loads or a sweep runs."""
+    code = ("import sys, jobs.cli; print(' '.join(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'scipy', 'sklearn', 'torch', 'transformers', 'mlflow', 'ray'})))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [], f"`import jobs.cli` loads {p.stdout.strip()}"

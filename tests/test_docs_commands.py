@@ -20,11 +20,15 @@ Measured on 2 CPUs shared with other work (load average 6 to 10): the two ``es/b
 on the tiny Llama (every Gender, resp. Gender and SES item) took 284 s and 478 s of the file's
 run; since the docs say ``--param limit=20`` resp. ``limit=10`` they take 58 s and 44 s at a load
 average of 13 to 15, and the whole file 144 s of CPU (user + system, children included).
+One after another the 26 commands took 237 s of CPU and 1241 s of wall time (load average 11 to 15);
+started two at a time (:func:`started`), one thread each, and with the lighter start-up of every
+`audit` (docs/architecture.md, "Start-up"): 167 s of CPU and 600 s of wall time (load 10 to 22).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -346,14 +350,52 @@ def scratch(tmp_path_factory):
     return work, env
 
 
+#: Commands run at the same time. Each documented command is one process that spends seconds importing
+#: and tiny-model work on one core (``OMP_NUM_THREADS=1``), so two at a time keep both cores of the
+#: 2-core CI machine busy; they share no output file (``--items`` names differ, each sweep has its own
+#: output_dir, the tiny-model cache is filled by atomic rename).
+LANES = 2
+
+
+def _starts_ray(key: str) -> bool:
+    """A sweep: it starts a Ray head of its own, so it runs beside no other sweep."""
+    return key.startswith("audit run ") and "--dry-run" not in key
+
+
+@pytest.fixture(scope="module")
+def started(scratch, request):
+    """``{key: future of the finished process}`` for the selected ``RUN`` commands, started in the
+    background in the order of the tests, ``LANES`` at a time, verbatim (``bash -c COMMAND``)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    work, env = scratch
+    env = {**env, "OMP_NUM_THREADS": "1"}  # one core per command: LANES commands share the machine
+    found = doc_commands()
+    one_ray = threading.Lock()
+
+    def run(key: str) -> subprocess.CompletedProcess:
+        lock = one_ray if _starts_ray(key) else contextlib.nullcontext()
+        with lock:
+            return subprocess.run(["bash", "-c", found[key][0]], cwd=work, env=env, capture_output=True, text=True,
+                                  timeout=600)
+
+    keys = [item.callspec.params["key"] for item in request.session.items
+            if item.module is request.module and item.originalname == "test_documented_command_runs_as_written"]
+    pool = ThreadPoolExecutor(max_workers=LANES)
+    try:
+        yield {key: pool.submit(run, key) for key in keys}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(not SHARED.is_dir(), reason=f"reference data not found at {SHARED}")
 @pytest.mark.parametrize("key", list(RUN), ids=[re.sub(r"[^A-Za-z0-9_./-]+", "_", k)[:80] for k in RUN])
-def test_documented_command_runs_as_written(scratch, key):
-    work, env = scratch
+def test_documented_command_runs_as_written(started, key):
     command, where = doc_commands()[key]
     status, piece = RUN[key]
-    r = subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    r = started[key].result()
     out = r.stdout + r.stderr
     assert r.returncode == status, f"{where}: {command}\nexit {r.returncode}\n{out[-3000:]}"
     assert piece in out and "Traceback" not in out, f"{where}: {command}\n{out[-3000:]}"

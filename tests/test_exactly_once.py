@@ -275,3 +275,31 @@ def test_a_refused_sweep_says_no_task_ran(tmp_path, capsys):
     assert out.exit_code == 4 and out.ran == 0, text[-2000:]
     assert "0 task(s) run (2 of 2 not run), 0 resumed" in text and "2 task(s) run" not in text
     assert "models loaded: 0\n" in text and "worker process" not in text
+
+
+@pytest.mark.unit
+def test_a_busy_invocation_names_a_holder_that_has_just_taken_the_lock(tmp_path, capsys):
+    """The holder writes ``host H pid P`` just after taking the file lock; an invocation that finds
+    the lock taken in between waits for that line instead of naming "another driver" (seen with
+    five drivers started at once)."""
+    import threading
+    import types
+
+    from filelock import FileLock
+
+    from jobs.sweep import _claim_sweep
+
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = FileLock(str(out / "sweep.lock"))
+    lock.acquire()
+    try:
+        late = threading.Timer(0.5, lambda: (out / "sweep.lock.holder").write_text("host h pid 4242\n"))
+        late.start()
+        outcome = _claim_sweep(types.SimpleNamespace(name="once", source="once.yaml"), out)
+        late.join()
+    finally:
+        lock.release()
+    assert outcome.exit_code == BUSY_EXIT_CODE
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("audit: busy: sweep once (once.yaml) is being run by host h pid 4242 (lock "), line

@@ -47,10 +47,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.stats import chi2_contingency
-from scipy.stats.contingency import association
-from sklearn.linear_model import LogisticRegression
-from sklearn.svm import LinearSVC
 
 from audit import schema
 from audit.errors import ParameterError
@@ -68,6 +64,9 @@ def contingency_association(table: Any) -> tuple[float, float, float, bool]:
     Empty rows/columns are dropped first; a table with fewer than 2 non-empty rows or columns
     gives ``(0.0, 0.0, 1.0, True)`` (the last item flags the degenerate case).
     """
+    from scipy.stats import chi2_contingency  # local: see audit/multitest.py
+    from scipy.stats.contingency import association
+
     t = np.asarray(table, dtype=np.int64)
     t = t[t.sum(axis=1) > 0][:, t.sum(axis=0) > 0]
     if t.shape[0] < 2 or t.shape[1] < 2:
@@ -78,6 +77,9 @@ def contingency_association(table: Any) -> tuple[float, float, float, bool]:
 
 
 def _make_classifier(kind: str, seed: int) -> Any:
+    from sklearn.linear_model import LogisticRegression  # local: see audit/multitest.py
+    from sklearn.svm import LinearSVC
+
     if kind == "svm":
         return LinearSVC(penalty="l2", loss="squared_hinge", dual=False, random_state=seed)
     return LogisticRegression(max_iter=1000, random_state=seed)

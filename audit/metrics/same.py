@@ -24,7 +24,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-from sklearn.decomposition import PCA
 
 from audit import schema
 from audit.errors import DataError, ParameterError
@@ -318,6 +317,8 @@ def bias_subspace(
                 "bias components (are the defining sets' words identical?)"
             )
     n_comp = int(min(k, rows.shape[0], rows.shape[1]))
+    from sklearn.decomposition import PCA  # local: see audit/multitest.py
+
     pca = PCA(n_components=n_comp, svd_solver="full").fit(rows)
     G = np.array(pca.components_, dtype=np.float64)
     firsts = np.stack([d[0] - d.mean(axis=0) for d in sets])

@@ -18,9 +18,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.stats import entropy, spearmanr
-from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import train_test_split
 
 from audit import schema
 from audit.errors import DataError, ParameterError
@@ -165,6 +162,8 @@ def ect(T0: Any, T1: Any, A: Any) -> MetricOutput:
                 f"T{j}: every attribute word has the same similarity to this target set's mean "
                 "vector; the ECT rank correlation is undefined"
             )
+    from scipy.stats import spearmanr  # local: see audit/multitest.py
+
     res = spearmanr(sims[:, 0], sims[:, 1])
     value = float(res.statistic)
     return MetricOutput(
@@ -228,6 +227,9 @@ def _rnsb_iteration(
     X: np.ndarray, y: np.ndarray, targets_all: np.ndarray, *, holdout: bool, seed: int
 ) -> tuple[np.ndarray, float]:
     """One WEFE RNSB run: negative-class probabilities of the targets and the accuracy."""
+    from sklearn.linear_model import LogisticRegression  # local: see audit/multitest.py
+    from sklearn.model_selection import train_test_split
+
     clf = LogisticRegression(solver="liblinear", max_iter=10000, random_state=seed)
     if holdout:
         try:
@@ -301,6 +303,8 @@ def rnsb(
     X = np.concatenate([A0, A1])
     y = np.concatenate([np.ones(A0.shape[0]), -np.ones(A1.shape[0])])
     allt = np.concatenate(T)
+    from scipy.stats import entropy  # local: see audit/multitest.py
+
     probs, kls, accs = [], [], []
     for it_seed in iteration_seeds:
         p, acc = _rnsb_iteration(X, y, allt, holdout=bool(holdout), seed=it_seed)
