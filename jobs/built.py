@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from jobs.resolve import model_kind, resolve_ref
+
 __all__ = ["BUILD_RECORD", "is_built", "write_built", "original"]
 
 #: The record of what a built folder was built from (compared as text: JSON with sorted keys).
@@ -23,8 +25,6 @@ def original(spec: Any, model: Any) -> tuple[dict[str, Any], Any, str, str]:
     """What a derived model (a debiased copy or LM variant: ``build.base`` names its original) is
     built from: ``(its build block, the original's ModelSpec, the original's local reference,
     the original's model kind)`` (:func:`jobs.resolve.resolve_ref`, :func:`jobs.resolve.model_kind`)."""
-    from jobs.resolve import model_kind, resolve_ref
-
     b = dict(model.build)
     base = spec.model(b["base"])
     build = dict(base.build) if base.build else None
