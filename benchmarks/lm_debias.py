@@ -130,7 +130,7 @@ def main(argv=None) -> int:
                 ex = counterfactual_pairs(lines, pairs)
                 fwd, (s0, s1) = _best(lambda: (mean_pooled(h.model, h.tokenizer, [e[1] for e in ex]),
                                                mean_pooled(h.model, h.tokenizer, [e[0] for e in ex])), a.repeats)
-                fit_only, _ = _best(lambda: bias_direction(s0, s1, 1), a.repeats)
+                fit_only, _ = _best(lambda: bias_direction(s0, s1, n_components=1), a.repeats)
                 step = SentenceDebias().fit(h.model, h.tokenizer, lines, pairs)
                 variant = runner.LoadedModel(ref=name, kind=kind, backend=loaded.backend, revision="x",
                                              handle=ProjectedModel(h, step))

@@ -62,7 +62,7 @@ def read_corpus(path: str | os.PathLike) -> list[str]:
 
 def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.PathLike, *, kind: str,
                       technique: str, corpus: str | os.PathLike, language: str = "en",
-                      params: dict[str, Any] | None = None) -> Path:
+                      params: dict[str, Any] | None = None, bias_type: str = "gender") -> Path:
     """Train (or find) the debiased checkpoint; returns its directory (module docstring)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
@@ -74,11 +74,12 @@ def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.P
         raise ParameterError(f"{technique}: unknown parameter(s) {unknown}; parameters: {sorted(_TRAIN_PARAMS)}")
     p = {**_TRAIN_PARAMS, **(params or {})}
     lines = read_corpus(corpus)
-    pairs = derive_pairs(language)
+    pairs = derive_pairs(language, bias_type)
     record = {"kind": "lm_mitigation", "technique": technique, "model_kind": kind, "params": p,
               "base": str(base), "base_revision": dir_digest(base), "corpus": str(corpus),
               "corpus_digest": corpus_digest(lines),
-              "pairs": {"language": language, "digest": pairs_digest(pairs)} if technique == "cda" else None}
+              "pairs": ({"language": language, "digest": pairs_digest(pairs)}
+                        | ({"bias_type": bias_type} if bias_type != "gender" else {})) if technique == "cda" else None}
     text = json.dumps(record, sort_keys=True)
     target = Path(output_dir) / "models" / name
     if (target / "build.json").is_file() and (target / "build.json").read_text(encoding="utf-8") == text:
@@ -152,9 +153,9 @@ def build_lm_variant(spec, model) -> Path:
                                  f"{base.ref!r} is not one")
         _, corpus_path = _variant_corpus(spec, b)
         return build_lm_debiased(spec.output_dir, model.name, local, kind=kind, technique=tech, corpus=corpus_path,
-                                 language=b["language"], params=b["params"])
+                                 language=b["language"], params=b["params"], bias_type=b.get("bias_type", "gender"))
     lines, corpus_path = _variant_corpus(spec, b) if b["corpus"] is not None else (None, None)
-    pairs = derive_pairs(b["language"]) if tech != "self_debias" else None
+    pairs = derive_pairs(b["language"], b.get("bias_type", "gender")) if tech != "self_debias" else None
     options = {k: v for k, v in base.options.items() if k in ("backend", "revision", "dtype", "device",
                                                                "trust_remote_code", "allow_pickle")}
     record = {"kind": "lm_mitigation", "technique": tech, "params": b["params"], "base": base.name,
@@ -162,6 +163,8 @@ def build_lm_variant(spec, model) -> Path:
               "base_revision": probe_revision(local, kind, dict(base.options)),
               "corpus_digest": corpus_digest(lines) if lines is not None else None,
               "pairs_digest": pairs_digest(pairs) if pairs is not None else None, "language": b["language"]}
+    if b.get("bias_type", "gender") != "gender":
+        record["bias_type"] = b["bias_type"]
     text = json.dumps(record, sort_keys=True, default=str)
     target = Path(spec.output_dir).resolve() / "models" / model.name
     if record["base_revision"] is not None and (target / "build.json").is_file() \

@@ -17,7 +17,9 @@ trains it into ``<output_dir>/models/<name>/``:
 Step fields: ``technique`` (required), ``corpus`` (a text file, one sentence per line, or
 ``tests``: the small text :func:`audit.datasets.corpus_from_tests` builds from the language's
 shipped tests; required by every technique but ``self_debias``), ``language`` (of the attribute
-pairs, default ``en``), ``params`` (the technique's parameters), ``name``.
+pairs, default ``en``), ``bias_type`` (of the attribute pairs, :data:`audit.lm_mitigation.pairs.BIAS_TYPES`,
+default ``gender``; not for ``self_debias``, whose prompt is ``params.bias_type``), ``params`` (the
+technique's parameters), ``name``.
 
 The metrics whose family a technique does not change are dropped for its variant at plan time,
 each with one line naming technique, family and reason (:func:`audit.lm_mitigation.family_reason`);
@@ -43,7 +45,7 @@ __all__ = ["KIND", "LMStep", "parse_lm_mitigation", "variant_fields", "TRAIN_PAR
 
 #: The ``build.kind`` of a debiased LM variant (set by the parser, not written in specs).
 KIND = "lm_mitigation"
-_FIELDS = {"technique", "corpus", "language", "params", "name"}
+_FIELDS = {"technique", "corpus", "language", "bias_type", "params", "name"}
 #: Parameters of the trained techniques (jobs.lm_builders._TRAIN_PARAMS).
 TRAIN_PARAMS = ("steps", "batch_size", "lr", "max_length", "seed")
 _STEP_CLASSES = {"inlp": INLP, "sentence_debias": SentenceDebias, "self_debias": SelfDebias}
@@ -58,6 +60,7 @@ class LMStep:
     corpus: str | None = None
     language: str = "en"
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    bias_type: str = "gender"
 
 
 def _check_params(technique: str, params: dict[str, Any]) -> None:
@@ -99,11 +102,14 @@ def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *, name_re
         except AuditError as e:
             raise ctx.param(f"{p}.params", str(e)) from None
         lang = string(ctx, f"{p}.language", d["language"]) if d.get("language") is not None else "en"
+        bias_type = string(ctx, f"{p}.bias_type", d["bias_type"]) if d.get("bias_type") is not None else "gender"
+        if tech == "self_debias" and d.get("bias_type") is not None:
+            raise ctx.param(f"{p}.bias_type", "self_debias takes its bias type as params.bias_type (its prompt)")
         if tech != "self_debias":
             try:
-                derive_pairs(lang)
+                derive_pairs(lang, bias_type)
             except AuditError as e:
-                raise ctx.param(f"{p}.language", str(e)) from None
+                raise ctx.param(f"{p}.bias_type" if bias_type != "gender" else f"{p}.language", str(e)) from None
         corpus = string(ctx, f"{p}.corpus", d["corpus"]) if d.get("corpus") is not None else None
         if corpus is None and tech != "self_debias":
             raise ctx.data(f"{p}.corpus", f"{tech} is fitted on a corpus: give a text file (one sentence per line) "
@@ -118,7 +124,8 @@ def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *, name_re
         name = string(ctx, f"{p}.name", d["name"]) if d.get("name") is not None else f"{model_name}+{tech}"
         if not name_re.match(name):
             raise ctx.param(f"{p}.name", f"{name!r}: use letters, digits, '-', '_', '.' and '+' only")
-        steps.append(LMStep(technique=tech, name=name, corpus=corpus, language=lang, params=params))
+        steps.append(LMStep(technique=tech, name=name, corpus=corpus, language=lang, params=params,
+                            bias_type=bias_type))
     return tuple(steps)
 
 
@@ -128,6 +135,8 @@ def variant_fields(base: Any, step: LMStep) -> dict[str, Any]:
     tags that link it to the original (technique, parameters, language, corpus and pairs digests)."""
     build = {"kind": KIND, "base": base.name, "technique": step.technique, "corpus": step.corpus,
              "language": step.language, "params": dict(step.params)}
+    if step.bias_type != "gender":  # the default stays out of build (and so out of existing keys)
+        build["bias_type"] = step.bias_type
     tags = {"audit.lm_mitigation": step.technique, "audit.base_model": base.name,
             "audit.lm_mitigation.language": step.language, "audit.lm_mitigation.corpus": str(step.corpus)}
     params = {"lm_mitigation": step.technique, "base_model": base.name, "lm_mitigation.language": step.language}
@@ -135,8 +144,9 @@ def variant_fields(base: Any, step: LMStep) -> dict[str, Any]:
         tags["audit.lm_mitigation.corpus_digest"] = params["lm_mitigation.corpus_digest"] = \
             corpus_digest(read_corpus(step.corpus))
     if step.technique != "self_debias":
+        tags["audit.lm_mitigation.bias_type"] = params["lm_mitigation.bias_type"] = step.bias_type
         tags["audit.lm_mitigation.pairs_digest"] = params["lm_mitigation.pairs_digest"] = \
-            pairs_digest(derive_pairs(step.language))
+            pairs_digest(derive_pairs(step.language, step.bias_type))
     for k, x in sorted(step.params.items()):
         tags[f"audit.lm_mitigation.param.{k}"] = params[f"lm_mitigation.param.{k}"] = json.dumps(x, sort_keys=True)
     options = {k: v for k, v in base.options.items() if k in ("dtype", "device")}
