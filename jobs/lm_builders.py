@@ -98,7 +98,7 @@ def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.P
             lines = step.transform(lines, pairs)
             prov = step.provenance_
             if not lines:
-                raise DataError(f"{corpus}: no sentence contains a {language} attribute word; "
+                raise DataError(f"{corpus}: no sentence contains a {language} {bias_type} attribute word; "
                                 "CDA has nothing to train on")
         losses = further_pretrain(model, tok, lines, kind=kind, **p)
         model.save_pretrained(tmp)

@@ -150,3 +150,25 @@ def test_inlp_and_sentence_debias_fit_age_pairs_on_a_tiny_bert():
     assert pv["rank_removed"] == 3  # one binary classifier row per iteration
     sd = SentenceDebias(batch_size=16).fit(model, tok, lines[:300], pairs)
     assert sd.provenance_["pairs"]["bias_type"] == "age" and sd.provenance_["n_examples"] > 5
+
+
+def test_cda_checkpoint_with_nationality_pairs_keyed_on_the_bias_type(tmp_path):
+    import json
+
+    from audit.errors import DataError
+    from jobs import lm_builders
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the citizen met the immigrant at the station today .\n"
+                      "a local and a newcomer shared a table at lunch .\n", encoding="utf-8")
+    base = tiny_models.tiny_model_dir("bert")
+    kw = dict(kind="mlm", technique="cda", corpus=corpus, params={"steps": 1, "batch_size": 2})
+    out = lm_builders.build_lm_debiased(tmp_path, "bert+cda-nat", base, bias_type="nationality", **kw)
+    rec = json.loads((out / "mitigation.json").read_text())
+    assert rec["pairs"]["bias_type"] == "nationality"
+    prov = rec["provenance"]
+    assert prov["pairs"]["bias_type"] == "nationality" and prov["augmented"]["n_sentences"] == 4
+    gender = tmp_path / "g.txt"
+    gender.write_text("the weather was cold and the roads were icy today .\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"g\.txt: no sentence contains a en nationality attribute word"):
+        lm_builders.build_lm_debiased(tmp_path, "x", base, bias_type="nationality", **{**kw, "corpus": gender})
