@@ -49,7 +49,7 @@ TRAINED_TECHNIQUES = ("cda", "dropout")
 
 def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.PathLike, *, kind: str,
                       technique: str, corpus: str | os.PathLike, language: str = "en",
-                      params: dict[str, Any] | None = None) -> Path:
+                      params: dict[str, Any] | None = None, bias_type: str = "gender") -> Path:
     """Train (or find) the debiased checkpoint; returns its directory (module docstring)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
@@ -58,11 +58,12 @@ def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.P
                              f"{', '.join(TRAINED_TECHNIQUES)}")
     p = {**TrainParams().model_dump(), **arguments(TrainParams, params or {}, technique)}
     lines = read_corpus(corpus)
-    pairs = derive_pairs(language)
+    pairs = derive_pairs(language, bias_type)
     record = {"kind": "lm_mitigation", "technique": technique, "model_kind": kind, "params": p,
               "base": str(base), "base_revision": dir_digest(base), "corpus": str(corpus),
               "corpus_digest": corpus_digest(lines),
-              "pairs": {"language": language, "digest": pairs_digest(pairs)} if technique == "cda" else None}
+              "pairs": ({"language": language, "digest": pairs_digest(pairs)}
+                        | ({"bias_type": bias_type} if bias_type != "gender" else {})) if technique == "cda" else None}
     text = json.dumps(record, sort_keys=True)
     target = Path(output_dir) / "models" / name
     if is_built(target, text):
@@ -81,7 +82,7 @@ def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.P
             sentences = step.transform(lines, pairs)
             prov = step.provenance_
             if not sentences:
-                raise DataError(f"{corpus}: no sentence contains a {language} attribute word; "
+                raise DataError(f"{corpus}: no sentence contains a {language} {bias_type} attribute word; "
                                 "CDA has nothing to train on")
         losses = further_pretrain(model, tok, sentences, kind=kind, **p)
         model.save_pretrained(tmp)
@@ -129,9 +130,9 @@ def build_lm_variant(spec, model) -> Path:
                                  f"{base.ref!r} is not one")
         _, corpus_path = _variant_corpus(spec, b)
         return build_lm_debiased(spec.output_dir, model.name, local, kind=kind, technique=tech, corpus=corpus_path,
-                                 language=b["language"], params=b["params"])
+                                 language=b["language"], params=b["params"], bias_type=b.get("bias_type", "gender"))
     lines, corpus_path = _variant_corpus(spec, b) if b["corpus"] is not None else (None, None)
-    pairs = derive_pairs(b["language"]) if tech != "self_debias" else None
+    pairs = derive_pairs(b["language"], b.get("bias_type", "gender")) if tech != "self_debias" else None
     options = {k: v for k, v in base.options.items() if k in ("backend", "revision", "dtype", "device",
                                                                "trust_remote_code", "allow_pickle")}
     record = {"kind": "lm_mitigation", "technique": tech, "params": b["params"], "base": base.name,
@@ -139,6 +140,8 @@ def build_lm_variant(spec, model) -> Path:
               "base_revision": probe_revision(local, kind, dict(base.options)),
               "corpus_digest": corpus_digest(lines) if lines is not None else None,
               "pairs_digest": pairs_digest(pairs) if pairs is not None else None, "language": b["language"]}
+    if b.get("bias_type", "gender") != "gender":
+        record["bias_type"] = b["bias_type"]
     if tech == "self_debias":  # the prompts per language (audit.lm_mitigation.self_debias.PROMPTS)
         record["prompts_digest"] = prompts_digest()
     text = json.dumps(record, sort_keys=True, default=str)

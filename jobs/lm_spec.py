@@ -17,7 +17,9 @@ trains it into ``<output_dir>/models/<name>/``:
 Step fields: ``technique`` (required), ``corpus`` (a text file, one sentence per line, or
 ``tests``: the small text :func:`audit.datasets.corpus_from_tests` builds from the language's
 shipped tests; required by every technique but ``self_debias``), ``language`` (of the attribute
-pairs, default ``en``), ``params`` (the technique's parameters), ``name``.
+pairs, default ``en``), ``bias_type`` (of the attribute pairs, :data:`audit.lm_mitigation.pairs.BIAS_TYPES`,
+default ``gender``; not for ``self_debias``, whose prompt is ``params.bias_type``), ``params`` (the
+technique's parameters), ``name``.
 
 The metrics whose family a technique does not change are dropped for its variant at plan time,
 each with one line naming technique, family and reason (:func:`audit.lm_mitigation.family_reason`);
@@ -74,6 +76,7 @@ class LMStep:
     corpus: str | None = None
     language: str = "en"
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    bias_type: str = "gender"
 
 
 class LMStepFields(NullDefaults):
@@ -85,6 +88,7 @@ class LMStepFields(NullDefaults):
     technique: OneOf("LM debiasing technique", tuple(TECHNIQUES))
     corpus: Text | None = None
     language: Text = "en"
+    bias_type: Text | None = None
     params: PlainValues | None = None
     name: DerivedName | None = None
 
@@ -98,11 +102,14 @@ def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *,
     for p, f in steps(ctx, path, v, LMStepFields, "technique", "an LM debiasing step"):
         tech, lang, corpus, params = f.technique, f.language, f.corpus, dict(f.params or {})
         validate(PARAMS[tech], params, ctx.source, f"{p}.params")
+        if tech == "self_debias" and f.bias_type is not None:
+            raise ctx.param(f"{p}.bias_type", "self_debias takes its bias type as params.bias_type (its prompt)")
+        bias_type = f.bias_type or "gender"
         if tech != "self_debias":
             try:
-                derive_pairs(lang)
+                derive_pairs(lang, bias_type)
             except AuditError as e:
-                raise ctx.param(f"{p}.language", str(e)) from None
+                raise ctx.param(f"{p}.bias_type" if bias_type != "gender" else f"{p}.language", str(e)) from None
         if corpus is None and tech != "self_debias":
             raise ctx.data(f"{p}.corpus", f"{tech} is fitted on a corpus: give a text file (one sentence per line) "
                            f"or '{TESTS_CORPUS}'")
@@ -114,7 +121,7 @@ def parse_lm_mitigation(ctx: Any, path: str, v: Any, model_name: str, *,
                 raise ctx.param(f"{p}.corpus", f"{corpus}: no such file")
             corpus = str(cp.resolve())
         out.append(LMStep(technique=tech, name=f.name or f"{model_name}+{tech}", corpus=corpus, language=lang,
-                          params=params))
+                          params=params, bias_type=bias_type))
     return tuple(out)
 
 
@@ -124,6 +131,8 @@ def variant_fields(base: Any, step: LMStep) -> dict[str, Any]:
     tags that link it to the original (technique, parameters, language, corpus and pairs digests)."""
     build = {"kind": KIND, "base": base.name, "technique": step.technique, "corpus": step.corpus,
              "language": step.language, "params": dict(step.params)}
+    if step.bias_type != "gender":  # the default stays out of build (and so out of existing keys)
+        build["bias_type"] = step.bias_type
     tags = {"audit.lm_mitigation": step.technique, "audit.base_model": base.name,
             "audit.lm_mitigation.language": step.language, "audit.lm_mitigation.corpus": str(step.corpus)}
     params = {"lm_mitigation": step.technique, "base_model": base.name, "lm_mitigation.language": step.language}
@@ -131,8 +140,9 @@ def variant_fields(base: Any, step: LMStep) -> dict[str, Any]:
         tags["audit.lm_mitigation.corpus_digest"] = params["lm_mitigation.corpus_digest"] = \
             corpus_digest(read_corpus(step.corpus))
     if step.technique != "self_debias":
+        tags["audit.lm_mitigation.bias_type"] = params["lm_mitigation.bias_type"] = step.bias_type
         tags["audit.lm_mitigation.pairs_digest"] = params["lm_mitigation.pairs_digest"] = \
-            pairs_digest(derive_pairs(step.language))
+            pairs_digest(derive_pairs(step.language, step.bias_type))
     for k, x in sorted(step.params.items()):
         tags[f"audit.lm_mitigation.param.{k}"] = params[f"lm_mitigation.param.{k}"] = json.dumps(x, sort_keys=True)
     options = {k: v for k, v in base.options.items() if k in ("dtype", "device")}

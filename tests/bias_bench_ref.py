@@ -15,12 +15,15 @@ Nothing here is biasaudit code.
   ``bias_bench/debias/inlp/classifier.py``: SKlearnClassifier;
   ``bias_bench/debias/inlp/context_nullspace_projection.py``: _split_gender_dataset,
   _apply_nullspace_projection (with input_dim passed instead of 768), _extract_gender_features;
-* ``bias_bench/dataset/sentence_debias.py``: _gender_augment_func, _replace_word_in_text;
-* ``bias_bench/dataset/inlp.py``: load_inlp_data + _load_gender_data (lines passed in);
-* ``bias_bench/debias/sentence_debias.py``: compute_gender_subspace;
+* ``bias_bench/dataset/sentence_debias.py``: _gender_augment_func, _race_augment_func (also
+  bias-bench's _religion_augment_func, identical), _replace_word_in_text;
+* ``bias_bench/dataset/inlp.py``: load_inlp_data + _load_gender_data, _load_race_data (also
+  _load_religion_data, identical) (lines and attribute words passed in);
+* ``bias_bench/debias/sentence_debias.py``: compute_gender_subspace, compute_race_subspace (also
+  compute_religion_subspace, identical);
 * ``experiments/run_mlm.py``: _create_bias_attribute_words (reading a dict instead of the file),
-  the word-level loop of gender_counterfactual_augmentation (on decoded text, without the
-  tokenizer round trip);
+  the word-level loops of gender_counterfactual_augmentation and
+  ternary_counterfactual_augmentation (on decoded text, without the tokenizer round trip);
 * ``bias_bench/debias/self_debias/generation.py``: SelfDebiasingLogitsProcessor (debug output
   removed); ``modeling.py``: GPT2Wrapper.compute_loss_self_debiasing,
   MaskedLMWrapper.get_token_logits_self_debiasing, GPT2Wrapper.generate_self_debiasing (greedy,
@@ -618,3 +621,177 @@ def _load_gender_data(lines, attribute_words, n_sentences=10000, seed=0):
             break
 
     return {"male": male_sentences_clipped, "female": female_sentences_clipped, "neutral": neutral_sentences_clipped}
+
+
+def _load_race_data(lines, attribute_words, n_sentences=10000, seed=0):
+    """load_inlp_data + _load_race_data: the file read replaced by ``lines`` and ``attribute_words``
+    (the "race" list), nltk.sent_tokenize by one sentence per line, n_sentences a parameter, prints
+    removed. bias-bench's _load_religion_data is the same code on the "religion" list."""
+    import random
+
+    random.seed(seed)
+    race_biased_token_set = set([word for words in attribute_words for word in words])
+
+    race_sentences = []
+    race_sentences_clipped = []
+    neutral_sentences_clipped = []
+
+    count_race_sentences = 0
+    count_neutral_sentences = 0
+
+    lines = list(lines)
+    random.shuffle(lines)
+
+    for line in lines:
+        sentences = [line]
+
+        for sentence in sentences:
+            race_flag = False
+
+            idx = -1
+            tokens = sentence.split(" ")
+
+            tokens = [token.lower() for token in tokens]
+
+            if len(tokens) < 5:
+                continue
+
+            for token in tokens:
+                if token in race_biased_token_set:
+                    race_flag = True
+                    idx = tokens.index(token)
+
+            if not race_flag and count_neutral_sentences < n_sentences:
+                index = random.randint(4, len(tokens))
+                neutral_sentences_clipped.append(" ".join(tokens[:index]))
+                count_neutral_sentences += 1
+                continue
+
+            if race_flag and count_race_sentences < n_sentences:
+                if sentence not in race_sentences:
+                    race_sentences.append(sentence)
+                    index = random.randint(idx, len(tokens))
+                    race_sentences_clipped.append(" ".join(tokens[: index + 1]))
+                    count_race_sentences += 1
+
+        if count_race_sentences == count_neutral_sentences == n_sentences:
+            break
+
+    return {"bias": race_sentences_clipped, "neutral": neutral_sentences_clipped}
+
+
+def _race_augment_func(text, examples, attribute_words):
+    words = text.split(" ")
+
+    for i, (r1_word, r2_word, r3_word) in enumerate(attribute_words):
+        if r1_word in words:
+            r1_example = text
+            r2_example = _replace_word_in_text(r1_word, r2_word, words)
+            r3_example = _replace_word_in_text(r1_word, r3_word, words)
+            examples.append({"r1_example": r1_example, "r2_example": r2_example, "r3_example": r3_example})
+
+        if r2_word in words:
+            r1_example = _replace_word_in_text(r2_word, r1_word, words)
+            r2_example = text
+            r3_example = _replace_word_in_text(r2_word, r3_word, words)
+            examples.append({"r1_example": r1_example, "r2_example": r2_example, "r3_example": r3_example})
+
+        if r3_word in words:
+            r1_example = _replace_word_in_text(r3_word, r1_word, words)
+            r2_example = _replace_word_in_text(r3_word, r2_word, words)
+            r3_example = text
+            examples.append({"r1_example": r1_example, "r2_example": r2_example, "r3_example": r3_example})
+
+    return examples
+
+
+def compute_race_subspace(data, model, tokenizer, batch_size=32):
+    """compute_race_subspace (device fixed to CPU, tqdm removed; its three identical encoding blocks
+    for r1, r2, r3 written as one loop over the three keys, same operations)."""
+    all_embeddings_r1 = []
+    all_embeddings_r2 = []
+    all_embeddings_r3 = []
+
+    n_batches = len(data) // batch_size
+    for i in range(n_batches):
+        offset = batch_size * i
+
+        embeddings = []
+        for key in ("r1_example", "r2_example", "r3_example"):
+            inputs = tokenizer([example[key] for example in data[offset : offset + batch_size]],
+                               return_tensors="pt", truncation=True, padding="max_length", max_length=128)
+            with torch.no_grad():
+                embedding = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])[
+                    "last_hidden_state"]
+                embedding *= inputs["attention_mask"].unsqueeze(-1)
+                embedding = embedding.sum(dim=1)
+                embedding /= inputs["attention_mask"].sum(dim=1, keepdims=True)
+            embeddings.append(embedding)
+        embedding_r1, embedding_r2, embedding_r3 = embeddings
+
+        embedding_r1 /= torch.norm(embedding_r1, dim=-1, keepdim=True)
+        embedding_r2 /= torch.norm(embedding_r2, dim=-1, keepdim=True)
+        embedding_r3 /= torch.norm(embedding_r3, dim=-1, keepdim=True)
+
+        all_embeddings_r1.append(embedding_r1.cpu().numpy())
+        all_embeddings_r2.append(embedding_r2.cpu().numpy())
+        all_embeddings_r3.append(embedding_r3.cpu().numpy())
+
+    all_embeddings_r1 = np.concatenate(all_embeddings_r1, axis=0)
+    all_embeddings_r2 = np.concatenate(all_embeddings_r2, axis=0)
+    all_embeddings_r3 = np.concatenate(all_embeddings_r3, axis=0)
+
+    means = (all_embeddings_r1 + all_embeddings_r2 + all_embeddings_r3) / 3.0
+    all_embeddings_r1 -= means
+    all_embeddings_r2 -= means
+    all_embeddings_r3 -= means
+
+    all_embeddings = np.concatenate([all_embeddings_r1, all_embeddings_r2, all_embeddings_r3], axis=0)
+
+    pca = PCA(n_components=1)
+    pca.fit(all_embeddings)
+
+    bias_direction = torch.tensor(pca.components_[0], dtype=torch.float32)
+
+    return bias_direction
+
+
+def ternary_counterfactual_augmentation_text(sentences, bias_attribute_words, seed=0):
+    """ternary_counterfactual_augmentation with ``sentence = tokenizer.decode(input_ids)`` replaced
+    by the decoded sentences themselves, returning the texts it would re-tokenise; the global
+    ``random`` (seeded by bias-bench's ``set_seed``) seeded here with ``seed``."""
+    import random
+
+    random.seed(seed)
+    outputs = []
+    for sentence in sentences:
+        words = sentence.split()  # Tokenize based on whitespace.
+        augmented_sentence = words[:]
+
+        # Sample the augmentation pairs.
+        r1_augmentation_pair = random.choice([1, 2])
+        r2_augmentation_pair = random.choice([0, 2])
+        r3_augmentation_pair = random.choice([0, 1])
+
+        augmented = False
+        for position, word in enumerate(words):
+            for augmentation_words in bias_attribute_words:
+                r1_word, r2_word, r3_word = augmentation_words
+
+                if r1_word == word:
+                    augmented = True
+                    augmented_sentence[position] = augmentation_words[r1_augmentation_pair]
+
+                if r2_word == word:
+                    augmented = True
+                    augmented_sentence[position] = augmentation_words[r2_augmentation_pair]
+
+                if r3_word == word:
+                    augmented = True
+                    augmented_sentence[position] = augmentation_words[r3_augmentation_pair]
+
+        if augmented:
+            augmented_sentence = " ".join(augmented_sentence)
+            outputs.append(augmented_sentence)
+            outputs.append(sentence)
+    return outputs

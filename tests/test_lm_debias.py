@@ -59,7 +59,7 @@ def test_pairs_derived_from_the_shipped_tests_per_language():
     assert len(words) == len(set(words)) == 2 * len(de.pairs)
     with pytest.raises(ParameterError, match="'es'.*no shipped word test has paired gender terms"):
         derive_pairs("es")
-    with pytest.raises(ParameterError, match="only 'gender'"):
+    with pytest.raises(ParameterError, match="bias_type 'race'.*gender, age, nationality only"):
         derive_pairs("en", "race")
 
 

@@ -123,6 +123,30 @@ def test_self_debias_in_the_causal_scorers_equals_the_reference_rescaling(tiny):
     assert c[0] != pytest.approx(c0[0], abs=1e-4)
 
 
+def test_self_debias_length_limit_leaves_room_for_the_prompt(tiny):
+    """The prompt goes before every input: the variant's limit is the model's minus the prompt's
+    tokens (causal: the prompt; masked: CLS + prompt in place of CLS), so an input that fits the
+    original but not the prompted forward is refused in one line, and BBQ's left truncation cuts
+    to the smaller limit (a position-embedding IndexError / RuntimeError before)."""
+    from audit.errors import DataError
+    from audit.measure.bbq import fit_prompts
+
+    for kind, n_prompt in (("gpt2", 30), ("bert", 27)):
+        h = tiny[kind].handle
+        step, sd = _sd(h)
+        text = step.prefixes[0] if kind == "gpt2" else f"{h.tokenizer.cls_token} {step.prefixes[0]}"
+        assert len(h.tokenizer(text, add_special_tokens=False)["input_ids"]) - (kind == "bert") == n_prompt
+        assert h.max_length == 128 and sd.max_length == 128 - n_prompt
+        long = " ".join(["the man is a doctor"] * 20)
+        n_tok = h.count_tokens([long])[0]
+        assert 128 - n_prompt < n_tok
+        with pytest.raises(DataError, match=f"has {n_tok} tokens; the model accepts at most {128 - n_prompt}$"):
+            sd.loglikelihood_rolling([long]) if kind == "gpt2" else sd.loglikelihood([("", long)])
+        prompts, cut = fit_prompts(sd, ["the man is a doctor " * 20], [["yes", "no", "maybe"]])
+        assert cut[0] > 0 and max(h.count_tokens([prompts[0] + " " + o for o in ("yes", "no", "maybe")])) \
+            <= 128 - n_prompt
+
+
 def test_self_debias_in_the_masked_scorers_equals_bias_bench_at_a_single_mask(tiny):
     h = tiny["bert"].handle
     step, sd = _sd(h)

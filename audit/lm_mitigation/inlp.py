@@ -32,7 +32,7 @@ import numpy as np
 from audit.errors import ParameterError
 
 __all__ = ["rowspace_projection", "nullspace_intersection", "inlp_projection", "split_dataset",
-           "labels_for", "mean_last_hidden", "apply_projection", "gender_sentences"]
+           "labels_for", "mean_last_hidden", "apply_projection", "gender_sentences", "attribute_sentences"]
 
 
 def rowspace_projection(W: np.ndarray) -> np.ndarray:
@@ -179,6 +179,46 @@ def gender_sentences(lines: Sequence[str], pairs: Sequence[Sequence[str]], *, n_
         if len(out[cls]) < n_sentences and sentence not in seen[cls]:
             seen[cls].add(sentence)
             out[cls].append(" ".join(tokens[:rng.randint(idx, len(tokens)) + 1]))
+        if all(len(v) == n_sentences for v in out.values()):
+            break
+    return out
+
+
+def attribute_sentences(lines: Sequence[str], words: Sequence[str], *, n_sentences: int = 10000,
+                        seed: int = 0) -> dict[str, list[str]]:
+    """bias-bench's INLP training sentences for a bias type other than gender
+    (``bias_bench/dataset/inlp.py`` ``_load_race_data`` / ``_load_religion_data``): two classes,
+    *bias* (the sentence holds one of ``words``, every word of every tuple, flattened) and *neutral*.
+
+    Conventions as :func:`gender_sentences` (shuffle with ``random.Random(seed)``, single-space split,
+    lower-cased tokens and words, fewer than 5 tokens skipped), except: every token is checked and
+    ``idx`` is the position of the last matching one (no early stop); a bias sentence is clipped to
+    ``tokens[:randint(idx, len) + 1]``, a neutral one to ``tokens[:randint(4, len)]``; duplicate bias
+    sentences are skipped; at most ``n_sentences`` per class, and the loop stops once both are full
+    (bias-bench checks after each Wikipedia paragraph; here a line is one sentence).
+    Returns ``{"bias": [...], "neutral": [...]}`` (labels 1 and 0: :func:`labels_for` ``gender=False``)."""
+    import random
+
+    rng = random.Random(seed)
+    bias_set = {w.lower() for w in words}
+    lines = list(lines)
+    rng.shuffle(lines)
+    out: dict[str, list[str]] = {"bias": [], "neutral": []}
+    seen: set[str] = set()
+    for sentence in lines:
+        tokens = [t.lower() for t in sentence.split(" ")]
+        if len(tokens) < 5:
+            continue
+        found, idx = False, -1
+        for token in tokens:
+            if token in bias_set:
+                found, idx = True, tokens.index(token)
+        if not found:
+            if len(out["neutral"]) < n_sentences:
+                out["neutral"].append(" ".join(tokens[:rng.randint(4, len(tokens))]))
+        elif len(out["bias"]) < n_sentences and sentence not in seen:
+            seen.add(sentence)
+            out["bias"].append(" ".join(tokens[:rng.randint(idx, len(tokens)) + 1]))
         if all(len(v) == n_sentences for v in out.values()):
             break
     return out

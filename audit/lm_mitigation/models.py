@@ -20,6 +20,7 @@ import hashlib
 import json
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -138,7 +139,8 @@ class SelfDebiasingLM:
 
     def __init__(self, model: Any, tokenizer: Any, step: Any, kind: str):
         self._model, self._tok, self._step, self._kind = model, tokenizer, step, kind
-        self.config = model.config
+        # the engine reads its length limit from this config: the model's own minus the longest prompt
+        self.config = _room_for_prompts(model, tokenizer, step.prefixes, kind)
         texts = [pr if kind == "causal" else f"{tokenizer.cls_token} {pr}" for pr in step.prefixes]
         self._prompts = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
         # where token t of a row sits in its prompted variant (causal: after the prompt; masked:
@@ -318,6 +320,27 @@ class _DebiasedLogits:
         return full[key]
 
 
+def _room_for_prompts(model: Any, tokenizer: Any, prefixes: Any, kind: str) -> Any:
+    """A copy of ``model.config`` whose position count makes the engine's limit
+    (:func:`audit.backends.hf_scoring.max_sequence_length`) the model's own limit minus the longest
+    prompt's tokens, so its length checks (inputs refused with a one-line
+    :class:`~audit.errors.DataError`, BBQ's ``truncation: left``) leave room for the prompt the
+    Self-Debias forward puts before each input (causal: the prompt; masked: ``CLS + " " + prompt``
+    in place of the CLS token); the model itself keeps its config."""
+    n = max((len(tokenizer(pr if kind == "causal" else f"{tokenizer.cls_token} {pr}",
+                           add_special_tokens=False)["input_ids"]) - (kind != "causal") for pr in prefixes), default=0)
+    cfg = copy.copy(model.config)
+    target = max_sequence_length(model, tokenizer) - n
+    attrs = [a for a in ("max_position_embeddings", "n_positions", "max_seq_len")
+             if isinstance(getattr(cfg, a, None), int)] or ["max_position_embeddings"]
+    for a in attrs:
+        setattr(cfg, a, target)
+    offset = target - max_sequence_length(SimpleNamespace(config=cfg), None)  # RoBERTa's position offset
+    for a in attrs:
+        setattr(cfg, a, target + offset)
+    return cfg
+
+
 class _Logits(dict):
     def __init__(self, logits):
         super().__init__(logits=logits)
@@ -330,8 +353,9 @@ class SelfDebiasedModel(_Variant):
     greedy generation) read the Self-Debias distribution (:class:`SelfDebiasingLM`);
     representations are refused with the reason (:data:`audit.lm_mitigation.TECHNIQUES`)."""
 
+    #: ``max_length`` too: the scoring model's, which leaves room for the prompts (``_room_for_prompts``)
     _SCORING_OPS = ("loglikelihood", "loglikelihood_rolling", "pair_pll", "masked_scores", "topk_fills",
-                    "first_words", "samples", "generate_until")
+                    "first_words", "samples", "generate_until", "max_length")
 
     def __init__(self, handle: Any, step: Any):
         if handle.kind not in ("mlm", "causal"):

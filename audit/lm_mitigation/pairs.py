@@ -1,22 +1,34 @@
-"""Attribute-word pairs for debiasing language models, per language.
+"""Attribute-word tuples for debiasing language models, per language and bias type.
 
 bias-bench (Meade, Poole-Dayan & Reddy 2022; McGill-NLP/bias-bench ``data/bias_attribute_words.json``)
 uses English ``[male, female]`` pairs (gender) and triples (race, religion). biasaudit derives
-its pairs from the group terms of its own shipped tests, so that every language with a gender
-suite gets pairs, with provenance:
+its tuples from the group terms of its own shipped tests, so that every language with a suite
+gets them, with provenance (the tests used and their dataset digests). The rule, per bias type
+(:data:`GROUP_SETS`: the set names that hold its two groups):
 
-* a pair is two word sets of the **same side** of a registered word test, named ``male_terms`` /
-  ``female_terms`` or ``male`` / ``female``, of equal length, paired **by position** (the tests
-  document that these sets are kinship terms paired by position: man/woman, boy/girl, ...);
+* ``gender``: sets ``male_terms`` / ``female_terms`` or ``male`` / ``female``; ``age``: ``young`` /
+  ``old`` (age_valence, cw2); ``nationality`` (CrowS-Pairs' name for the native / immigrant
+  contrast): ``native`` / ``immigrant`` (cw3);
+* a tuple is two word sets of the **same side** of a registered word test, of equal length,
+  paired **by position** (the gender tests document kinship terms paired by position:
+  man/woman, boy/girl, ...; for the other types the position pairs a group term with a term of
+  the other group: ``teenager/senior``, ``citizen/immigrant``);
+* for the bias types other than gender a pair is kept only when the test's ``forms`` mark both
+  words as person nouns (``kind: person``), both are single words, and their grammatical genders
+  (where the forms give both) agree, so that a swap changes the group and nothing else; the other
+  pairs are listed in ``provenance["skipped"]``;
 * the plural of each word, when the test's ``forms`` gives one for both words of a pair, adds a
   plural pair (``Bruder/Schwester`` -> ``Brüder/Schwestern``);
 * the pairs of all such tests of a language are merged in test-name order; a word already paired
   keeps its first partner, and the conflicting pair is recorded in ``provenance["conflicts"]``.
 
-Only gender is derived: the shipped suites have no other *paired* group terms (first names are
-not counterfactual pairs; the age and origin lists are not paired by position). Other bias types
-come from a file (:func:`load_pairs`, bias-bench's JSON format). The convention of a pair is
-bias-bench's: ``(male, female)``.
+First names (gender_career, origin_valence, WEAT 3-5) are not derived: they are not counterfactual
+pairs. A language or bias type without such sets is refused with one line naming both (es and ca
+ship no word test: HONEST's es identity terms are two unpaired lists); other tuples, such as
+bias-bench's race and religion triples, come from a file (:func:`load_pairs`, bias-bench's JSON
+format). The convention of a pair is bias-bench's: ``(male, female)``; for the other derived
+types ``(first group, second group)`` in :data:`GROUP_SETS` order (``(young, old)``,
+``(native, immigrant)``).
 """
 
 from __future__ import annotations
@@ -32,10 +44,17 @@ from audit.datasets.registry import _scan, read_registered
 from audit.errors import DataError, ParameterError
 from audit.suites import WordTest
 
-__all__ = ["AttributePairs", "derive_pairs", "load_pairs", "with_punctuation", "PUNCTUATION"]
+__all__ = ["AttributePairs", "BIAS_TYPES", "GROUP_SETS", "derive_pairs", "load_pairs", "with_punctuation",
+           "PUNCTUATION"]
 
-#: Set names that hold male / female group terms paired by position.
-_GENDER_SETS = (("male_terms", "female_terms"), ("male", "female"))
+#: Per bias type, the set names of a word test that hold its two groups' terms, paired by position.
+GROUP_SETS: dict[str, tuple[tuple[str, str], ...]] = {
+    "gender": (("male_terms", "female_terms"), ("male", "female")),
+    "age": (("young", "old"),),
+    "nationality": (("native", "immigrant"),),
+}
+#: The bias types :func:`derive_pairs` derives from the shipped tests.
+BIAS_TYPES = tuple(GROUP_SETS)
 #: bias-bench's punctuation marks glued to every attribute word for CDA (``run_mlm.py``).
 PUNCTUATION = (".", ",", "?", "!", ";", ":")
 
@@ -44,8 +63,10 @@ PUNCTUATION = (".", ",", "?", "!", ";", ":")
 class AttributePairs:
     """Ordered attribute-word tuples of one bias type and language, with where they came from.
 
-    ``pairs``: tuples ``(male, female)`` for gender (bias-bench's order). ``provenance``: a dict
-    with ``source`` (``"tests"`` or the file), ``tests`` (the test names used), ``conflicts``."""
+    ``pairs``: tuples ``(male, female)`` for gender (bias-bench's order), ``(young, old)``,
+    ``(native, immigrant)``, or a file's tuples (two or more words each). ``provenance``: a dict with
+    ``source`` (``"tests"`` or the file), ``tests`` (the test names used), ``digests`` (each test's
+    dataset digest), ``conflicts``, ``skipped``."""
 
     language: str
     bias_type: str
@@ -63,19 +84,40 @@ def _plural(test: Any, word: str) -> str | None:
     return f.get("plural") if isinstance(f, dict) and isinstance(f.get("plural"), str) else None
 
 
+def _form(test: Any, word: str) -> dict[str, Any]:
+    f = ((getattr(test, "extra", None) or {}).get("forms") or {}).get(word)
+    return f if isinstance(f, dict) else {}
+
+
+def _swap_problem(test: Any, a: str, b: str) -> str | None:
+    """Why ``a``/``b`` is not a counterfactual pair for a bias type other than gender, or ``None``."""
+    fa, fb = _form(test, a), _form(test, b)
+    if fa.get("kind") != "person" or fb.get("kind") != "person":
+        return "not two person nouns"
+    if any(c.isspace() for c in a + b):
+        return "not single words"
+    if fa.get("gender") and fb.get("gender") and fa["gender"] != fb["gender"]:
+        return f"grammatical genders differ ({fa['gender']}/{fb['gender']})"
+    return None
+
+
 def derive_pairs(language: str, bias_type: str = "gender", *, root: str | os.PathLike | None = None,
                  plurals: bool = True) -> AttributePairs:
-    """Gender pairs ``(male, female)`` of ``language`` from its registered word tests (see the
-    module docstring for the rule). Raises :class:`ParameterError` for another bias type or a
-    language whose tests have no paired gender terms."""
-    if bias_type != "gender":
-        raise ParameterError(f"bias_type {bias_type!r}: only 'gender' pairs can be derived from the shipped "
-                             "tests (no other paired group terms); pass a pairs file (load_pairs) instead")
+    """Pairs of ``bias_type`` (:data:`BIAS_TYPES`) of ``language`` from its registered word tests
+    (see the module docstring for the rule). Raises :class:`ParameterError` (one line naming the
+    language and the bias type) for another bias type or a language whose tests have no such
+    paired group terms."""
+    if bias_type not in GROUP_SETS:
+        raise ParameterError(f"bias_type {bias_type!r}: pairs are derived from the shipped tests for "
+                             f"{', '.join(BIAS_TYPES)} only; pass a pairs file (load_pairs) instead")
+    set_names = GROUP_SETS[bias_type]
     tests, _ = _scan(Path(root) if root else datasets_root())
     pairs: list[tuple[str, str]] = []
     partner: dict[str, str] = {}
     used: list[str] = []
+    digests: dict[str, str] = {}
     conflicts: list[str] = []
+    skipped: list[str] = []
     for name in sorted(tests):
         if not name.startswith(f"{language}/"):
             continue
@@ -88,14 +130,18 @@ def derive_pairs(language: str, bias_type: str = "gender", *, root: str | os.Pat
         found = False
         for side in ("targets", "attributes"):
             sets = {s.name: s.words for s in getattr(test, side)}
-            for m_name, f_name in _GENDER_SETS:
+            for m_name, f_name in set_names:
                 if m_name not in sets or f_name not in sets or len(sets[m_name]) != len(sets[f_name]):
                     continue
-                found = True
                 cand = list(zip(sets[m_name], sets[f_name]))
+                if bias_type != "gender":
+                    why = {(m, f): _swap_problem(test, m, f) for m, f in cand}
+                    skipped += [f"{name}: {m}/{f} ({w})" for (m, f), w in why.items() if w]
+                    cand = [p for p in cand if not why[p]]
                 if plurals:
                     cand += [(pm, pf) for m, f in cand
                              if (pm := _plural(test, m)) and (pf := _plural(test, f))]
+                found = found or bool(cand)
                 for m, f in cand:
                     if partner.get(m) == f and partner.get(f) == m:
                         continue
@@ -106,13 +152,17 @@ def derive_pairs(language: str, bias_type: str = "gender", *, root: str | os.Pat
                     pairs.append((m, f))
         if found:
             used.append(name)
+            digests[name] = test.digest()
     if not pairs:
-        raise ParameterError(f"language {language!r}: no shipped word test has paired gender terms "
-                             f"(sets {', '.join('/'.join(s) for s in _GENDER_SETS)}); pass a pairs file")
-    return AttributePairs(language, "gender", tuple(pairs),
-                          {"source": "tests", "tests": used, "conflicts": conflicts,
-                           "rule": "same-side sets male_terms/female_terms or male/female, paired by position"
-                                   + (", plus plurals from forms" if plurals else "")})
+        sets_text = ", ".join("/".join(s) for s in set_names)
+        raise ParameterError(f"language {language!r}, bias_type {bias_type!r}: no shipped word test has paired "
+                             f"{bias_type} terms (same-side sets {sets_text}); pass a pairs file")
+    rule = f"same-side sets {' or '.join('/'.join(s) for s in set_names)}, paired by position"
+    if bias_type != "gender":
+        rule += "; person nouns of one word and the same grammatical gender only"
+    return AttributePairs(language, bias_type, tuple(pairs),
+                          {"source": "tests", "tests": used, "digests": digests, "conflicts": conflicts,
+                           "skipped": skipped, "rule": rule + (", plus plurals from forms" if plurals else "")})
 
 
 def load_pairs(path: str | os.PathLike, bias_type: str, language: str = "en") -> AttributePairs:

@@ -15,12 +15,16 @@ Conventions (bias-bench's):
   side 0 holds the pair's first word (the pairs are lower-cased like the sentences: a no-op for
   bias-bench's all-lower-case list, needed for German nouns; bias-bench's gender file lists male
   first, its code calls side 0 ``female_example`` after unpacking ``(female_word, male_word)``, a naming slip with no
-  effect, the subspace being symmetric in the two sides);
+  effect, the subspace being symmetric in the two sides); tuples of ``k > 2`` words (bias-bench's race
+  and religion triples, ``_race_augment_func``): for each tuple and each position ``j`` whose word
+  is in the sentence, one example of ``k`` sentences, side ``i`` the sentence with every word ``j``
+  replaced by word ``i`` (side ``j`` the sentence itself) (:func:`counterfactual_examples`);
 * embeddings (:func:`mean_pooled`): batches of ``batch_size`` (32), padded to ``max_length``
   (128) and truncated there, mean of the last hidden state over attended positions, then unit L2
   norm; **bias-bench drops the last incomplete batch** (``len(data) // batch_size`` batches):
   ``drop_last=True`` keeps that behaviour, the default ``False`` encodes every example;
-* subspace (:func:`bias_direction`): each side minus the mean of its pair, both sides stacked,
+* subspace (:func:`bias_direction`): each side minus the mean of its example (of the ``k`` sides:
+  ``compute_race_subspace``), all sides stacked,
   ``sklearn.decomposition.PCA(n_components=k)``; bias-bench keeps the first component (``k=1``),
   whose sign is whatever sklearn's SVD sign convention gives (``svd_flip``);
 * debiasing (:func:`project_out`): every token's last hidden state ``x`` becomes
@@ -36,7 +40,7 @@ import numpy as np
 from audit.errors import ParameterError
 from audit.lm_mitigation.pairs import AttributePairs
 
-__all__ = ["counterfactual_pairs", "mean_pooled", "bias_direction", "project_out"]
+__all__ = ["counterfactual_pairs", "counterfactual_examples", "mean_pooled", "bias_direction", "project_out"]
 
 
 def _replace(old: str, new: str, words: list[str]) -> str:
@@ -59,6 +63,25 @@ def counterfactual_pairs(sentences: Sequence[str], pairs: AttributePairs | Seque
                 out.append((text, _replace(a, b, words)))
             if b in words:
                 out.append((_replace(b, a, words), text))
+    return out
+
+
+def counterfactual_examples(sentences: Sequence[str], pairs: AttributePairs | Sequence[Sequence[str]]
+                            ) -> list[tuple[str, ...]]:
+    """``(side 0, ..., side k-1)`` counterfactual examples of ``sentences`` for tuples of ``k >= 2``
+    words, all of one length (module docstring); for pairs the same list as :func:`counterfactual_pairs`."""
+    rows = [tuple(w.lower() for w in r) for r in (pairs.pairs if isinstance(pairs, AttributePairs) else pairs)]
+    if not rows or len({len(r) for r in rows}) != 1 or len(rows[0]) < 2:
+        raise ParameterError("SentenceDebias needs attribute tuples of one length, two words or more, got "
+                             f"lengths {sorted({len(r) for r in rows})}")
+    out: list[tuple[str, ...]] = []
+    for s in sentences:
+        text = s.lower().strip()
+        words = text.split(" ")
+        for row in rows:
+            for j, w in enumerate(row):
+                if w in words:
+                    out.append(tuple(text if i == j else _replace(w, row[i], words) for i in range(len(row))))
     return out
 
 
@@ -85,18 +108,19 @@ def mean_pooled(model: Any, tokenizer: Any, texts: Sequence[str], *, batch_size:
     return np.concatenate(out, axis=0)
 
 
-def bias_direction(side0: np.ndarray, side1: np.ndarray, n_components: int = 1) -> np.ndarray:
-    """PCA components (``k x dim``, float64) of the pair-centred embeddings (module docstring)."""
+def bias_direction(*sides: np.ndarray, n_components: int = 1) -> np.ndarray:
+    """PCA components (``k x dim``, float64) of the example-centred embeddings of two or more sides
+    (module docstring; ``bias_direction(side0, side1)`` for pairs)."""
     from sklearn.decomposition import PCA
 
-    a = np.asarray(side0, dtype=np.float64)
-    b = np.asarray(side1, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 2 or len(a) < 1:
-        raise ParameterError(f"SentenceDebias: the two sides must be equal-shape 2-D arrays, got {a.shape}, {b.shape}")
-    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+    arrs = [np.asarray(a, dtype=np.float64) for a in sides]
+    if len(arrs) < 2 or len({a.shape for a in arrs}) != 1 or arrs[0].ndim != 2 or len(arrs[0]) < 1:
+        raise ParameterError("SentenceDebias: the sides must be two or more equal-shape 2-D arrays, got "
+                             f"{[a.shape for a in arrs]}")
+    if not all(np.isfinite(a).all() for a in arrs):
         raise ParameterError("SentenceDebias embeddings contain NaN or infinite values")
-    means = (a + b) / 2.0
-    X = np.concatenate([a - means, b - means], axis=0)
+    means = sum(arrs) / float(len(arrs))
+    X = np.concatenate([a - means for a in arrs], axis=0)
     if not 1 <= n_components <= min(X.shape):
         raise ParameterError(f"n_components must be in 1..{min(X.shape)}, got {n_components}")
     return PCA(n_components=n_components).fit(X).components_

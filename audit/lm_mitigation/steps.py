@@ -33,6 +33,7 @@ from audit.lm_mitigation import TECHNIQUES
 from audit.lm_mitigation.cda import augment_corpus
 from audit.lm_mitigation.inlp import (
     apply_projection,
+    attribute_sentences,
     gender_sentences,
     inlp_projection,
     labels_for,
@@ -44,7 +45,7 @@ from audit.lm_mitigation.self_debias import (
     DEBIASING_PREFIXES, Rescaling, causal_logprobs, masked_logprobs, prompts_for,
 )
 from audit.lm_mitigation.training import TrainParams
-from audit.lm_mitigation.sentence_debias import bias_direction, counterfactual_pairs, mean_pooled, project_out
+from audit.lm_mitigation.sentence_debias import bias_direction, counterfactual_examples, mean_pooled, project_out
 
 __all__ = ["CDA", "INLP", "PARAMS", "SelfDebias", "SentenceDebias", "corpus_digest", "pairs_digest"]
 
@@ -96,7 +97,8 @@ class _Step:
 
 
 class INLP(_Step):
-    """Iterative nullspace projection (bias-bench's settings: 80 classifiers, gender 3 classes)."""
+    """Iterative nullspace projection (bias-bench's settings: 80 classifiers; gender 3 classes, male /
+    female / neutral sentences; other bias types 2 classes, sentences with an attribute word / neutral)."""
 
     name = "inlp"
 
@@ -110,15 +112,19 @@ class INLP(_Step):
         self.projection_: np.ndarray | None = None
 
     def fit(self, model: Any, tokenizer: Any, corpus: Sequence[str], pairs: AttributePairs) -> INLP:
-        if pairs.bias_type != "gender":
-            raise ParameterError(f"inlp: only gender pairs are supported here, got {pairs.bias_type!r}")
-        data = gender_sentences(corpus, pairs.pairs, n_sentences=self.n_sentences, seed=self.seed)
+        gender = pairs.bias_type == "gender"
+        if gender:
+            if any(len(p) != 2 for p in pairs.pairs):
+                raise ParameterError("inlp: gender pairs need two words each (male, female)")
+            data = gender_sentences(corpus, pairs.pairs, n_sentences=self.n_sentences, seed=self.seed)
+        else:  # bias-bench's race / religion data: sentences with any attribute word vs neutral ones
+            data = attribute_sentences(corpus, pairs.words(), n_sentences=self.n_sentences, seed=self.seed)
         empty = [k for k, v in data.items() if not v]
         if empty:
             raise ParameterError(f"inlp: the corpus has no {', '.join(empty)} sentences (of 5+ tokens) for the "
-                                 f"{pairs.language} pairs")
-        X = np.concatenate([mean_last_hidden(model, tokenizer, data[k]) for k in ("male", "female", "neutral")])
-        y = labels_for([len(data[k]) for k in ("male", "female", "neutral")], gender=True)
+                                 f"{pairs.language} {pairs.bias_type} pairs")
+        X = np.concatenate([mean_last_hidden(model, tokenizer, data[k]) for k in data])
+        y = labels_for([len(v) for v in data.values()], gender=gender)
         Xtr, Xdev, _, ytr, ydev, _ = split_dataset(X, y, seed=0)
         self.projection_, Ws, accs = inlp_projection(Xtr, ytr, Xdev, ydev, n_classifiers=self.n_classifiers)
         self.provenance_ = self._provenance(pairs, corpus, n_train={k: len(v) for k, v in data.items()},
@@ -148,13 +154,17 @@ class SentenceDebias(_Step):
         self.directions_: np.ndarray | None = None
 
     def fit(self, model: Any, tokenizer: Any, corpus: Sequence[str], pairs: AttributePairs) -> SentenceDebias:
-        ex = counterfactual_pairs(corpus, pairs)
+        ex = counterfactual_examples(corpus, pairs)
         if not ex:
-            raise ParameterError(f"sentence_debias: no corpus sentence contains a {pairs.language} attribute word")
+            raise ParameterError(f"sentence_debias: no corpus sentence contains a {pairs.language} {pairs.bias_type} "
+                                 "attribute word")
         kw = {"batch_size": self.batch_size, "max_length": self.max_length, "drop_last": self.drop_last}
-        a = mean_pooled(model, tokenizer, [e[1] for e in ex], **kw)
-        b = mean_pooled(model, tokenizer, [e[0] for e in ex], **kw)
-        self.directions_ = bias_direction(a, b, self.n_components)
+        k = len(ex[0])
+        # pairs: side 1 stacked first, as bias-bench's gender subspace ("male_example" first); k > 2: in order
+        order = [1, 0] if k == 2 else list(range(k))
+        sides = [mean_pooled(model, tokenizer, [e[i] for e in ex], **kw) for i in order]
+        a = sides[0]
+        self.directions_ = bias_direction(*sides, n_components=self.n_components)
         self.provenance_ = self._provenance(pairs, corpus, n_examples=len(ex), n_encoded=len(a))
         return self
 
@@ -206,7 +216,8 @@ class SelfDebias(_Step):
 
 
 class CDA(_Step):
-    """Two-sided counterfactual augmentation of a corpus (bias-bench's word list and loop)."""
+    """Two-sided counterfactual augmentation of a corpus (bias-bench's word list and loop; tuples of
+    three words or more: one drawn counterfactual per text, ``seed``)."""
 
     name = "cda"
 
@@ -214,13 +225,15 @@ class CDA(_Step):
         punctuation: Flag = True
         keep_unmatched: Flag = False
         lower: Flag = False
+        seed: Int(0) = 0
 
-    def __init__(self, *, punctuation: bool = True, keep_unmatched: bool = False, lower: bool = False):
-        self._set_params(punctuation=punctuation, keep_unmatched=keep_unmatched, lower=lower)
+    def __init__(self, *, punctuation: bool = True, keep_unmatched: bool = False, lower: bool = False,
+                 seed: int = 0):
+        self._set_params(punctuation=punctuation, keep_unmatched=keep_unmatched, lower=lower, seed=seed)
 
     def transform(self, corpus: Sequence[str], pairs: AttributePairs) -> list[str]:
         out = augment_corpus(corpus, pairs, punctuation=self.punctuation, keep_unmatched=self.keep_unmatched,
-                             lower=self.lower)
+                             lower=self.lower, seed=self.seed)
         self.provenance_ = self._provenance(pairs, corpus, augmented={"digest": corpus_digest(out),
                                                                       "n_sentences": len(out)})
         return out
