@@ -9,6 +9,10 @@ data, marked unavailable when the data is not found.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -52,17 +56,67 @@ def _signature(*paths: Path) -> tuple:
     return tuple(out)
 
 
+@functools.cache
+def _code_signature() -> tuple:
+    """The modules a stub's size depends on besides its data (the readers, the test types' units,
+    this module): their name, size and modification time, part of the disk cache's key."""
+    here = Path(__file__)
+    return _signature(*sorted(here.with_name("datasets").rglob("*.py")), here.with_name("suites.py"), here)
+
+
+def cache_dir() -> Path:
+    """Where listings keep what they computed between processes: ``$BIASAUDIT_CACHE``, default
+    ``$XDG_CACHE_HOME/biasaudit`` (``~/.cache/biasaudit``)."""
+    env = os.environ.get("BIASAUDIT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "biasaudit"
+
+
+def _cache_file(path: str, signature: tuple) -> Path:
+    key = json.dumps([path, signature, _code_signature()], separators=(",", ":"))
+    return cache_dir() / "catalog" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+
+
+def _read_cached(f: Path) -> str | None:
+    try:
+        got = json.loads(f.read_text("utf-8"))
+    except (OSError, ValueError):
+        return None  # not there, unreadable, or a torn write: read the data again
+    return got.get("size") if isinstance(got, dict) and isinstance(got.get("size"), str) else None
+
+
+def _write_cached(f: Path, size: str) -> None:
+    """Best effort (a read-only home costs a re-read, never a failure); written to a temporary
+    file then renamed, so a reader in another process sees the whole entry or none."""
+    try:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=f.parent, suffix=".tmp", delete=False, encoding="utf-8") as tmp:
+            json.dump({"size": size}, tmp)
+        os.replace(tmp.name, f)
+    except OSError:
+        pass
+
+
 @functools.lru_cache(maxsize=64)
 def _stub_size(path: str, signature: tuple) -> tuple[bool, str]:
     """``(available, "27320 items")`` of the stub at ``path``, or ``(False, the DataError)``: its data
     is read in full (the reader validates every row), once per process and ``signature``
     (:func:`_signature`): a listing repeated in one process (tests, ``audit datasets`` after
-    ``--coverage``) does not read a BBQ folder again unless a file of it changed."""
+    ``--coverage``) does not read a BBQ folder again unless a file of it changed. A size is also
+    kept on disk (:func:`cache_dir`, ``catalog/``), keyed by ``path``, ``signature`` and the
+    signature of the reader code (:func:`_code_signature`), so the next process does not read the data
+    again either (the four BBQ folders took 7 s); an error is never cached, its message is current."""
+    f = _cache_file(path, signature)
+    if (size := _read_cached(f)) is not None:
+        return True, size
     stub = stub_of(Path(path))
     try:
-        return True, f"{len(read_registered(Path(path)).table)} {TEST_TYPES[FORMAT_TYPES[stub.format]].unit or 'rows'}"
+        size = f"{len(read_registered(Path(path)).table)} {TEST_TYPES[FORMAT_TYPES[stub.format]].unit or 'rows'}"
     except DataError as e:
         return False, str(e)
+    _write_cached(f, size)
+    return True, size
 
 
 def list_tests(language: str | None = None, root: str | Path | None = None) -> pd.DataFrame:

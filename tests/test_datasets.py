@@ -848,6 +848,7 @@ def test_list_tests_reads_a_stubs_data_once_per_version(tmp_path, monkeypatch):
                                                                                        index=False)
     (tmp_path / "en" / "cp.yaml").write_text("name: cp\nlanguage: en\nformat: crows-pairs\ndata: ./cp.csv\n"
                                               "provenance: a test\nlicence: CC BY-SA 4.0\n", encoding="utf-8")
+    monkeypatch.setenv("BIASAUDIT_CACHE", str(tmp_path / "cache"))
     reads = []
     real = catalog.read_registered
     monkeypatch.setattr(catalog, "read_registered", lambda p: reads.append(p) or real(p))
@@ -858,3 +859,40 @@ def test_list_tests_reads_a_stubs_data_once_per_version(tmp_path, monkeypatch):
     df.to_csv(tmp_path / "en" / "cp.csv", index=False)
     assert catalog.list_tests(root=tmp_path).set_index("name").loc["en/cp", "targets"] == "8 pairs"
     assert len(reads) == 2
+
+
+@pytest.mark.skipif(not (SHARED / "crows-pairs").is_dir(), reason="needs ../shared/data")
+def test_list_tests_keeps_a_stubs_size_on_disk_for_the_next_process(tmp_path, monkeypatch):
+    """The next process (here: the in-process cache cleared) lists a stub without reading its data
+    again (``$BIASAUDIT_CACHE/catalog``; the four BBQ folders took 7 s per process), with the same
+    row; a changed data file, or a torn cache entry, is read again; an error is never cached."""
+    import pandas as pd
+
+    monkeypatch.setenv("BIASAUDIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "en").mkdir()
+    csv = tmp_path / "en" / "cp.csv"
+    pd.read_csv(SHARED / "crows-pairs" / "crows_pairs_anonymized.csv").head(7).to_csv(csv, index=False)
+    (tmp_path / "en" / "cp.yaml").write_text("name: cp\nlanguage: en\nformat: crows-pairs\ndata: ./cp.csv\n"
+                                              "provenance: a test\nlicence: CC BY-SA 4.0\n", encoding="utf-8")
+    reads = []
+    real = catalog.read_registered
+    monkeypatch.setattr(catalog, "read_registered", lambda p: reads.append(p) or real(p))
+
+    def listed() -> pd.Series:
+        catalog._stub_size.cache_clear()  # a new process
+        return catalog.list_tests(root=tmp_path).set_index("name").loc["en/cp"]
+
+    first = listed()
+    assert first["targets"] == "7 pairs" and first["available"] and len(reads) == 1
+    [entry] = (tmp_path / "cache" / "catalog").glob("*.json")
+    assert json.loads(entry.read_text("utf-8")) == {"size": "7 pairs"}
+    assert listed().equals(first) and len(reads) == 1  # from disk: the data was not read
+    entry.write_text('{"size": ', encoding="utf-8")  # torn: read the data again, never fail
+    assert listed()["targets"] == "7 pairs" and len(reads) == 2
+    pd.read_csv(SHARED / "crows-pairs" / "crows_pairs_anonymized.csv").head(9).to_csv(csv, index=False)
+    assert listed()["targets"] == "9 pairs" and len(reads) == 3
+    assert listed()["targets"] == "9 pairs" and len(reads) == 3
+    csv.write_text("not,a,crows,pairs,file\n", encoding="utf-8")
+    for n in (4, 5):  # an unreadable file: unavailable, its error read again each time
+        row = listed()
+        assert not row["available"] and "cp.csv" in row["targets"] and len(reads) == n
