@@ -11,8 +11,8 @@ import numpy as np
 
 from audit.errors import ModelError, ParameterError
 
-__all__ = ["AUTO_BATCH_CPU", "AUTO_BATCH_CUDA", "PADDING_SIDES", "Padded", "default_batch_size", "pad_batch",
-           "positions", "run_batched"]
+__all__ = ["AUTO_BATCH_CPU", "AUTO_BATCH_CUDA", "PADDING_SIDES", "Padded", "default_batch_size", "fill_batch",
+           "pad_batch", "positions", "run_batched"]
 
 #: Where a batch's shorter sequences get their padding.
 PADDING_SIDES = ("right", "left")
@@ -73,9 +73,10 @@ def default_batch_size(device: Any) -> int:
     return AUTO_BATCH_CUDA if dev_type == "cuda" else AUTO_BATCH_CPU
 
 
-def _take(lengths: Sequence[int] | None, i: int, size: int) -> int:
-    """How many items from ``i`` form the next batch: ``size`` items, or with ``lengths`` (a token
-    budget) the longest run whose padded size, items x longest, stays within ``size`` (at least one)."""
+def fill_batch(lengths: Sequence[int] | None, i: int, size: int) -> int:
+    """How many items from ``i`` form the next batch: ``size`` items, or with ``lengths`` (``size``
+    a token budget) the longest run whose padded size, items x longest, stays within ``size`` (at
+    least one item)."""
     if lengths is None:
         return size
     n, longest = 0, 0
@@ -112,7 +113,7 @@ def run_batched(fn: Callable[[list], Sequence], items: list, batch_size: int | N
     out: list = []
     i, size = 0, batch_size
     while i < len(items):
-        batch = items[i:i + _take(lengths, i, size)]
+        batch = items[i:i + fill_batch(lengths, i, size)]
         try:
             res = fn(batch)
         except torch.cuda.OutOfMemoryError as e:
