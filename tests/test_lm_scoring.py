@@ -349,3 +349,58 @@ def test_continuation_start_modes_and_errors(gpt2):
         continuation_loglik(model, tok, [("money " * 100, "money " * 100)])
     with pytest.raises(ParameterError, match="padding_side"):
         continuation_loglik(model, tok, [("a", " b")], padding_side="middle")
+
+
+# --------------------------------------------------------------------------- token-budget batches
+
+
+def test_token_budget_batches_equal_one_at_a_time(gpt2, monkeypatch):
+    """``batch_size=None`` fills batches up to a token budget (sequences x longest, padding
+    included): every token's log-probability equals the unpadded one-sequence pass within 1e-5, for
+    sequences of mixed lengths with and without a context, on both padding sides."""
+    from audit.backends.hf_scoring import causal_token_logprobs, encode_requests
+
+    model, tok = gpt2
+    reqs = [("", "she likes art."), ("he is", " a nurse and she is a doctor at the hospital in the city."),
+            ("", "The poor are really ignorant about how to handle the money they get."), ("women are", " bad"),
+            ("", "he"), ("The rich man said that", " the money is his and not theirs.")]
+    seqs = encode_requests(tok, reqs)
+    lens = sorted(len(s) for s, _ in seqs)
+    assert lens[0] <= 4 and lens[-1] >= 15  # mixed lengths: padding in every batch but the last
+    with torch.no_grad():
+        want = []
+        for ids, n_ctx in seqs:
+            lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+            want.append(np.array([lp[t - 1, ids[t]].item() for t in range(n_ctx, len(ids))]))
+    shapes: list[tuple[int, int]] = []
+    real = lm_scoring._target_logprobs
+
+    def spy(m, input_ids, *a, **kw):
+        shapes.append(tuple(input_ids.shape))
+        return real(m, input_ids, *a, **kw)
+
+    monkeypatch.setattr(lm_scoring, "_target_logprobs", spy)
+    monkeypatch.setattr(lm_scoring, "DEFAULT_TOKENS_CPU", 36)
+    assert lm_scoring.default_token_budget(torch.device("cpu")) == 36
+    for side in ("right", "left"):
+        shapes.clear()
+        got = causal_token_logprobs(model, seqs, pad_id=lm_scoring.pad_token_id(tok), padding_side=side)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+        # longest first: the long ones alone or in pairs, the short ones together, each within budget
+        assert all(n * w <= 36 or n == 1 for n, w in shapes), shapes
+        assert len(shapes) < len(seqs) and max(n for n, _ in shapes) >= 2, shapes
+    assert len({n for n, _ in shapes}) >= 2, shapes  # sequences per batch follow their length
+
+
+def test_run_batched_token_budget():
+    from audit.backends.batching import run_batched
+
+    seen: list[list[int]] = []
+    lens = [10, 9, 5, 5, 4, 1, 1, 1]
+    out = run_batched(lambda b: seen.append(list(b)) or [x * 2 for x in b], list(range(8)), 12, device="cpu",
+                      lengths=lens)
+    assert out == [2 * x for x in range(8)]
+    assert seen == [[0], [1], [2, 3], [4, 5, 6], [7]]  # 10, 9 alone; 2 x 5; 3 x 4 = 12; the last 1 left over
+    with pytest.raises(ValueError, match="2 lengths for 3 items"):
+        run_batched(lambda b: b, [1, 2, 3], 4, device="cpu", lengths=[1, 2])

@@ -11,8 +11,8 @@ import numpy as np
 
 from audit.errors import ModelError, ParameterError
 
-__all__ = ["AUTO_BATCH_CPU", "AUTO_BATCH_CUDA", "PADDING_SIDES", "Padded", "default_batch_size", "pad_batch",
-           "positions", "run_batched"]
+__all__ = ["AUTO_BATCH_CPU", "AUTO_BATCH_CUDA", "PADDING_SIDES", "Padded", "default_batch_size", "fill_batch",
+           "pad_batch", "positions", "run_batched"]
 
 #: Where a batch's shorter sequences get their padding.
 PADDING_SIDES = ("right", "left")
@@ -73,13 +73,31 @@ def default_batch_size(device: Any) -> int:
     return AUTO_BATCH_CUDA if dev_type == "cuda" else AUTO_BATCH_CPU
 
 
+def fill_batch(lengths: Sequence[int] | None, i: int, size: int) -> int:
+    """How many items from ``i`` form the next batch: ``size`` items, or with ``lengths`` (``size``
+    a token budget) the longest run whose padded size, items x longest, stays within ``size`` (at
+    least one item)."""
+    if lengths is None:
+        return size
+    n, longest = 0, 0
+    while i + n < len(lengths):
+        longest = max(longest, int(lengths[i + n]))
+        if n and (n + 1) * longest > size:
+            break
+        n += 1
+    return n
+
+
 def run_batched(fn: Callable[[list], Sequence], items: list, batch_size: int | None, *,
-                device: Any) -> list:
+                device: Any, lengths: Sequence[int] | None = None) -> list:
     """Apply ``fn`` to consecutive batches of ``items`` and concatenate the per-item results.
 
     ``fn(batch)`` must return one result per item (a list, or an array whose first axis is
     the batch). With ``batch_size=None`` the start size is :func:`default_batch_size`
-    (CPU 32, CUDA 256). When a batch raises :class:`torch.cuda.OutOfMemoryError`, the CUDA
+    (CPU 32, CUDA 256). With ``lengths`` (tokens of each item; items best sorted longest first)
+    ``batch_size`` is a token budget instead of a count: a batch holds as many consecutive items
+    as fit in it padded (items x longest <= budget; a longer item alone). When a batch raises
+    :class:`torch.cuda.OutOfMemoryError`, the CUDA
     cache is emptied, the batch size is halved and the same batch is retried; later batches
     keep the smaller size. Out of memory at batch size 1 raises :class:`ModelError`.
     Results are in the order of ``items``.
@@ -90,16 +108,18 @@ def run_batched(fn: Callable[[list], Sequence], items: list, batch_size: int | N
         batch_size = default_batch_size(device)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ParameterError(f"batch_size: must be a positive integer or None, got {batch_size!r}")
+    if lengths is not None and len(lengths) != len(items):
+        raise ValueError(f"run_batched: {len(lengths)} lengths for {len(items)} items")
     out: list = []
     i, size = 0, batch_size
     while i < len(items):
-        batch = items[i:i + size]
+        batch = items[i:i + fill_batch(lengths, i, size)]
         try:
             res = fn(batch)
         except torch.cuda.OutOfMemoryError as e:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            if size == 1:
+            if size == 1 or (lengths is not None and len(batch) == 1):
                 raise ModelError("out of GPU memory even at batch size 1") from e
             size = max(1, size // 2)
             continue

@@ -11,7 +11,7 @@ Five entry points, all batched, all under :func:`torch.inference_mode`:
   RoBERTa/XLM-R/CamemBERT/GPT-2 ``model.lm_head``, ALBERT ``model.predictions``, DistilBERT's
   ``vocab_*`` layers, ELECTRA's generator head; other models run the full forward pass). The
   split is verified once per model against the full forward pass (and abandoned if the logits
-  differ), and vocabulary logits are materialised :data:`HEAD_CHUNK_ROWS` rows at a time.
+  differ), and vocabulary logits are materialised a few hundred rows at a time (:data:`HEAD_CHUNK_ROWS`).
 * :func:`crows_pairs_pll` -- the CrowS-Pairs masked-LM score of Nangia et al. (2020), exactly as
   ``metric.py`` of nyu-mll/crows-pairs (``mask_unigram``): tokenise both sentences of a pair
   with special tokens; the unmodified tokens are the ``'equal'`` opcodes of
@@ -81,6 +81,7 @@ __all__ = [
     "span_pll",
     "masked_span_logprobs",
     "default_batch_size",
+    "default_token_budget",
 ]
 
 
@@ -209,8 +210,16 @@ def _split_head(model: Any) -> tuple[Callable, Callable] | None:
 _SPLIT_OK: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 
-#: Rows of vocabulary logits materialised at a time (bounds memory: 2048 x 50k floats = 400 MB).
-HEAD_CHUNK_ROWS = 2048
+#: Rows of vocabulary logits materialised at a time (bounds memory: 256 x 50k floats = 51 MB). Small
+#: enough that a chunk's logits stay in the CPU cache between the head's product and the
+#: ``log_softmax`` that reads them: on CPU (one thread) 256 rows took 0.15 s where 2048 took 0.22 s
+#: for 99k rows of a 900-word head, 2.6 vs 2.9 s for 6000 rows of a 32000-word head (64 or fewer
+#: rows lose: the product gets too thin).
+HEAD_CHUNK_ROWS = 256
+#: After the first chunk, as many rows as keep a chunk's logits within this many floats (2 MiB),
+#: never fewer than :data:`HEAD_CHUNK_ROWS`: 582 rows for a 900-word head (BBQ on the tiny Llama,
+#: whose batches score a few hundred rows: 2.90 vs 3.07 s CPU with 256-row chunks), 256 for 32000.
+HEAD_CHUNK_ELEMENTS = 2 ** 19
 
 
 def _gather_chunked(rows_logits: Callable[[Any], Any], n_rows: int, targets: Any) -> Any:
@@ -218,16 +227,18 @@ def _gather_chunked(rows_logits: Callable[[Any], Any], n_rows: int, targets: Any
 
     One fused ``log_softmax`` per chunk and a gather: on CPU 2.5x faster than ``logit[i, t_i] -
     logsumexp(logit[i])`` (which makes several passes over the rows; 17 vs 7 ms for 1000 x 900
-    rows), and the harness's own formula; the output is one chunk (``HEAD_CHUNK_ROWS`` rows) at a
-    time."""
+    rows), and the harness's own formula; the output is one chunk at a time (``HEAD_CHUNK_ROWS``
+    rows, then up to ``HEAD_CHUNK_ELEMENTS`` logits)."""
     import torch
 
     out = []
-    for a in range(0, n_rows, HEAD_CHUNK_ROWS):
-        sl = slice(a, min(n_rows, a + HEAD_CHUNK_ROWS))
+    a, rows = 0, HEAD_CHUNK_ROWS
+    while a < n_rows:
+        sl = slice(a, min(n_rows, a + rows))
         logits = rows_logits(sl).float()
         t = targets[sl, None].to(logits.device)  # the head may sit on another device (device_map)
         out.append(torch.log_softmax(logits, dim=-1).gather(1, t)[:, 0])
+        a, rows = sl.stop, max(HEAD_CHUNK_ROWS, HEAD_CHUNK_ELEMENTS // max(1, logits.shape[-1]))
     return torch.cat([o.cpu() for o in out]) if out else torch.zeros(0)
 
 
@@ -286,11 +297,40 @@ def _target_logprobs(model: Any, input_ids: Any, attention_mask: Any, b_idx: Any
 DEFAULT_BATCH_CPU = 128
 DEFAULT_BATCH_CUDA = 512
 
+#: Default token budget of a causal scoring batch (:func:`causal_token_logprobs` with
+#: ``batch_size=None``): sequences sorted longest first fill a batch while ``sequences x longest
+#: <= budget``, so short sentences come hundreds at a time and long prompts a few, and every
+#: batch's activations stay about the same size. CPU: 4096 tokens (benchmarks/causal.py, tiny
+#: Llama, CPU time: 4096 and 8192 beat 128 sequences by ~8 % and 16384 by ~5 %; fewer, larger
+#: batches leave the cache). CUDA: :data:`DEFAULT_TOKENS_PER_GIB_CUDA` tokens per GiB of the
+#: device's memory, at least :data:`DEFAULT_TOKENS_CUDA_MIN` (512 sequences of 32 tokens), at
+#: most :data:`DEFAULT_TOKENS_CUDA_MAX`; halved on out-of-memory (untested on a GPU here).
+DEFAULT_TOKENS_CPU = 4096
+DEFAULT_TOKENS_PER_GIB_CUDA = 1024
+DEFAULT_TOKENS_CUDA_MIN = 16384
+DEFAULT_TOKENS_CUDA_MAX = 262144
+
 
 def default_batch_size(device: Any) -> int:
     """Sequences per forward pass when ``batch_size=None``: 128 on CPU, 512 on CUDA."""
     dev_type = getattr(device, "type", str(device).split(":")[0])
     return DEFAULT_BATCH_CUDA if dev_type == "cuda" else DEFAULT_BATCH_CPU
+
+
+def default_token_budget(device: Any) -> int:
+    """Tokens (sequences x longest, padding included) per causal scoring batch when
+    ``batch_size=None``: :data:`DEFAULT_TOKENS_CPU` on CPU; on CUDA 1024 per GiB of the device's
+    total memory, clamped to [16384, 262144] (an 80 GiB device: 81920); halved on out-of-memory."""
+    dev_type = getattr(device, "type", str(device).split(":")[0])
+    if dev_type != "cuda":
+        return DEFAULT_TOKENS_CPU
+    import torch
+
+    try:
+        gib = torch.cuda.get_device_properties(device).total_memory / 2 ** 30
+    except (RuntimeError, AssertionError, ValueError):  # pragma: no cover - no usable CUDA device
+        return DEFAULT_TOKENS_CUDA_MIN
+    return int(min(DEFAULT_TOKENS_CUDA_MAX, max(DEFAULT_TOKENS_CUDA_MIN, gib * DEFAULT_TOKENS_PER_GIB_CUDA)))
 
 
 def pad_token_id(tokenizer: Any) -> int:
@@ -554,10 +594,12 @@ def _straddle_split(tokenizer: Any, prefix: str, continuation: str) -> tuple[lis
 def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     """``tokenizer(texts, add_special_tokens=False)["input_ids"]``, through the Rust tokenizer's
     ``encode_batch`` directly when it has no truncation or padding configured (the same ids,
-    without building a Python dict per text: ~10x faster on short texts)."""
+    without building a Python dict per text: ~10x faster on short texts; ``encode_batch_fast``,
+    which skips the character offsets, where the tokenizers library has it: another ~15 %)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and getattr(backend, "truncation", 1) is None and getattr(backend, "padding", 1) is None:
-        return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+        encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
     return [list(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
@@ -638,11 +680,13 @@ def causal_token_logprobs(model: Any, sequences: Sequence[tuple[Sequence[int], i
     logits(ids)[n_context + k - 1])[ids[n_context + k]]`` for every token after the context.
 
     Identical sequences are run once. Batches hold sequences of similar length (sorted by length,
-    longest first), padded on ``padding_side`` with ``pad_id`` under an attention mask, with
-    ``position_ids = cumsum(mask) - 1`` passed explicitly (so left padding does not shift the
-    positions of rotary or learned position embeddings; models whose forward takes no
-    ``position_ids``, e.g. ALiBi models, derive them from the mask). The LM head runs only on the
-    positions that predict a scored token (see :func:`_target_logprobs`).
+    longest first): ``batch_size`` sequences each, or with ``batch_size=None`` as many as fit a
+    token budget (:func:`default_token_budget`; sequences x longest, padding included), padded
+    on ``padding_side`` with ``pad_id`` under an attention mask, with ``position_ids =
+    cumsum(mask) - 1`` passed explicitly (so left padding does not shift the positions of rotary
+    or learned position embeddings; models whose forward takes no ``position_ids``, e.g. ALiBi
+    models, derive them from the mask). The LM head runs only on the positions that predict a
+    scored token (see :func:`_target_logprobs`).
 
     Shared contexts (``share_prefixes``): sequences with the same context of two or more tokens
     (LPBS: one target prefix for every attribute; BBQ: one passage for every answer option) can
@@ -697,12 +741,17 @@ def causal_token_logprobs(model: Any, sequences: Sequence[tuple[Sequence[int], i
         if saved < SHARE_MIN_SAVING * sum(len(s) for s, _ in uniq):
             groups = {}
     if groups:
+        # contexts and continuations by count (128 on CPU): filling the token budget here was slower
+        # (BBQ, 2000 items: 3.78 vs 3.53 s CPU; more, smaller cache copies)
         shared = _shared_prefix_logprobs(model, uniq, groups, size, dev, int(pad_id))
         if shared is not None:
             for i, v in shared.items():
                 by_uniq[i] = v
             order = [i for i in order if i not in shared]
-    res = run_batched(run, order, size, device=dev)
+    if batch_size is None:  # a token budget: short sequences many at a time, long ones few
+        res = run_batched(run, order, default_token_budget(dev), device=dev, lengths=[len(uniq[i][0]) for i in order])
+    else:
+        res = run_batched(run, order, size, device=dev)
     for i, v in zip(order, res):
         by_uniq[i] = v
     return [by_uniq[index[k]] for k in keys]
@@ -852,8 +901,9 @@ def continuation_loglik(model: Any, tokenizer: Any, requests: Sequence[tuple[str
     requests : sequence of ``(prefix, continuation)`` strings. ``prefix`` may be empty: the
         continuation is then scored from the start token alone (lm-evaluation-harness's
         ``loglikelihood("", s)``, how CrowS-Pairs scores a sentence).
-    batch_size : sequences per forward pass (default 128 on CPU, 512 on CUDA; halved on CUDA
-        out-of-memory).
+    batch_size : sequences per forward pass; default (``None``) a token budget instead
+        (:func:`default_token_budget`: 4096 tokens a batch on CPU, scaled to the memory on CUDA),
+        halved on CUDA out-of-memory.
     device : torch device (default: the model's).
     padding_side : ``"right"`` (default) or ``"left"``; the numbers are the same (float
         rounding aside): positions come from the attention mask, not from the padded layout.
