@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.datasets._common import datasets_root
-from audit.datasets.registry import _scan, read_registered
+from audit.datasets.registry import _scan, read_registered, test_type
 from audit.errors import DataError, ParameterError
 from audit.suites import WordTest
 
@@ -119,8 +119,8 @@ def derive_pairs(language: str, bias_type: str = "gender", *, root: str | os.Pat
     conflicts: list[str] = []
     skipped: list[str] = []
     for name in sorted(tests):
-        if not name.startswith(f"{language}/"):
-            continue
+        if not name.startswith(f"{language}/") or test_type(name) != "words":
+            continue  # only word tests have group sets; the others' data (BBQ folders) is not read
         try:
             test = read_registered(tests[name])
         except DataError:
