@@ -139,8 +139,6 @@ class SelfDebiasingLM:
 
     def __init__(self, model: Any, tokenizer: Any, step: Any, kind: str):
         self._model, self._tok, self._step, self._kind = model, tokenizer, step, kind
-        # the engine reads its length limit from this config: the model's own minus the longest prompt
-        self.config = _room_for_prompts(model, tokenizer, step.prefixes, kind)
         texts = [pr if kind == "causal" else f"{tokenizer.cls_token} {pr}" for pr in step.prefixes]
         self._prompts = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
         # where token t of a row sits in its prompted variant (causal: after the prompt; masked:
@@ -148,6 +146,8 @@ class SelfDebiasingLM:
         self._shifts = [len(p) if kind == "causal" else len(p) - 1 for p in self._prompts]
         self._pad = pad_token_id(tokenizer)
         self._limit = max_sequence_length(model, tokenizer)
+        # the engine reads its length limit from this config: the model's own minus the longest prompt
+        self.config = _room_for_prompts(model.config, self._limit - max(self._shifts, default=0))
         self._prompt_caches: dict[tuple[int, str], Any] = {}
 
     def parameters(self):
@@ -320,17 +320,15 @@ class _DebiasedLogits:
         return full[key]
 
 
-def _room_for_prompts(model: Any, tokenizer: Any, prefixes: Any, kind: str) -> Any:
-    """A copy of ``model.config`` whose position count makes the engine's limit
-    (:func:`audit.backends.hf_scoring.max_sequence_length`) the model's own limit minus the longest
-    prompt's tokens, so its length checks (inputs refused with a one-line
-    :class:`~audit.errors.DataError`, BBQ's ``truncation: left``) leave room for the prompt the
+def _room_for_prompts(config: Any, target: int) -> Any:
+    """A copy of ``config`` whose position count makes the engine's limit
+    (:func:`audit.backends.hf_scoring.max_sequence_length`) ``target``: the model's own limit minus
+    the tokens the longest prompt adds (:attr:`SelfDebiasingLM._shifts`), so its length checks
+    (inputs refused with a one-line :class:`~audit.errors.DataError`, BBQ's ``truncation: left``)
+    leave room for the prompt the
     Self-Debias forward puts before each input (causal: the prompt; masked: ``CLS + " " + prompt``
     in place of the CLS token); the model itself keeps its config."""
-    n = max((len(tokenizer(pr if kind == "causal" else f"{tokenizer.cls_token} {pr}",
-                           add_special_tokens=False)["input_ids"]) - (kind != "causal") for pr in prefixes), default=0)
-    cfg = copy.copy(model.config)
-    target = max_sequence_length(model, tokenizer) - n
+    cfg = copy.copy(config)
     attrs = [a for a in ("max_position_embeddings", "n_positions", "max_seq_len")
              if isinstance(getattr(cfg, a, None), int)] or ["max_position_embeddings"]
     for a in attrs:
