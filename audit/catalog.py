@@ -12,7 +12,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +19,7 @@ import pandas as pd
 from audit import registry
 from audit.datasets import SUPPORTED_LANGUAGES, datasets_root, read_registered, stub_of
 from audit.datasets._common import _check_language as check_language
+from audit.outputs import write_text_atomic
 from audit.datasets.external import FORMAT_TYPES
 from audit.datasets.registry import _scan
 from audit.entries import MODEL_KINDS
@@ -90,10 +90,7 @@ def _write_cached(f: Path, size: str) -> None:
     """Best effort (a read-only home costs a re-read, never a failure); written to a temporary
     file then renamed, so a reader in another process sees the whole entry or none."""
     try:
-        f.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=f.parent, suffix=".tmp", delete=False, encoding="utf-8") as tmp:
-            json.dump({"size": size}, tmp)
-        os.replace(tmp.name, f)
+        write_text_atomic(f, json.dumps({"size": size}))
     except OSError:
         pass
 

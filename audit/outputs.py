@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -79,4 +80,22 @@ def check_output_file(path: str | os.PathLike, what: str, suffixes: Sequence[str
     return p
 
 
-__all__ = ["output_dir_problem", "output_file_problem", "ensure_output_dir", "check_output_file"]
+__all__ = ["output_dir_problem", "output_file_problem", "ensure_output_dir", "check_output_file", "write_text_atomic"]
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` so that a reader in any process sees the old content or
+    the whole new one, never a half-written file: a temporary file in the same directory (unique
+    per process and thread, created with the usual mode, as ``Path.write_text`` would) renamed over
+    ``path`` (:func:`os.replace`). The parent directory is created. ``OSError`` propagates; the
+    temporary file is removed on failure."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return p

@@ -28,6 +28,7 @@ import numpy as np
 from audit.backends.hf import dir_digest
 from audit.datasets import corpus_from_tests
 from audit.errors import DataError, ParameterError
+from audit.outputs import write_text_atomic
 from audit.lm_mitigation import TECHNIQUES
 from audit.lm_mitigation.models import FITTED, MANIFEST, variant_revision
 from audit.lm_mitigation.pairs import derive_pairs
@@ -109,10 +110,7 @@ def _variant_corpus(spec, build: dict[str, Any]) -> tuple[list[str], str]:
     path = Path(spec.output_dir) / "corpora" / f"tests-{lang}.txt"
     text = "\n".join(lines) + "\n"
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, text)
     return lines, str(path)
 
 

@@ -57,7 +57,7 @@ from typing import Any, Callable, Sequence
 
 from audit.cli import OneLineParser
 from audit.errors import AuditError, ParameterError, one_line
-from audit.outputs import ensure_output_dir, output_dir_problem
+from audit.outputs import ensure_output_dir, output_dir_problem, write_text_atomic
 from jobs import report
 from jobs.builders import build_models
 from jobs.plan import attach_keys, check_chat_templates, expand, spec_field, words_for_tasks
@@ -665,9 +665,8 @@ def _claim_sweep(spec: SweepSpec, out_dir: Path):
     except Timeout:
         return _busy(spec, f"{_lock_holder(out_dir)} (lock {out_dir / 'sweep.lock'})")
     try:
-        tmp = out_dir / f"sweep.lock.holder.{os.getpid()}"  # renamed into place: never read half-written
-        tmp.write_text(f"host {driver_id().rsplit(':', 2)[0]} pid {os.getpid()}\n", encoding="utf-8")
-        os.replace(tmp, out_dir / "sweep.lock.holder")
+        # renamed into place: never read half-written
+        write_text_atomic(out_dir / "sweep.lock.holder", f"host {driver_id().rsplit(':', 2)[0]} pid {os.getpid()}\n")
         try:
             tracker = Tracker(spec.resolved_tracking_uri, spec.resolved_experiment)
         except TrackingUnavailable as e:

@@ -49,7 +49,6 @@ import hashlib
 import logging
 import os
 import re
-import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -58,6 +57,7 @@ import numpy as np
 from audit.backends import chat, hf_embed, hf_generate, hf_scoring
 from audit.backends.batching import AUTO_BATCH_CPU, AUTO_BATCH_CUDA, default_batch_size, run_batched
 from audit.errors import ModelError, ParameterError, UnsafeModelError
+from audit.outputs import write_text_atomic
 from audit.retry import Backoff, call_with_retry, first_line, http_status, transient_reason
 
 log = logging.getLogger("audit.backends.hf")
@@ -523,10 +523,7 @@ def record_ref(name: str, revision: str, commit: str, cache_dir: str | os.PathLi
     try:
         if p.is_file() and p.read_text(encoding="utf-8").strip() == commit:
             return False
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(commit, encoding="utf-8")
-        os.replace(tmp, p)
+        write_text_atomic(p, commit)
     except OSError as e:
         log.warning("could not record %s@%s -> %s in the Hugging Face cache: %s", name, revision, commit, e)
         return False

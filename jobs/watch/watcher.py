@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, TextIO
 from filelock import FileLock, Timeout
 
 from audit.errors import AuditError
+from audit.outputs import write_text_atomic
 from jobs.lease import BUSY_EXIT_CODE
 from jobs.tracker import driver_alive
 from jobs.uris import redact_uri, store_identity
@@ -349,13 +350,8 @@ class Watcher:
         return {"biasaudit.watch": self.spec.name, "biasaudit.store": store_identity(self.spec.resolved_tracking_uri)}
 
     def _write_spec(self, gen: GeneratedSweep) -> Path:
-        d = self.out_dir / "specs"
-        d.mkdir(parents=True, exist_ok=True)
-        path = d / f"{gen.name}.yaml"
-        tmp = d / f".{gen.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp.write_text(gen.text, encoding="utf-8")
-        os.replace(tmp, path)  # atomic: a racing watcher writes the same bytes
-        return path
+        # atomic: a racing watcher writes the same bytes
+        return write_text_atomic(self.out_dir / "specs" / f"{gen.name}.yaml", gen.text)
 
     def _submit(self, entry: WatchEntry, rel: Release, gen: GeneratedSweep, first: int, why: str,
                 base: dict[str, Any]) -> None:
