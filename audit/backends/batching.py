@@ -11,8 +11,19 @@ import numpy as np
 
 from audit.errors import ModelError, ParameterError
 
-__all__ = ["AUTO_BATCH_CPU", "AUTO_BATCH_CUDA", "PADDING_SIDES", "Padded", "default_batch_size", "fill_batch",
-           "pad_batch", "positions", "run_batched"]
+__all__ = [
+    "AUTO_BATCH_CPU",
+    "AUTO_BATCH_CUDA",
+    "SCORE_BATCH_CPU",
+    "SCORE_BATCH_CUDA",
+    "PADDING_SIDES",
+    "Padded",
+    "default_batch_size",
+    "fill_batch",
+    "pad_batch",
+    "positions",
+    "run_batched",
+]
 
 #: Where a batch's shorter sequences get their padding.
 PADDING_SIDES = ("right", "left")
@@ -61,16 +72,26 @@ def positions(mask: Any) -> Any:
     first token is at position 0 as it would be alone."""
     return (mask.cumsum(1) - 1).clamp(min=0)
 
-#: Batch sizes used when ``batch_size=None``: on CPU a fixed 32; on CUDA 256 sentences (short
-#: SEAT/CrowS-Pairs sentences fit easily in a few GiB at that size), halved on out-of-memory.
+#: Batch sizes used when ``batch_size=None`` for passes that keep every hidden state (embeddings,
+#: generation): on CPU a fixed 32; on CUDA 256 sentences (short SEAT/CrowS-Pairs sentences fit
+#: easily in a few GiB at that size), halved on out-of-memory.
 AUTO_BATCH_CPU = 32
 AUTO_BATCH_CUDA = 256
+#: The same for scoring passes (:mod:`audit.backends.hf_scoring`: the LM head on the scored
+#: positions only) of short sequences (masked copies of one sentence, CrowS-Pairs/LPBS sentences
+#: of ~10-60 tokens): on CPU ~128 x 30 tokens keeps the matrix products large without leaving the
+#: cache (measured with benchmarks/crows_pairs.py: 128 beat 32 and 512); on CUDA 512.
+SCORE_BATCH_CPU = 128
+SCORE_BATCH_CUDA = 512
+_DEFAULT_BATCH = {"embed": (AUTO_BATCH_CPU, AUTO_BATCH_CUDA), "score": (SCORE_BATCH_CPU, SCORE_BATCH_CUDA)}
 
 
-def default_batch_size(device: Any) -> int:
-    """The automatic initial batch size: 32 on CPU, 256 on CUDA (halved on out-of-memory)."""
+def default_batch_size(device: Any, purpose: str = "embed") -> int:
+    """The automatic initial batch size (halved on out-of-memory) for ``purpose``: ``"embed"``
+    32 on CPU, 256 on CUDA; ``"score"`` 128 on CPU, 512 on CUDA."""
     dev_type = getattr(device, "type", str(device).split(":")[0])
-    return AUTO_BATCH_CUDA if dev_type == "cuda" else AUTO_BATCH_CPU
+    cpu, cuda = _DEFAULT_BATCH[purpose]
+    return cuda if dev_type == "cuda" else cpu
 
 
 def fill_batch(lengths: Sequence[int] | None, i: int, size: int) -> int:

@@ -51,13 +51,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from audit.backends.batching import pad_batch, run_batched
+from audit.backends.batching import default_batch_size, pad_batch, run_batched
 from audit.backends.hf_scoring import (
     causal_prefix_id,
     causal_start_id,
     check_start,
     prepends_start,
-    default_batch_size,
     max_sequence_length,
     model_device,
     pad_token_id,
@@ -163,7 +162,7 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
         vals = logp.gather(1, srt)
         return [(srt[r].numpy().astype(np.int64), vals[r].double().numpy()) for r in range(len(batch))]
 
-    res = run_batched(run, order, default_batch_size(dev) if batch_size is None else batch_size, device=dev)
+    res = run_batched(run, order, default_batch_size(dev, "score") if batch_size is None else batch_size, device=dev)
     ids_out = np.zeros((len(seqs), k), dtype=np.int64)
     lp_out = np.zeros((len(seqs), k), dtype=np.float64)
     for i, (a, v) in zip(order, res):
@@ -207,10 +206,10 @@ def _prompt_ids(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_toke
 
 def _settings(model: Any, tokenizer: Any, device: Any, batch_size: int | None) -> tuple[Any, int, int | None, int]:
     """What every causal generation runs with: ``(device, pad id, EOS id or None, batch size)``
-    (:func:`audit.backends.hf_scoring.default_batch_size` when ``batch_size`` is None)."""
+    (:func:`audit.backends.batching.default_batch_size` ``"score"`` when ``batch_size`` is None)."""
     dev = model_device(model, device)
     return (dev, pad_token_id(tokenizer), getattr(tokenizer, "eos_token_id", None),
-            default_batch_size(dev) if batch_size is None else batch_size)
+            default_batch_size(dev, "score") if batch_size is None else batch_size)
 
 
 def _until_eos(tokens: list[int], eos: int | None) -> list[int]:

@@ -56,7 +56,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from audit.backends.batching import PADDING_SIDES, pad_batch, positions, run_batched
+from audit.backends.batching import PADDING_SIDES, default_batch_size, pad_batch, positions, run_batched
 from audit.errors import DataError, ModelError, ParameterError
 
 __all__ = [
@@ -80,7 +80,6 @@ __all__ = [
     "max_sequence_length",
     "span_pll",
     "masked_span_logprobs",
-    "default_batch_size",
     "default_token_budget",
 ]
 
@@ -290,13 +289,6 @@ def _target_logprobs(model: Any, input_ids: Any, attention_mask: Any, b_idx: Any
     return _gather_chunked(lambda sl: logits[b_idx[sl], p_idx[sl]], len(b_idx), targets)
 
 
-#: Default sequences per forward pass for the short sequences scored here (masked copies of
-#: one sentence, CrowS-Pairs/LPBS sentences of ~10-60 tokens): on CPU ~128 x 30 tokens keeps
-#: the matrix products large without leaving the cache (measured with benchmarks/crows_pairs.py:
-#: 128 beat 32 and 512); on CUDA 512, halved on out-of-memory.
-DEFAULT_BATCH_CPU = 128
-DEFAULT_BATCH_CUDA = 512
-
 #: Default token budget of a causal scoring batch (:func:`causal_token_logprobs` with
 #: ``batch_size=None``): sequences sorted longest first fill a batch while ``sequences x longest
 #: <= budget``, so short sentences come hundreds at a time and long prompts a few, and every
@@ -309,12 +301,6 @@ DEFAULT_TOKENS_CPU = 4096
 DEFAULT_TOKENS_PER_GIB_CUDA = 1024
 DEFAULT_TOKENS_CUDA_MIN = 16384
 DEFAULT_TOKENS_CUDA_MAX = 262144
-
-
-def default_batch_size(device: Any) -> int:
-    """Sequences per forward pass when ``batch_size=None``: 128 on CPU, 512 on CUDA."""
-    dev_type = getattr(device, "type", str(device).split(":")[0])
-    return DEFAULT_BATCH_CUDA if dev_type == "cuda" else DEFAULT_BATCH_CPU
 
 
 def default_token_budget(device: Any) -> int:
@@ -354,7 +340,8 @@ def masked_token_logprobs(model: Any, tokenizer: Any, queries: Sequence[MaskedQu
     tokenizer : its tokenizer (pad token id used for padding; padding is masked out).
     queries : sequence of :class:`MaskedQuery`.
     batch_size : int, optional
-        Sequences per forward pass (default :func:`default_batch_size`: 128 on CPU, 512 on
+        Sequences per forward pass (default :func:`~audit.backends.batching.default_batch_size`
+        ``"score"``: 128 on CPU, 512 on
         CUDA; halved on CUDA out-of-memory, see :func:`audit.backends.hf.run_batched`).
     device : torch device, optional
         Default: the model's device.
@@ -404,7 +391,8 @@ def masked_token_logprobs(model: Any, tokenizer: Any, queries: Sequence[MaskedQu
             res[r][(pos, tgt)] = float(v)
         return res
 
-    results = run_batched(run, order, default_batch_size(dev) if batch_size is None else batch_size, device=dev)
+    results = run_batched(run, order, default_batch_size(dev, "score") if batch_size is None else batch_size,
+                          device=dev)
     by_seq: list[dict[tuple[int, int], float]] = [dict() for _ in seqs]
     for i, res in zip(order, results):
         by_seq[i] = res
@@ -733,7 +721,7 @@ def causal_token_logprobs(model: Any, sequences: Sequence[tuple[Sequence[int], i
             k += c
         return out
 
-    size = default_batch_size(dev) if batch_size is None else batch_size
+    size = default_batch_size(dev, "score") if batch_size is None else batch_size
     by_uniq: list[np.ndarray] = [np.zeros(0)] * len(uniq)
     groups = _prefix_groups(uniq) if share_prefixes is not False else {}
     if groups and share_prefixes is None:
