@@ -78,15 +78,15 @@ class AttributePairs:
         return list(dict.fromkeys(w for p in self.pairs for w in p))
 
 
-def _plural(test: Any, word: str) -> str | None:
-    forms = (getattr(test, "extra", None) or {}).get("forms") or {}
-    f = forms.get(word)
-    return f.get("plural") if isinstance(f, dict) and isinstance(f.get("plural"), str) else None
-
-
 def _form(test: Any, word: str) -> dict[str, Any]:
+    """The test's ``forms`` entry of ``word`` (``{}`` when it has none)."""
     f = ((getattr(test, "extra", None) or {}).get("forms") or {}).get(word)
     return f if isinstance(f, dict) else {}
+
+
+def _plural(test: Any, word: str) -> str | None:
+    p = _form(test, word).get("plural")
+    return p if isinstance(p, str) else None
 
 
 def _swap_problem(test: Any, a: str, b: str) -> str | None:
