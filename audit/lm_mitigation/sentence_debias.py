@@ -49,27 +49,20 @@ def _replace(old: str, new: str, words: list[str]) -> str:
 
 def counterfactual_pairs(sentences: Sequence[str], pairs: AttributePairs | Sequence[Sequence[str]]
                          ) -> list[tuple[str, str]]:
-    """``(side 0, side 1)`` counterfactual examples of ``sentences`` (module docstring)."""
+    """``(side 0, side 1)`` counterfactual examples of ``sentences`` (module docstring): for each
+    pair ``(a, b)``, ``(text, text with a -> b)`` when ``a`` is in it and ``(text with b -> a,
+    text)`` when ``b`` is; :func:`counterfactual_examples` for pairs."""
     rows = pairs.pairs if isinstance(pairs, AttributePairs) else pairs
-    out: list[tuple[str, str]] = []
-    for s in sentences:
-        text = s.lower().strip()
-        words = text.split(" ")
-        for row in rows:
-            if len(row) != 2:
-                raise ParameterError(f"SentenceDebias pairs need two words each, got {tuple(row)!r}")
-            a, b = row[0].lower(), row[1].lower()
-            if a in words:
-                out.append((text, _replace(a, b, words)))
-            if b in words:
-                out.append((_replace(b, a, words), text))
-    return out
+    for row in rows:
+        if len(row) != 2:
+            raise ParameterError(f"SentenceDebias pairs need two words each, got {tuple(row)!r}")
+    return counterfactual_examples(sentences, rows) if len(rows) else []
 
 
 def counterfactual_examples(sentences: Sequence[str], pairs: AttributePairs | Sequence[Sequence[str]]
                             ) -> list[tuple[str, ...]]:
     """``(side 0, ..., side k-1)`` counterfactual examples of ``sentences`` for tuples of ``k >= 2``
-    words, all of one length (module docstring); for pairs the same list as :func:`counterfactual_pairs`."""
+    words, all of one length (module docstring)."""
     rows = [tuple(w.lower() for w in r) for r in (pairs.pairs if isinstance(pairs, AttributePairs) else pairs)]
     if not rows or len({len(r) for r in rows}) != 1 or len(rows[0]) < 2:
         raise ParameterError("SentenceDebias needs attribute tuples of one length, two words or more, got "
