@@ -47,7 +47,7 @@ import threading
 import time
 from typing import Any
 
-from jobs.tracker import driver_alive
+from jobs.tracker import all_pages, driver_alive
 
 PREFIX = "biasaudit-lease"
 #: Exit status of an invocation that found another driver running the same sweep.
@@ -148,17 +148,9 @@ class Lease:
     # ------------------------------------------------------------------ reading
     def generations(self) -> list[tuple[int, Any]]:
         """``(generation, registered model)`` of every generation of this lease, oldest first."""
-        out, token = [], None
-        while True:
-            page = self.client.search_registered_models(filter_string=f"name LIKE '{self.prefix}%'",
-                                                        max_results=1000, page_token=token)
-            for rm in page:
-                g = generation_of(rm.name, self.prefix)
-                if g is not None:
-                    out.append((g, rm))
-            token = page.token
-            if not token:
-                return sorted(out, key=lambda x: x[0])
+        found = all_pages(self.client.search_registered_models, filter_string=f"name LIKE '{self.prefix}%'")
+        out = [(g, rm) for rm in found if (g := generation_of(rm.name, self.prefix)) is not None]
+        return sorted(out, key=lambda x: x[0])
 
     def deleted_generation(self) -> int:
         """The last generation deleted by a normally ended sweep (the experiment tag; 0 for none)."""

@@ -63,7 +63,7 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 from filelock import FileLock
@@ -769,16 +769,21 @@ def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None
     }
 
 
-def search_all(client: Any, experiment_ids: list[str], filter_string: str) -> list:
-    """Every run of ``experiment_ids`` that ``filter_string`` selects (MLflow's ``search_runs``,
-    page after page of 1000)."""
-    runs, token = [], None
+def all_pages(search: Callable[..., Any], *args: Any, **kwargs: Any) -> list:
+    """Every item an MLflow ``search_*`` call finds (``search_runs``, ``search_registered_models``):
+    ``search(*args, **kwargs, max_results=1000, page_token=...)`` page after page until the last."""
+    out, token = [], None
     while True:
-        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=1000, page_token=token)
-        runs.extend(page)
+        page = search(*args, **kwargs, max_results=1000, page_token=token)
+        out.extend(page)
         token = page.token
         if not token:
-            return runs
+            return out
+
+
+def search_all(client: Any, experiment_ids: list[str], filter_string: str) -> list:
+    """Every run of ``experiment_ids`` that ``filter_string`` selects (MLflow's ``search_runs``)."""
+    return all_pages(client.search_runs, experiment_ids, filter_string=filter_string)
 
 
 def unavailable(uri: str, e: BaseException) -> TrackingUnavailable:
@@ -807,4 +812,4 @@ def tracking_env_note(uri: str) -> str:
 
 __all__ = ["Tracker", "TrackingUnavailable", "task_record", "record_row", "run_row", "result_metrics",
            "embedding_method", "tracking_env_note", "redact_uri", "driver_id", "driver_alive", "store_lock",
-           "sqlite_path", "search_all"]
+           "sqlite_path", "search_all", "all_pages"]
