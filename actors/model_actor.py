@@ -37,6 +37,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from actors.shared import resolve
 from audit.runner import load_model, measure
 
 
@@ -201,9 +202,10 @@ class ModelServer:
 
     # ------------------------------------------------------------------ requests
     def serve(self, model: ModelAssignment, requests: list[MeasureRequest], tests: dict[str, Any]) -> list[MeasureOutcome]:
-        """Measure ``requests`` on ``model`` (loading it first, after releasing another one)."""
+        """Measure ``requests`` on ``model`` (loading it first, after releasing another one);
+        ``tests`` by name, or a :class:`actors.shared.Shared` handle to them."""
         self.assign(model)
-        return self.measure_batch(requests, tests)
+        return self.measure_batch(requests, resolve(tests))
 
     def measure_batch(self, requests: list[MeasureRequest], tests: dict[str, Any]) -> list[MeasureOutcome]:
         """Measure several tasks; one task's failure does not stop the others."""

@@ -19,6 +19,7 @@ import traceback
 from typing import Any
 
 from actors.model_actor import MeasureOutcome, format_error
+from actors.shared import resolve
 from audit.runner import LoadedModel, analyse, make_result
 
 
@@ -107,7 +108,9 @@ def analyse_one(req: AnalyseRequest, outcome: MeasureOutcome, tests: dict[str, A
 
 
 def analyse_batch(requests: list[AnalyseRequest], outcomes: list[MeasureOutcome], tests: dict[str, Any]) -> list[TaskOutcome]:
-    """Analyse a batch; ``outcomes`` are matched to ``requests`` by ``index``."""
+    """Analyse a batch; ``outcomes`` are matched to ``requests`` by ``index``; ``tests`` by name, or
+    a :class:`actors.shared.Shared` handle to them."""
+    tests = resolve(tests)
     by_index = {o.index: o for o in outcomes}
     out = []
     for r in requests:

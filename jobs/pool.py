@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from actors.model_actor import MeasureRequest, ModelAssignment, actor_options, format_error, model_actor_class
+from actors.shared import Shared
 from actors.stats import AnalyseRequest, TaskOutcome, stats_task
 from audit.errors import AuditError
 from audit.schema import validate
@@ -360,7 +361,8 @@ class Worker:
 class RayEdge:
     """Every Ray call :class:`WorkerPool` makes, on public Ray APIs only (a test gives the pool
     a plain-Python stand-in). ``actor_cls``: the model worker's actor class; ``analyse``: the
-    statistics task; ``tests_ref``: the tests, in the object store once."""
+    statistics task; ``tests_ref``: the tests, in the object store once (a :class:`actors.shared.Shared`
+    handle: each worker process deserialises them once, not once per call)."""
 
     def __init__(self, actor_cls, analyse, *, load_log: Path, tests_ref, exact_shards: int):
         self.actor_cls, self.analyse, self.load_log = actor_cls, analyse, str(load_log)
@@ -851,7 +853,7 @@ def run_tasks(plan, todo, recorder, ctx, *, load_log: Path, say: Callable[[str],
         by_model[t.model].append((i, t))
     needed = {t.test for t in todo}
     edge = RayEdge(model_actor_class(server_cls), stats_task(num_cpus=spec.ray.stats_num_cpus), load_log=load_log,
-                   tests_ref=ray.put({k: v for k, v in plan.tests.items() if k in needed}),
+                   tests_ref=Shared(ray.put({k: v for k, v in plan.tests.items() if k in needed})),
                    exact_shards=spec.ray.exact_shards)
 
     # ---- the models, grouped by the resources their worker reserves

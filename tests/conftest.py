@@ -41,6 +41,22 @@ def missing_test_dependencies(pyproject: Path) -> list[str]:
     return missing
 
 
+def pytest_configure(config):
+    """Every process the suite starts (commands, sweeps, Ray heads and their workers, servers) runs
+    OpenMP/torch on one thread (``OMP_NUM_THREADS=1`` unless set): three workers share the 2-core
+    machine, and a second intra-op thread spin-waits for a core (see ``_one_torch_thread``).
+
+    A pytest-xdist worker inherits SIGINT ignored from its controller (as does a suite started in
+    the background by a non-interactive shell), and so would every command a test starts (Python
+    raises no KeyboardInterrupt where SIGINT was ignored at its start): the process takes Python's
+    own handler back, and its subprocesses start with SIGINT's default, as from a user's shell."""
+    import signal
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_sessionstart(session):
     """A missing test dependency stops the suite with one line per package, instead of skipping tests."""
     missing = missing_test_dependencies(session.config.rootpath / "pyproject.toml")
@@ -60,6 +76,9 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             f"{len(bad)} test(s) need exactly one tier marker ({', '.join(TIERS)}; README 'Tests'):\n  "
             + "\n  ".join(bad))
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker (`-n N`, README "Tests"): longest work first
+        _schedule_for_workers(items)
+        return
     # Modules whose tests share the session's Ray head (`local_ray`) run one after the other, then
     # those that submit jobs to the session's `job_head`, last, in their order of collection, so each
     # head starts about once and `job_head` ends with the session; the order inside a module is kept.
@@ -67,6 +86,66 @@ def pytest_collection_modifyitems(config, items):
     jobs = {item.module for item in items if "job_head" in getattr(item, "fixturenames", ())} - shared
     items[:] = ([i for i in items if i.module not in shared | jobs] + [i for i in items if i.module in shared]
                 + [i for i in items if i.module in jobs])
+
+
+#: Seconds a module's tests took in a profile of the whole suite run three at a time (2-core machine,
+#: load 3-12), for the modules of over 30 s. Only the order of the work given to pytest-xdist's
+#: workers depends on it: after the unit tier, longest first, so that no long test starts last (a
+#: wrong or missing figure costs wall time, never a result). A module not listed counts by its tier.
+_MODULE_SECONDS = {
+    "test_hub_e2e": 227, "test_faults": 196, "test_smoke_languages": 194, "test_docs_commands": 189,
+    "test_signals": 148, "test_regression_e2e": 147, "test_contention": 145, "test_sweep_e2e": 144,
+    "test_sweep_pool": 118, "test_exactly_once": 112, "test_sync_hint": 64, "test_cluster": 47,
+    "test_lm_debias_sweep_run": 45, "test_watch": 43, "test_security": 39, "test_reports_scale": 33,
+    "test_wheel": 32,
+}
+_TIER_SECONDS = {"e2e": 20, "wheel": 20, "ray": 15, "unit": 0}
+
+
+def _module_scoped(item) -> bool:
+    """The test uses a fixture kept for its module or class (a tiny model, a server, ``local_ray``):
+    the module's tests that do run on one worker, one after the other."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(d and d[-1].scope in ("module", "class") for d in defs.values())
+
+
+#: Session fixtures that a worker keeps running once started (a ``ray start`` head with its
+#: dashboard costs CPU while idle): the tests that use one run on one worker.
+_ONE_WORKER_FIXTURES = ("job_head",)
+
+
+def _schedule_for_workers(items) -> None:
+    """The order and grouping for ``pytest -n N --dist loadgroup`` (each worker is a process with its
+    own session fixtures: Ray heads, PostgreSQL server, store template). Tests that share a
+    module-scoped fixture, or one of ``_ONE_WORKER_FIXTURES``, form one group (``xdist_group``: one
+    worker runs them in their order; groups that share a test merge); every other test is a unit of
+    its own. The ``unit`` tier goes first (in-process work that keeps the cores busy), then the
+    other tiers by their module's measured seconds (``_MODULE_SECONDS``, else by tier), longest
+    first. (Longest first over the whole suite was slower: 22 min instead of 16 with three workers,
+    as the sweeps, servers and Ray heads of several end-to-end tests then share the two cores.)"""
+    def weight(item) -> float:
+        stem = Path(str(item.fspath)).stem
+        return _MODULE_SECONDS.get(stem, _TIER_SECONDS[_tiers(item)[0]])
+
+    parent: dict[str, str] = {}
+
+    def find(k: str) -> str:
+        while parent.setdefault(k, k) != k:
+            k = parent[k]
+        return k
+
+    keys = {}
+    for item in items:
+        ks = [Path(str(item.fspath)).stem] if _module_scoped(item) else []
+        ks += [f for f in _ONE_WORKER_FIXTURES if f in getattr(item, "fixturenames", ())]
+        keys[id(item)] = ks
+        for k in ks[1:]:
+            parent[find(k)] = find(ks[0])
+    for item in items:
+        if keys[id(item)]:
+            item.add_marker(pytest.mark.xdist_group(find(keys[id(item)][0])))
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (_tiers(item) != ["unit"], -weight(item), order[id(item)]))
 
 
 @pytest.fixture(autouse=True)

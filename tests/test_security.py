@@ -227,21 +227,20 @@ def _process_group(pgid: int) -> set[int]:
     return pids
 
 
-@pytest.mark.ray
-@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
-def test_embedded_ray_has_no_dashboard_and_refuses_clients_without_the_token(monkeypatch, tmp_path):
-    import ray
+def _embedded_ray_checks() -> None:
+    """Run in a process of its own by the test below (``python -c``): a process that started a
+    token-authenticated Ray keeps that mode in Ray's native configuration, so a later loopback head
+    of the same process (``RAY_AUTH_MODE=disabled``) would start its GCS with tokens and refuse its
+    own driver."""
     import grpc
+    import ray
     from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
     from jobs.spec import parse_spec
     from jobs.sweep import _init_ray
 
-    if ray.is_initialized():
-        ray.shutdown()
-    monkeypatch.setenv("RAY_AUTH_MODE", "unset")  # (so that teardown restores the variable as it was)
-    monkeypatch.delenv("RAY_AUTH_MODE")  # what a user's shell has
+    assert "RAY_AUTH_MODE" not in os.environ  # what a user's shell has
     spec = parse_spec({"name": "sec", "models": ["x.vec"], "metrics": ["weat"], "ray": {"num_cpus": 1}})
     assert _init_ray(spec, None)
     try:
@@ -250,15 +249,32 @@ def test_embedded_ray_has_no_dashboard_and_refuses_clients_without_the_token(mon
         assert not info.get("webui_url")  # no dashboard at all
         assert get_authentication_mode() == AuthenticationMode.TOKEN
         stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(grpc.insecure_channel(info["gcs_address"]))
-        with pytest.raises(grpc.RpcError) as e:
+        try:
             stub.GetAllNodeInfo(gcs_service_pb2.GetAllNodeInfoRequest(), timeout=20)
-        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAUTHENTICATED, e.code()
+        else:
+            raise AssertionError("the GCS answered a client without the token")
         token = AuthenticationTokenLoader.instance().get_raw_token(ignore_auth_mode=True)
         ok = stub.GetAllNodeInfo(gcs_service_pb2.GetAllNodeInfoRequest(), timeout=20,
                                  metadata=[("authorization", f"Bearer {token}")])
         assert len(ok.node_info_list) == 1  # the positive control: the same call with the token
     finally:
         ray.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
+def test_embedded_ray_has_no_dashboard_and_refuses_clients_without_the_token(tmp_path):
+    import subprocess
+    import sys
+
+    here = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}  # what a user's shell has
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent), str(here), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", "import test_security as t; t._embedded_ray_checks(); print('ok')"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
 
 
 @pytest.mark.ray

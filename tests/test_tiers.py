@@ -16,10 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def suite(pytester):
-    """A made-up suite under the project's conftest and pytest configuration."""
+def suite(pytester, monkeypatch):
+    """A made-up suite under the project's conftest and pytest configuration, run in this process
+    (``-n 0``: the configuration's ``-n 3`` would start three workers for a few lines)."""
     shutil.copy(REPO / "pyproject.toml", pytester.path / "pyproject.toml")
     shutil.copy(REPO / "tests" / "conftest.py", pytester.path / "conftest.py")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-n 0")
     return pytester
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 import zipfile
 from pathlib import Path
@@ -53,12 +55,16 @@ def installed(tmp_path_factory):
     assert inst.returncode == 0, inst.stderr[-3000:]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BIASAUDIT_")}
     env["PYTHONPATH"] = str(site)  # the wheel first; the project's environment for the dependencies
-    env["TMPDIR"] = str(tmp)
+    # a short private temporary folder: Ray's socket paths live below it (at most 107 bytes), and a
+    # pytest-xdist worker's tmp_path is longer (``.../popen-gw2/wheel0``)
+    short = Path(tempfile.mkdtemp(prefix="whl-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    env["TMPDIR"] = str(short)
     if SHARED.is_dir():
         env["BIASAUDIT_DATA"] = str(SHARED)
     work = tmp / "elsewhere"
     work.mkdir()
-    return site, env, work
+    yield site, env, work
+    shutil.rmtree(short, ignore_errors=True)
 
 
 def _audit(installed, *args, timeout=600):
