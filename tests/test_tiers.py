@@ -17,8 +17,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def suite(pytester, monkeypatch):
-    """A made-up suite under the project's conftest and pytest configuration, run in this process
-    (``-n 0``: the configuration's ``-n 3`` would start three workers for a few lines)."""
+    """A made-up suite under the project's conftest and pytest configuration, run in a process of
+    its own (``runpytest_subprocess``: an in-process run restores ``sys.modules`` afterwards, and a
+    Ray module it imported first would come back as a second, unconnected copy for a later Ray test
+    of the same worker), on one worker (``-n 0``: the configuration's ``-n 3`` would start three
+    workers for a few lines)."""
     shutil.copy(REPO / "pyproject.toml", pytester.path / "pyproject.toml")
     shutil.copy(REPO / "tests" / "conftest.py", pytester.path / "conftest.py")
     monkeypatch.setenv("PYTEST_ADDOPTS", "-n 0")
@@ -42,7 +45,7 @@ def test_a_test_without_a_tier_fails_collection_also_when_deselected(suite):
             pass
         """)
     for args in ((), ("-m", "unit")):
-        r = suite.runpytest(*args)
+        r = suite.runpytest_subprocess(*args)
         assert r.ret == pytest.ExitCode.USAGE_ERROR
         r.stderr.fnmatch_lines(["*2 test(s) need exactly one tier marker (unit, ray, e2e, wheel*",
                                 "*test_a.py::test_untiered: no tier", "*test_a.py::test_twice: two tiers ray, unit"])
@@ -57,7 +60,7 @@ def test_an_unregistered_marker_is_refused(suite):
         def test_typo():
             pass
         """)
-    r = suite.runpytest()
+    r = suite.runpytest_subprocess()
     assert r.ret != pytest.ExitCode.OK
     r.stdout.fnmatch_lines(["*'unti' not found in `markers` configuration option*"])
 
@@ -75,7 +78,7 @@ def test_a_unit_test_that_starts_ray_fails_naming_its_tier(suite):
         def test_pure():
             assert not ray.is_initialized()
         """)
-    r = suite.runpytest()
+    r = suite.runpytest_subprocess()
     r.assert_outcomes(passed=1, failed=1)
     r.stdout.fnmatch_lines(["*test_c.py::test_starts_ray is marked `unit` but starts Ray: mark it `ray`*"])
 
@@ -98,7 +101,7 @@ def test_a_missing_test_dependency_stops_the_suite_with_one_line(suite):
     (suite.path / "pyproject.toml").write_text(
         conf.replace('no-deps = ["wefe==1.0.1"]', 'no-deps = ["wefe==1.0.1", "no-such-package-xq==1.0"]'))
     suite.makepyfile(test_d="import pytest\n\n@pytest.mark.unit\ndef test_x():\n    pass\n")
-    r = suite.runpytest()
+    r = suite.runpytest_subprocess()
     assert r.ret == pytest.ExitCode.USAGE_ERROR
     r.stderr.fnmatch_lines(["*test dependencies missing (run scripts/setup.sh --test): "
                             "no-such-package-xq==1.0 is not installed*"])
