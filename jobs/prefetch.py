@@ -208,12 +208,23 @@ class Prefetcher:
                 snap = self.snapshots.get(name)
                 if snap is None:
                     continue
-                st = self._state.get(name)
-                if st is None:
+                if self._state.get(name) is None:
                     self._state[name] = "listing"
                     self._pool.submit(self._list, name, snap)
-                elif st == "waiting" and self._fits(name):
-                    self._start_download(name, snap)
+            self._admit()
+
+    def _admit(self) -> None:
+        """Start the downloads that fit the disk budget in the window's order (lock held): a model
+        whose files are still being listed, or that does not fit, holds back the ones after it, so
+        the next model to load is fetched first whichever listing finished first."""
+        for name in self.window():
+            st = self._state.get(name)
+            if st in (None, "listing"):
+                return
+            if st == "waiting":
+                if not self._fits(name):
+                    return
+                self._start_download(name, self.snapshots[name])
 
     def status(self, name: str) -> str | None:
         with self._lock:
@@ -251,10 +262,9 @@ class Prefetcher:
                 log.info("prefetch of %s skipped: %d bytes exceed ray.prefetch_disk_mb", name, size)
             elif name in self._started:
                 self._state[name] = "skipped"  # a worker took it meanwhile
-            elif self._fits(name):
-                self._start_download(name, snap)
             else:
                 self._state[name] = "waiting"
+                self._admit()
 
     def _download(self, name: str, snap: Snapshot) -> None:
         t0 = time.perf_counter()

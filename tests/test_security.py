@@ -21,6 +21,7 @@ import json
 import os
 import pickle
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -294,7 +295,15 @@ def test_local_head_listens_on_loopback_only(tmp_path):
             if b"--head" in args and b"--dashboard-port" in args and str(port).encode() in args:
                 heads.add(os.getpgid(int(p)))
         (pgid,) = heads  # `ray start` runs in its own process group with every process it starts
-        sockets = _listening_sockets(_process_group(pgid))
+        # the job API answers before every agent of the head listens (under load, seconds later):
+        # look until at least four sockets listen, each of them on loopback every time
+        deadline = time.monotonic() + 120
+        while True:
+            sockets = _listening_sockets(_process_group(pgid))
+            assert {ip for ip, _ in sockets} <= {"127.0.0.1"}, sockets
+            if len(sockets) >= 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     assert ("127.0.0.1", port) in sockets  # the dashboard / job API
     assert len(sockets) >= 4 and {ip for ip, _ in sockets} == {"127.0.0.1"}, sockets
 

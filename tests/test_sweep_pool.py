@@ -332,6 +332,38 @@ def _wait_for(cond, timeout=10.0):
 
 
 @pytest.mark.unit
+def test_prefetcher_fetches_in_the_windows_order_whichever_listing_ends_first(monkeypatch):
+    """b's files are listed before a's: a, the next model to load, still takes the budget first
+    (before: b started downloading and a waited)."""
+    monkeypatch.setattr("jobs.prefetch.hub_offline", lambda: False)
+    sizes = {"a": 40, "b": 50}
+    snaps = {n: Snapshot(n, f"org/{n}", "0" * 40) for n in sizes}
+    b_listed, gate, fetched = threading.Event(), threading.Event(), []
+
+    def lister(s):
+        if s.name == "a":
+            assert b_listed.wait(30)
+        return [("config.json", 0), ("model.safetensors", sizes[s.name])]
+
+    def downloader(s, files):
+        gate.wait(60)
+        fetched.append(s.name)
+
+    pf = Prefetcher(list(sizes), snaps, ahead=2, disk_bytes=80, lister=lister, downloader=downloader)
+    pf.tick()
+    assert _wait_for(lambda: pf.status("b") == "waiting")
+    b_listed.set()
+    assert _wait_for(lambda: pf.status("a") == "downloading")
+    assert pf.status("b") == "waiting"  # 40 + 50 > 80
+    gate.set()
+    assert _wait_for(lambda: pf.status("a") == "done") and fetched == ["a"]
+    pf.started("a")
+    pf.tick()
+    assert _wait_for(lambda: pf.status("b") == "done") and fetched == ["a", "b"]
+    pf.close()
+
+
+@pytest.mark.unit
 def test_prefetcher_keeps_within_its_window_and_disk_budget(monkeypatch):
     monkeypatch.setattr("jobs.prefetch.hub_offline", lambda: False)
     sizes = {"a": 40, "b": 50, "c": 30, "d": 500, "e": 10}
