@@ -218,6 +218,8 @@ class Prefetcher:
         whose files are still being listed, or that does not fit, holds back the ones after it, so
         the next model to load is fetched first whichever listing finished first."""
         for name in self.window():
+            if name not in self.snapshots:
+                continue  # nothing to fetch (not a Hub model)
             st = self._state.get(name)
             if st in (None, "listing"):
                 return

@@ -364,6 +364,20 @@ def test_prefetcher_fetches_in_the_windows_order_whichever_listing_ends_first(mo
 
 
 @pytest.mark.unit
+def test_a_model_without_a_snapshot_holds_back_no_download(monkeypatch):
+    """A local model first in the window (nothing to fetch) does not stop the Hub model after it."""
+    monkeypatch.setattr("jobs.prefetch.hub_offline", lambda: False)
+    fetched = []
+    pf = Prefetcher(["local", "a"], {"a": Snapshot("a", "org/a", "0" * 40)}, ahead=2, disk_bytes=80,
+                    lister=lambda s: [("config.json", 0), ("model.safetensors", 40)],
+                    downloader=lambda s, files: fetched.append(s.name))
+    pf.tick()
+    assert _wait_for(lambda: pf.status("a") == "done") and fetched == ["a"]
+    assert pf.status("local") is None
+    pf.close()
+
+
+@pytest.mark.unit
 def test_prefetcher_keeps_within_its_window_and_disk_budget(monkeypatch):
     monkeypatch.setattr("jobs.prefetch.hub_offline", lambda: False)
     sizes = {"a": 40, "b": 50, "c": 30, "d": 500, "e": 10}
