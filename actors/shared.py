@@ -47,12 +47,6 @@ class Shared:
                 _CACHE.popitem(last=False)
         return obj
 
-    def __getstate__(self):
-        return self._ref
-
-    def __setstate__(self, state):
-        self._ref = state
-
 
 def resolve(obj: Any) -> Any:
     """``obj.get()`` for a :class:`Shared` handle, ``obj`` itself otherwise (in-process callers

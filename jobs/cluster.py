@@ -36,6 +36,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def short_temp_dir(prefix: str) -> str:
+    """A new private temporary directory under ``/tmp`` when there is one: Ray's Unix socket paths
+    live below a session's temporary directory and may not exceed 107 bytes, which a deep
+    ``$TMPDIR`` (a pytest-xdist worker's ``tmp_path``) can break."""
+    return tempfile.mkdtemp(prefix=prefix, dir="/tmp" if os.path.isdir("/tmp") else None)
+
+
 def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a local head and ``ray job submit``: no auth on loopback, the
     virtualenv's ``python``/``ray`` first on ``PATH``."""
@@ -83,7 +90,7 @@ def local_head(*, num_cpus: int = 2, object_store_memory: int = 200_000_000, tim
         "--node-manager-port": free_port(), "--object-manager-port": free_port(),
     }
     # short (Unix socket paths live below it) and private (see the module docstring)
-    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    temp_dir = short_temp_dir("ray-")
     cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
            "--dashboard-host", "127.0.0.1", "--include-dashboard", "true", "--num-cpus", str(num_cpus),
            "--object-store-memory", str(object_store_memory), "--disable-usage-stats", "--temp-dir", temp_dir]

@@ -43,8 +43,9 @@ def missing_test_dependencies(pyproject: Path) -> list[str]:
 
 def pytest_configure(config):
     """Every process the suite starts (commands, sweeps, Ray heads and their workers, servers) runs
-    OpenMP/torch on one thread (``OMP_NUM_THREADS=1`` unless set): three workers share the 2-core
-    machine, and a second intra-op thread spin-waits for a core (see ``_one_torch_thread``).
+    OpenMP/torch on one thread (``OMP_NUM_THREADS=1`` unless set): commands, Ray workers and
+    pytest-xdist workers (``-n 3``) share the 2-core machine, and a second intra-op thread
+    spin-waits for a core (see ``_one_torch_thread``).
 
     A pytest-xdist worker inherits SIGINT ignored from its controller (as does a suite started in
     the background by a non-interactive shell), and so would every command a test starts (Python
@@ -76,7 +77,7 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             f"{len(bad)} test(s) need exactly one tier marker ({', '.join(TIERS)}; README 'Tests'):\n  "
             + "\n  ".join(bad))
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker (`-n N`, README "Tests"): longest work first
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker (`-n N`, README "Tests"): its own order and groups
         _schedule_for_workers(items)
         return
     # Modules whose tests share the session's Ray head (`local_ray`) run one after the other, then

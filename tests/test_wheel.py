@@ -15,12 +15,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from jobs.cluster import short_temp_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -55,9 +56,7 @@ def installed(tmp_path_factory):
     assert inst.returncode == 0, inst.stderr[-3000:]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BIASAUDIT_")}
     env["PYTHONPATH"] = str(site)  # the wheel first; the project's environment for the dependencies
-    # a short private temporary folder: Ray's socket paths live below it (at most 107 bytes), and a
-    # pytest-xdist worker's tmp_path is longer (``.../popen-gw2/wheel0``)
-    short = Path(tempfile.mkdtemp(prefix="whl-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    short = Path(short_temp_dir("whl-"))  # Ray's sockets live below TMPDIR (a worker's tmp_path is too deep)
     env["TMPDIR"] = str(short)
     if SHARED.is_dir():
         env["BIASAUDIT_DATA"] = str(SHARED)
