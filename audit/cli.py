@@ -19,7 +19,6 @@ import math
 import os
 import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -33,6 +32,7 @@ from audit.errors import AuditError, ParameterError, one_line
 from audit.measure.contextual import METHODS
 from audit.multitest import holm
 from audit.outputs import check_output_file
+from audit.signals import Interrupted, clear, raise_pending, raised_in_main_thread
 
 #: File types ``--items`` writes.
 ITEMS_SUFFIXES = (".parquet", ".csv")
@@ -501,42 +501,28 @@ COMMANDS = {"score": cmd_score, "datasets": cmd_datasets, "table": cmd_table, "m
             "compare": cmd_compare}
 
 
-#: Exit statuses of a command ended by a signal: 128 + the signal's number, as a shell reports it.
-INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT    # 130, Ctrl-C
-TERMINATED_EXIT_CODE = 128 + signal.SIGTERM    # 143, `kill`, systemd, Kubernetes
-
-
-class Terminated(BaseException):
-    """Raised in the main thread by SIGTERM while a core command runs (like KeyboardInterrupt for SIGINT)."""
-
-
-def _raise_terminated(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-    raise Terminated()
-
-
 def run_command(a: argparse.Namespace, fn: Callable[[argparse.Namespace], int] | None = None) -> int:
     """Run a parsed core command; input errors print one line and give status 2; Ctrl-C
     (SIGINT) and SIGTERM end it with one line and status 130 / 143, no traceback (nothing of a
-    core command is half-written: results are printed, and ``--items`` written, at the end)."""
-    old = None
-    if threading.current_thread() is threading.main_thread():
-        old = signal.signal(signal.SIGTERM, _raise_terminated)
+    core command is half-written: results are printed, and ``--items`` written, at the end). A
+    signal whose raise a finalizer lost still ends it so (:mod:`audit.signals`)."""
     try:
-        return (fn or COMMANDS[a.command])(a)
+        with raised_in_main_thread():
+            code = (fn or COMMANDS[a.command])(a)
+            raise_pending()
+            return code
     except AuditError as e:
         print(f"audit: error: {one_line(e)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
-    except KeyboardInterrupt:
-        print(f"audit: interrupted (SIGINT): `audit {a.command}` stopped before it finished", file=sys.stderr)
-        return INTERRUPTED_EXIT_CODE
-    except Terminated:
-        print(f"audit: terminated (SIGTERM): `audit {a.command}` stopped before it finished", file=sys.stderr)
-        return TERMINATED_EXIT_CODE
-    finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
+    except (KeyboardInterrupt, Interrupted) as e:
+        clear()
+        signum = getattr(e, "signum", signal.SIGINT)
+        what = "interrupted" if signum == signal.SIGINT else "terminated"
+        print(f"audit: {what} ({signal.Signals(signum).name}): `audit {a.command}` stopped before it finished",
+              file=sys.stderr)
+        return 128 + signum  # as a shell reports it: 130 for Ctrl-C, 143 for `kill`, systemd, Kubernetes
 
 
 def main(argv: Sequence[str] | None = None) -> int:

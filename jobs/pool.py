@@ -70,6 +70,7 @@ from actors.shared import Shared
 from actors.stats import AnalyseRequest, TaskOutcome, stats_task
 from audit.errors import AuditError
 from audit.schema import validate
+from audit.signals import raise_pending
 from jobs.contention import CONTENTION_GRACE_S, classify_wait, cluster_snapshot, worst
 from jobs.prefetch import Prefetcher, hub_snapshot
 from jobs.progress import Progress
@@ -731,11 +732,13 @@ class WorkerPool:
 
     # ---- the loop
     def run(self, *, tick_s: float, progress: Progress) -> None:
-        """Until every task is recorded: fill, wait for what is ready, handle it, watch."""
+        """Until every task is recorded: fill, wait for what is ready, handle it, watch. Each tick
+        first raises a signal whose first raise a finalizer lost (:func:`audit.signals.raise_pending`)."""
         check_every = max(0.5, min(10.0, self.timeout / 4))
         last_check = self.clock()
         try:
             while True:
+                raise_pending()
                 self.fill()
                 if not self.busy():
                     break

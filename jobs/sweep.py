@@ -58,6 +58,7 @@ from typing import Any, Callable, Sequence
 from audit.cli import OneLineParser
 from audit.errors import AuditError, ParameterError, one_line
 from audit.outputs import ensure_output_dir, output_dir_problem, write_text_atomic
+from audit.signals import Interrupted, clear, interrupt, raise_pending, raised_in_main_thread
 from jobs import report
 from jobs.builders import build_models
 from jobs.plan import attach_keys, check_chat_templates, expand, spec_field, words_for_tasks
@@ -182,14 +183,6 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
     return True
 
 
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM reached the sweep's driver (:func:`on_signals`); ``signum`` says which."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
 def _raise_interrupted(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature
     import signal
 
@@ -200,14 +193,16 @@ def _raise_interrupted(signum, frame) -> None:  # noqa: ARG001 - the signal modu
     # The signal can land inside a store commit; MLflow then logs the broken commit with a traceback.
     # The results are in the write-ahead log and the driver's one line says so: no traceback.
     logging.getLogger("mlflow").setLevel(logging.CRITICAL)
-    raise Interrupted(signum)
+    interrupt(signum)  # recorded first: a raise lost in a finalizer is raised again (audit.signals)
 
 
 def on_signals() -> None:
-    """Make SIGINT and SIGTERM raise :class:`Interrupted` in the main thread (the driver then shuts
-    Ray down, marks the parent run KILLED, releases the sweep's lease and exits 130/143 with one
-    line). Called at start and again after ``ray.init``, which installs its own SIGTERM handler
-    (a C++ stack dump and exit status 134). Only from the main thread; elsewhere a no-op."""
+    """Make SIGINT and SIGTERM raise :class:`audit.signals.Interrupted` in the main thread (the
+    driver then shuts Ray down, marks the parent run KILLED, releases the sweep's lease and exits
+    130/143 with one line). Installed by :func:`main`, and again after ``ray.init``, which installs
+    its own SIGTERM handler (a C++ stack dump and exit status 134). Only from the main thread;
+    elsewhere a no-op. A raise that lands in a finalizer is lost there; the signal stays recorded
+    and the scheduling loop raises it again at its next tick (:func:`audit.signals.raise_pending`)."""
     import signal
     import threading
 
@@ -758,15 +753,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     import signal
 
-    on_signals()
     _SIGNALS_HANDLED = True
     since_ms = int(time.time() * 1000)
     try:
         try:
-            return _main(a)
+            with raised_in_main_thread(_raise_interrupted):
+                code = _main(a)
+                raise_pending()  # a signal whose raise a finalizer lost after the last safe point
+                return code
         except KeyboardInterrupt:
             raise Interrupted(signal.SIGINT) from None
     except Interrupted as e:
+        clear()
         try:
             line = interrupted_line(job_output_dir(load_spec(a.spec, output_dir=a.output_dir,
                                                              tracking_uri=a.tracking_uri))[0], e.signum, since_ms)

@@ -62,11 +62,11 @@ def write_vectors(path, words, *, seed: int = 0, dim: int = 5) -> None:
 
 def subprocess_env(**set_vars: str) -> dict[str, str]:
     """The environment of an ``audit``/``python -m jobs.cli`` subprocess: this checkout first on
-    ``PYTHONPATH``, no token authentication on the loopback Ray head, no inherited MLflow store;
+    ``PYTHONPATH``, no inherited MLflow store (and, as for every process of the suite, no Ray token:
+    ``conftest.pytest_configure``);
     ``set_vars`` on top."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("RAY_AUTH_MODE", "disabled")
     env.pop("MLFLOW_TRACKING_URI", None)
     env.update(set_vars)
     return env

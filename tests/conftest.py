@@ -50,10 +50,19 @@ def pytest_configure(config):
     A pytest-xdist worker inherits SIGINT ignored from its controller (as does a suite started in
     the background by a non-interactive shell), and so would every command a test starts (Python
     raises no KeyboardInterrupt where SIGINT was ignored at its start): the process takes Python's
-    own handler back, and its subprocesses start with SIGINT's default, as from a user's shell."""
+    own handler back, and its subprocesses start with SIGINT's default, as from a user's shell.
+
+    Every Ray the suite starts, in its process or in a command, runs without Ray's token
+    authentication (``RAY_AUTH_MODE=disabled``, whatever the environment said): a process that
+    started a token-mode Ray keeps that mode in Ray's native configuration, and a later loopback
+    head of the same process then starts its GCS with tokens and refuses its own driver (with
+    ``-n 3``, a failure of whichever tests came next on that worker). The embedded Ray's own token
+    is checked in a process of its own, from a user's environment
+    (``test_security::test_embedded_ray_has_no_dashboard_and_refuses_clients_without_the_token``)."""
     import signal
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -267,10 +276,10 @@ def one_thread():
 
 
 class _LoopbackRay:
-    """A private 2-CPU Ray head (``address="local"``: never another Ray on the machine), auth
-    disabled only because it is loopback; the environment it set is restored when it stops."""
+    """A private 2-CPU Ray head (``address="local"``: never another Ray on the machine; no token, as
+    every Ray of the suite: ``pytest_configure``); the environment it set is restored when it stops."""
 
-    _NAMES = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    _NAMES = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",)
 
     def __init__(self):
         self.old: dict[str, str | None] | None = None  # None: not running
@@ -283,7 +292,6 @@ class _LoopbackRay:
         import ray
 
         self.old = {k: os.environ.get(k) for k in self._NAMES}
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         ray.init(address="local", num_cpus=2, object_store_memory=200_000_000, include_dashboard=False,
                  log_to_driver=False)

@@ -89,7 +89,6 @@ def test_model_actors_on_the_gpu_node_statistics_on_cpu_nodes(tmp_path, monkeypa
 
     from jobs.sweep import run_sweep
 
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     bert = tiny_models.tiny_model_dir("bert")  # cached in $TMPDIR across sessions

@@ -396,7 +396,6 @@ class NodeReportingServer(ModelServer):
 def test_node_lost_its_work_is_rescheduled_and_every_result_arrives_once(tmp_path):
     from ray.cluster_utils import Cluster
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     tests = ["weat1", "weat2", "weat6", "weat7", "weat8", "weat9"]
     spec = load_spec(write_spec(tmp_path, "nodelost", FT, tests=tests, metrics="[weat, same]"))
     cluster = Cluster(initialize_head=True, head_node_args={

@@ -7,6 +7,7 @@ tracking store) and the printed command resumes the sweep without redoing them."
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from audit import signals
 from cli_inputs import subprocess_env
 from test_sweep_service import write_spec, write_vec
 
@@ -77,3 +79,88 @@ def test_a_signal_ends_the_sweep_with_one_line_and_keeps_its_results(tmp_path, s
     done = sum(1 for x in recs if x.get("status") == "finished")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert f"{8 - done} task(s) run, {done} resumed" in r.stdout, r.stdout[-2000:]
+
+
+class _LosesASignal:
+    """Sends ``sig`` to its own process from its finalizer: the handler runs inside ``__del__``,
+    where Python prints the exception it raises and drops it."""
+
+    def __init__(self, sig: int):
+        self.sig = sig
+
+    def __del__(self):
+        os.kill(os.getpid(), self.sig)
+        time.sleep(5)  # not reached: the handler raises first
+
+
+@pytest.fixture
+def unraisable(monkeypatch):
+    """What reaches ``sys.unraisablehook`` (a raise lost in a finalizer) while the test runs."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_value))
+    yield seen
+    signals.clear()
+
+
+@pytest.mark.unit
+def test_a_raise_lost_in_a_finalizer_is_raised_again_at_the_next_safe_point(unraisable):
+    with signals.raised_in_main_thread():
+        _LosesASignal(signal.SIGTERM)  # collected at once: the raise is lost in its __del__
+        assert not unraisable  # quiet: the pending signal says it all
+        with pytest.raises(signals.Interrupted) as e:
+            signals.raise_pending()
+    assert e.value.signum == signal.SIGTERM
+    signals.clear()
+    signals.raise_pending()  # handled: nothing pending
+    # the control: without the handler's record, Python's own hook receives the raise and drops it
+    def raise_only(signum, frame):
+        raise signals.Interrupted(signum)
+
+    sys.unraisablehook, seen = (lambda u: seen.append(u.exc_value)), []
+    old = signal.signal(signal.SIGTERM, raise_only)
+    try:
+        _LosesASignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert [type(x) for x in seen] == [signals.Interrupted]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_core_command_that_lost_its_signal_still_ends_with_its_status(unraisable, capsys, sig):
+    import argparse
+
+    from audit.cli import run_command
+
+    def command(a):
+        _LosesASignal(sig)
+        print("result")
+        return 0
+
+    assert run_command(argparse.Namespace(command="score"), command) == 128 + sig
+    err = capsys.readouterr().err.strip()
+    assert err == (f"audit: {'interrupted' if sig == signal.SIGINT else 'terminated'} ({sig.name}): "
+                   "`audit score` stopped before it finished")
+    signals.raise_pending()  # the command cleared it
+
+
+@pytest.mark.unit
+def test_a_sweep_driver_that_lost_its_signal_exits_with_its_status_and_one_line(unraisable, capsys, monkeypatch,
+                                                                                tmp_path):
+    import logging
+
+    import jobs.sweep as sweep
+
+    monkeypatch.setattr(logging.getLogger("mlflow"), "level", logging.getLogger("mlflow").level)
+
+    def finished(a):
+        _LosesASignal(signal.SIGTERM)  # e.g. after the scheduling loop's last tick
+        return 0
+
+    monkeypatch.setattr(sweep, "_main", finished)
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    assert sweep.main([str(tmp_path / "missing.yaml")]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"interrupted (SIGTERM): 0 result(s) kept; resume with: audit run {tmp_path / 'missing.yaml'}"]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    signals.raise_pending()

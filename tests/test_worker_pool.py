@@ -300,6 +300,32 @@ def test_progress_restarts_the_stuck_clock():
     assert records == {} and wp.stuck is None
 
 
+def test_a_signal_whose_raise_was_lost_ends_the_loop_at_its_next_tick():
+    """A raise lost in a finalizer (``audit.signals``): the loop raises it again, before any more
+    work goes out, and closes the pool."""
+    from audit import signals
+
+    wp, edge, clock, records, _, _ = make_pool(models("a", "b"))
+    edge.wait = lambda refs, timeout: refs[:1]
+    ticks = []
+
+    def tick(now):
+        ticks.append(now)
+        if len(ticks) == 2:
+            try:
+                signals.interrupt(15)
+            except signals.Interrupted:
+                pass  # lost, as in a finalizer
+
+    try:
+        with pytest.raises(signals.Interrupted) as e:
+            wp.run(tick_s=0.0, progress=types.SimpleNamespace(tick=tick))
+    finally:
+        signals.clear()
+    assert e.value.signum == 15 and len(ticks) == 2
+    assert not wp.workers and edge.killed == [1] and len(records) < 6
+
+
 # --------------------------------------------------------------------------------------
 # Driver memory: nothing per task kept for ever (long sweeps grew ~1 MiB per checkpoint)
 # --------------------------------------------------------------------------------------
