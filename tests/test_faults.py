@@ -41,6 +41,7 @@ from jobs.spec import load_spec  # noqa: E402
 from jobs.sweep import run_sweep  # noqa: E402
 from jobs.tracker import Tracker  # noqa: E402
 from jobs.wal import WriteAheadLog, wal_path  # noqa: E402
+from pg_server import mlflow_server  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 from audit.tiny_models import tiny_model_dir  # noqa: E402
@@ -190,11 +191,10 @@ class MlflowServer:
 
     def start(self, timeout: float = 120) -> None:
         t0 = time.monotonic()
-        cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
-               "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db",
-               "--artifacts-destination", str(self.root / "artifacts")]
         self.log = open(self.root / f"server{len(self.start_seconds)}.log", "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = mlflow_server(["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+                                   "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db",
+                                   "--artifacts-destination", str(self.root / "artifacts")], self.log)
         while time.monotonic() - t0 < timeout:
             assert self.proc.poll() is None, (self.root / "server0.log").read_text()[-2000:]
             try:

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+import pg_server
+
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -402,6 +404,12 @@ def test_compose_rules_loopback_ports_secrets_from_env_and_dependencies():
     assert (INFRA / "mlflow" / ".gitignore").read_text().split() == [".env", "sweep.env"]
     cmd = services["mlflow"]["command"]
     assert cmd[0] == "server" and "--serve-artifacts" in cmd and cmd[cmd.index("--port") + 1] == "5000"
+    # the tests' servers run as deployed, here and on Kubernetes (tests/pg_server.py)
+    assert pg_server.SERVER_ENV.items() <= services["mlflow"]["environment"].items()
+    kube = [d for d in documents(INFRA / "kubernetes" / "mlflow.yaml") if d["kind"] == "Deployment"
+            and d["metadata"]["name"] == "mlflow"]
+    (container,) = kube[0]["spec"]["template"]["spec"]["containers"]
+    assert pg_server.SERVER_ENV.items() <= {e["name"]: e.get("value") for e in container["env"]}.items()
 
 
 def test_dockerfiles_pin_the_same_ray_and_mlflow():
