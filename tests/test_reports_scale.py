@@ -172,14 +172,16 @@ def _synthetic_sweep(n_models: int = N_MODELS) -> pd.DataFrame:
 
 
 @pytest.mark.unit
-def test_reports_of_192_models_have_bounded_plots_and_no_warnings(tmp_path):
+def test_reports_of_192_models_have_bounded_plots_and_no_warnings(tmp_path, layouts_checked):
     """Every plot of a 192-model sweep fits in MAX_PX x MAX_PX pixels (the CrowS-Pairs per-bias
-    -type PNG was 114,268 px wide), draws no legend over the data (models are the rows), and
-    rendering raises no warning (matplotlib's "constrained_layout not applied" from 48 models)."""
+    -type PNG was 114,268 px wide), draws no legend over the data (models are the rows), keeps
+    its labels inside and apart (:func:`_check_forest_layout`), and rendering raises no warning
+    (matplotlib's "constrained_layout not applied" from 48 models)."""
     from PIL import Image
 
     df = _synthetic_sweep()
-    order = [f"tiny-{i}" for i in range(N_MODELS)]
+    df.loc[df["model"] == "tiny-1", "model"] = LONG_NAME
+    order = [LONG_NAME if i == 1 else f"tiny-{i}" for i in range(N_MODELS)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         written = report.write_reports(df, tmp_path, model_order=order, mitigations={})
@@ -195,6 +197,62 @@ def test_reports_of_192_models_have_bounded_plots_and_no_warnings(tmp_path):
     for p in pngs:
         with Image.open(p) as im:  # not blank: the figure drew something
             assert len(np.unique(np.asarray(im.convert("L")))) > 10, p.name
+    assert len(layouts_checked) == sum(1 for p in pngs if "heatmap" not in p.name)
+
+
+def _overlaps(a, b, tol: float = 0.5) -> bool:
+    return a.x0 < b.x1 - tol and b.x0 < a.x1 - tol and a.y0 < b.y1 - tol and b.y0 < a.y1 - tol
+
+
+def _check_forest_layout(fig) -> bool:
+    """In a dot-and-interval figure (placed by ``report._forest_layout``, not by a layout engine):
+    each panel with its title and tick labels, the figure title and the x label lie inside the
+    figure, and none of them overlaps another. Returns whether ``fig`` is such a figure."""
+    if fig._supxlabel is None:  # a heat map
+        return False
+    r = fig.canvas.get_renderer()
+    box = fig.bbox
+    parts = [ax.get_tightbbox(r) for ax in fig.axes if ax.get_visible()]
+    parts += [fig._suptitle.get_window_extent(r), fig._supxlabel.get_window_extent(r)]
+    for b in parts:
+        assert b.x0 >= -0.5 and b.y0 >= -0.5 and b.x1 <= box.x1 + 0.5 and b.y1 <= box.y1 + 0.5, (b, box)
+    for i, a in enumerate(parts):
+        for b in parts[i + 1:]:
+            assert not _overlaps(a, b), (a, b)
+    return True
+
+
+@pytest.fixture
+def layouts_checked(monkeypatch):
+    """Every figure the reports close is checked first (:func:`_check_forest_layout`); yields the
+    list of the dot-and-interval figures checked (one entry each)."""
+    import matplotlib.pyplot as plt
+
+    checked = []
+    close = plt.close
+
+    def check_then_close(fig=None):
+        if fig is not None and _check_forest_layout(fig):
+            checked.append(fig.number)
+        close(fig)
+
+    monkeypatch.setattr(plt, "close", check_then_close)
+    return checked
+
+
+LONG_NAME = "a-very-long-model-name/with-an-org-prefix-and-revision-0123456789"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("n_models", [3, 50])
+def test_forest_plots_keep_every_label_inside_the_figure_and_apart(tmp_path, layouts_checked, n_models):
+    """:func:`_check_forest_layout` on a long model name, a title wrapped over lines, one row of
+    panels and two (the 192-model sweep: the test above)."""
+    df = _synthetic_sweep(n_models)
+    df.loc[df["model"] == "tiny-1", "model"] = LONG_NAME
+    order = [LONG_NAME if i == 1 else f"tiny-{i}" for i in range(n_models)]
+    written = report.write_reports(df, tmp_path, model_order=order, mitigations={})
+    assert len(layouts_checked) == sum(1 for p in written if p.suffix == ".png" and "heatmap" not in p.name)
 
 
 @pytest.mark.unit
