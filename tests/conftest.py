@@ -74,6 +74,36 @@ def pytest_sessionstart(session):
         raise pytest.UsageError("test dependencies missing (run scripts/setup.sh --test): " + "; ".join(missing))
 
 
+#: Memory the machine must have available for three workers: each runs its own sweeps, Ray heads
+#: and MLflow servers, and the suite on three workers peaked at 14.1 GB (sampled every 5 s; one
+#: process: 5.6 GB). With less, Ray's memory monitor kills sweep workers and their tasks fail.
+_WORKERS_NEED_GIB = 18
+
+
+def _available_gib() -> float:
+    try:
+        with open("/proc/meminfo") as fh:
+            kib = next(int(ln.split()[1]) for ln in fh if ln.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return 0.0
+    return kib / 2**20
+
+
+def pytest_xdist_auto_num_workers(config):
+    """How many pytest-xdist workers ``-n auto`` (the default: ``pyproject.toml``) starts: three
+    where the machine has two cores and ``_WORKERS_NEED_GIB`` of memory available and the whole
+    suite or a tier of it runs (``-m``, ``-k``); else none, one process (a run of named files or
+    tests, where three workers would each pay the collection for a few tests). ``-n N`` and
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` choose themselves."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    root = config.rootpath / "tests"
+    named = [a for a in config.args if "::" in a or not (config.invocation_params.dir / a).resolve() == root]
+    if named or (os.cpu_count() or 1) < 2 or _available_gib() < _WORKERS_NEED_GIB:
+        return 0
+    return 3
+
+
 def _tiers(item) -> list[str]:
     return sorted({m.name for m in item.iter_markers() if m.name in TIERS})
 

@@ -20,7 +20,7 @@ def suite(pytester, monkeypatch):
     """A made-up suite under the project's conftest and pytest configuration, run in a process of
     its own (``runpytest_subprocess``: an in-process run restores ``sys.modules`` afterwards, and a
     Ray module it imported first would come back as a second, unconnected copy for a later Ray test
-    of the same worker), on one worker (``-n 0``: the configuration's ``-n 3`` would start three
+    of the same worker), on one worker (``-n 0``: the configuration's ``-n auto`` could start three
     workers for a few lines)."""
     shutil.copy(REPO / "pyproject.toml", pytester.path / "pyproject.toml")
     shutil.copy(REPO / "tests" / "conftest.py", pytester.path / "conftest.py")
@@ -105,3 +105,26 @@ def test_a_missing_test_dependency_stops_the_suite_with_one_line(suite):
     assert r.ret == pytest.ExitCode.USAGE_ERROR
     r.stderr.fnmatch_lines(["*test dependencies missing (run scripts/setup.sh --test): "
                             "no-such-package-xq==1.0 is not installed*"])
+
+
+@pytest.mark.parametrize("args,cpus,gib,env,workers", [
+    (["tests"], 2, 21.0, None, 3),                       # the whole suite (or a tier: -m unit) on this machine
+    (["tests"], 2, 12.0, None, 0),                       # too little memory: one process
+    (["tests"], 1, 64.0, None, 0),                       # one core
+    (["tests/test_stats.py"], 2, 21.0, None, 0),         # named files or tests: one process
+    (["tests/test_stats.py::test_x"], 2, 21.0, None, 0),
+    (["tests"], 2, 12.0, "2", 2),                        # PYTEST_XDIST_AUTO_NUM_WORKERS decides
+])
+def test_auto_workers_where_they_fit(monkeypatch, args, cpus, gib, env, workers):
+    import types
+
+    import conftest
+
+    monkeypatch.setattr(conftest.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(conftest, "_available_gib", lambda: gib)
+    if env is None:
+        monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    else:
+        monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", env)
+    config = types.SimpleNamespace(rootpath=REPO, args=args, invocation_params=types.SimpleNamespace(dir=REPO))
+    assert conftest.pytest_xdist_auto_num_workers(config) == workers
