@@ -56,12 +56,23 @@ def _raise(signum, frame) -> NoReturn:  # noqa: ARG001 - the signal module's sig
     interrupt(signum)
 
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def install(handler: Callable, signums: tuple[int, ...] = SIGNALS) -> dict | None:
+    """Make ``signums`` call ``handler``; returns the handlers they had. Only in the main thread
+    (where Python runs handlers); elsewhere nothing changes and it returns ``None``."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return {s: signal.signal(s, handler) for s in signums}
+
+
 @contextmanager
-def raised_in_main_thread(handler: Callable = _raise,
-                          signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+def raised_in_main_thread(handler: Callable = _raise, signums: tuple[int, ...] = SIGNALS) -> Iterator[None]:
     """Within the block, ``signums`` call ``handler`` (by default: :func:`interrupt`); the previous
     handlers come back after it. Only in the main thread; elsewhere the block runs unchanged."""
-    if threading.current_thread() is not threading.main_thread():
+    old = install(handler, signums)
+    if old is None:
         yield
         return
     before = sys.unraisablehook
@@ -70,7 +81,6 @@ def raised_in_main_thread(handler: Callable = _raise,
         if not isinstance(unraisable.exc_value, Interrupted):
             before(unraisable)
 
-    old = {s: signal.signal(s, handler) for s in signums}
     sys.unraisablehook = quiet_when_pending
     try:
         yield

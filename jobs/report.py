@@ -297,36 +297,41 @@ def _n_text(ns: pd.Series) -> str:
     return f"n={lo}" if lo == hi else f"n={lo}-{hi}"
 
 
-def _text_size_in(fig, text: str, fontsize: float) -> tuple[float, float]:
-    """Width and height in inches of ``text`` (one or more lines) at ``fontsize`` points, as the
-    figure's renderer draws it."""
+def _lines_in(n: int, fontsize: float) -> float:
+    """Height in inches of ``n`` lines of text at ``fontsize`` points (matplotlib's line spacing, 1.2)."""
+    return n * fontsize * 1.2 / 72
+
+
+def _text_width_in(fig, text: str, fontsize: float) -> float:
+    """Width in inches of the widest line of ``text`` at ``fontsize`` points, as the figure's
+    renderer draws it."""
     from matplotlib.font_manager import FontProperties
 
     r = fig.canvas.get_renderer()
     fp = FontProperties(size=fontsize)
-    lines = text.split("\n") or [""]
-    sizes = [r.get_text_width_height_descent(ln or " ", fp, ismath=False)[:2] for ln in lines]
-    return max(w for w, _ in sizes) / fig.dpi, len(lines) * fontsize * 1.2 / 72
+    return max(r.get_text_width_height_descent(ln or " ", fp, ismath=False)[0] for ln in text.split("\n")) / fig.dpi
 
 
 def _forest_layout(fig, *, nrows: int, ncols: int, ylabels: list[str], ylabel_size: float, title: str,
-                   panel_title_lines: int) -> None:
-    """Place the panels of :func:`_plot_forest` by measured text sizes instead of a layout
-    engine: matplotlib's constrained layout measured every tick label of every panel on an extra
-    draw, 70 % of the report's time (the default audit: 30 of 38 CPU-seconds). Margins in inches:
-    left, the longest model label; top, the figure title and the panel titles; bottom, the x tick
-    labels and the x label; between rows, a panel title and the x tick labels."""
+                   xlabel: str, panel_title_lines: int) -> None:
+    """Place the panels of :func:`_plot_forest`, its title (``fontsize`` 8) and x label (7) by
+    measured text sizes instead of a layout engine: matplotlib's constrained layout measured every
+    tick label of every panel on an extra draw, 70 % of the report's time (the default audit: 30
+    of 38 CPU-seconds). Margins in inches: left, the longest model label; top, the figure title and
+    the panel titles; bottom, the x tick labels and the x label; between rows, a panel title and
+    the x tick labels."""
     w_in, h_in = fig.get_size_inches()
     pad, tick = 0.08, 0.1  # edge padding; tick length with its label pad
-    label_w = max([_text_size_in(fig, t, ylabel_size)[0] for t in ylabels] or [0.0])
-    title_h = _text_size_in(fig, title, 8)[1] if title else 0.0
-    ptitle_h = panel_title_lines * 7 * 1.2 / 72 + 0.04
-    xtick_h = 6 * 1.2 / 72 + tick
-    xlabel_h = 7 * 1.2 / 72 + 0.04
+    fig.suptitle(title, fontsize=8, y=1 - pad / h_in, va="top")
+    fig.supxlabel(xlabel, fontsize=7, y=pad / h_in, va="bottom")
+    label_w = max([_text_width_in(fig, t, ylabel_size) for t in ylabels] or [0.0])
+    title_h = _lines_in(title.count("\n") + 1, 8) if title else 0.0
+    ptitle_h = _lines_in(panel_title_lines, 7) + 0.04
+    xtick_h = _lines_in(1, 6) + tick
     left = pad + label_w + tick
     right = 0.18  # half of the last panel's widest x tick label
     top = pad + title_h + 0.06 + ptitle_h
-    bottom = pad + xlabel_h + xtick_h
+    bottom = pad + _lines_in(1, 7) + 0.04 + xtick_h
     between_rows = ptitle_h + xtick_h + 0.06
     between_cols = 0.3  # the inner panels share the left panel's labels
     panel_w = max(0.3, (w_in - left - right - (ncols - 1) * between_cols) / ncols)
@@ -384,11 +389,8 @@ def _plot_forest(long: pd.DataFrame, facets: list[str], models: list[str], path:
         axes[0][0].set_yticklabels(group)
         axes[0][0].set_ylim(len(group) - 0.5, -0.5)
         what = f" [file {i + 1} of {len(parts)}: models {group[0]} .. {group[-1]}]" if len(parts) > 1 and group else ""
-        suptitle = _wrap(title + what, width)
-        fig.suptitle(suptitle, fontsize=8, y=1 - 0.08 / fig.get_size_inches()[1], va="top")
-        fig.supxlabel(xlabel, fontsize=7, y=0.08 / fig.get_size_inches()[1], va="bottom")
-        _forest_layout(fig, nrows=nrows, ncols=ncols, ylabels=group, ylabel_size=ylabel_size, title=suptitle,
-                       panel_title_lines=title_lines)
+        _forest_layout(fig, nrows=nrows, ncols=ncols, ylabels=group, ylabel_size=ylabel_size,
+                       title=_wrap(title + what, width), xlabel=xlabel, panel_title_lines=title_lines)
         fig.savefig(part)
         plt.close(fig)
         written.append(part)

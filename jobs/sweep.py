@@ -58,7 +58,7 @@ from typing import Any, Callable, Sequence
 from audit.cli import OneLineParser
 from audit.errors import AuditError, ParameterError, one_line
 from audit.outputs import ensure_output_dir, output_dir_problem, write_text_atomic
-from audit.signals import Interrupted, clear, interrupt, raise_pending, raised_in_main_thread
+from audit.signals import Interrupted, clear, install, interrupt, raise_pending, raised_in_main_thread
 from jobs import report
 from jobs.builders import build_models
 from jobs.plan import attach_keys, check_chat_templates, expand, spec_field, words_for_tasks
@@ -184,12 +184,10 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
 
 
 def _raise_interrupted(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature
+    import logging
     import signal
 
-    import logging
-
-    for sig in (signal.SIGINT, signal.SIGTERM):  # one interruption: a second signal does not cut the cleanup
-        signal.signal(sig, signal.SIG_IGN)
+    install(signal.SIG_IGN)  # one interruption: a second signal does not cut the cleanup
     # The signal can land inside a store commit; MLflow then logs the broken commit with a traceback.
     # The results are in the write-ahead log and the driver's one line says so: no traceback.
     logging.getLogger("mlflow").setLevel(logging.CRITICAL)
@@ -203,13 +201,7 @@ def on_signals() -> None:
     its own SIGTERM handler (a C++ stack dump and exit status 134). Only from the main thread;
     elsewhere a no-op. A raise that lands in a finalizer is lost there; the signal stays recorded
     and the scheduling loop raises it again at its next tick (:func:`audit.signals.raise_pending`)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _raise_interrupted)
+    install(_raise_interrupted)
 
 
 def _words_for(plan, tasks) -> list[str] | None:
