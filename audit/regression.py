@@ -38,7 +38,6 @@ import json
 import math
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import pandas as pd
 
 from audit import catalog, registry, runner

@@ -23,7 +23,7 @@ from audit.backends import table as backend_table
 from audit.datasets import load_test as load_dataset
 from audit.datasets.crows_pairs import TEST_NAME as CROWS_PAIRS_TEST
 from audit.entries import Measurement
-from audit.errors import DataError, ModelError, ParameterError, suggest
+from audit.errors import DataError, ModelError, suggest
 from audit.lm_mitigation.models import MANIFEST as LM_VARIANT_MANIFEST
 from audit.lm_mitigation.models import load_variant
 from audit.provenance import load_key, package_versions, task_key

@@ -57,6 +57,8 @@ __all__ = [
     "build_tiny_qwen2",
     "build_tiny_mistral",
     "build_tiny_instruct",
+    "build_tiny_st",
+    "build_random",
     "INSTRUCT_CHAT_TEMPLATE",
     "CAUSAL_FAMILIES",
     "CAUSAL_KINDS",
@@ -580,6 +582,69 @@ def build_tiny_instruct(directory: str | os.PathLike, *, train: bool = True) -> 
     """An instruct-style tiny model: :func:`build_tiny_causal` of the ``qwen2`` family with
     :data:`INSTRUCT_CHAT_TEMPLATE` (a default system turn), trained on plain and chat-formatted text."""
     return build_tiny_causal(directory, "qwen2", train=train, chat_template=INSTRUCT_CHAT_TEMPLATE)
+
+
+def build_tiny_st(directory: str | os.PathLike, seed: int = 0, *, device: str = "cpu") -> Path:
+    """A tiny sentence-transformers model in ``directory/tiny-st``: the tiny BERT
+    (:func:`tiny_model_dir`), mean pooling, a seeded ``Dense`` layer (32 -> 8, tanh), ``Normalize``."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules
+
+    torch.manual_seed(seed)
+    word = modules.Transformer(str(tiny_model_dir("bert")))
+    dim = word.get_embedding_dimension()
+    parts = [word, modules.Pooling(dim, pooling_mode="mean"),
+             modules.Dense(dim, 8, activation_function=torch.nn.Tanh()), modules.Normalize()]
+    out = Path(directory) / "tiny-st"
+    SentenceTransformer(modules=parts, device=device).save(str(out))
+    return out
+
+
+def build_random(kind: str, *, hidden: int = 512, layers: int = 4, heads: int = 8, kv_heads: int | None = None,
+                 ffn: int = 1376, vocab: int = 32000, positions: int = 512, seed: int = 0,
+                 out: str | os.PathLike | None = None):
+    """A seeded random model of a chosen size with the tokenizer of the tiny ``kind`` model
+    (``llama``: ``LlamaForCausalLM``, ``gpt2``: ``GPT2LMHeadModel``, ``bert``: ``BertForMaskedLM``),
+    for benchmarks and memory tests where the tiny models are too small to show a cost: its
+    vocabulary has ``max(vocab, len(tokenizer))`` rows (the tokenizer's ids are the first ones, so
+    the LM head costs what it costs in real models), ``ffn`` the feed-forward width, ``kv_heads``
+    Llama's key/value heads (``None``: ``heads``), ``positions`` the longest input (also the
+    tokenizer's ``model_max_length``). Untrained, in ``eval()`` mode, float32, on the CPU.
+
+    Returns ``(model, tokenizer)``; with ``out``, saves both there (``save_pretrained``) and returns
+    the folder's :class:`~pathlib.Path` instead."""
+    import torch
+    from transformers import (AutoTokenizer, BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel,
+                              LlamaConfig, LlamaForCausalLM)
+
+    if kind not in ("llama", "gpt2", "bert"):
+        raise ValueError(f"kind must be llama, gpt2 or bert, got {kind!r}")
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir(kind))
+    tok.model_max_length = positions
+    rows = max(vocab, len(tok))
+    torch.manual_seed(seed)
+    if kind == "llama":
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=rows, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+            num_attention_heads=heads, num_key_value_heads=kv_heads or heads, max_position_embeddings=positions,
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=pad))
+    elif kind == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(
+            vocab_size=rows, n_embd=hidden, n_layer=layers, n_head=heads, n_inner=ffn, n_positions=positions,
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    else:
+        model = BertForMaskedLM(BertConfig(
+            vocab_size=rows, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+            intermediate_size=ffn, max_position_embeddings=positions, pad_token_id=tok.pad_token_id))
+    model.eval()
+    if out is None:
+        return model, tok
+    out = Path(out)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
 
 
 _BUILDERS = {"bert": build_tiny_bert, "roberta": build_tiny_roberta, "gpt2": build_tiny_gpt2,

@@ -72,26 +72,9 @@ LARGE = {"hidden": 512, "layers": 8, "heads": 8, "ffn": 2304, "positions": 512, 
 
 def build_large(kind: str, out: Path) -> str:
     """A seeded random BERT (``kind="bert"``) or GPT-2 (``"gpt2"``) of :data:`LARGE`'s size with the
-    tiny model's tokenizer, saved to ``out``; returns its path."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
-
-    tok = AutoTokenizer.from_pretrained(tiny_models.tiny_model_dir(kind))
-    tok.model_max_length = LARGE["positions"]
-    torch.manual_seed(0)
-    if kind == "bert":
-        cfg = BertConfig(vocab_size=LARGE["vocab"], hidden_size=LARGE["hidden"], num_hidden_layers=LARGE["layers"],
-                         num_attention_heads=LARGE["heads"], intermediate_size=LARGE["ffn"],
-                         max_position_embeddings=LARGE["positions"], pad_token_id=tok.pad_token_id)
-        model = BertForMaskedLM(cfg)
-    else:
-        cfg = GPT2Config(vocab_size=LARGE["vocab"], n_embd=LARGE["hidden"], n_layer=LARGE["layers"],
-                         n_head=LARGE["heads"], n_inner=LARGE["ffn"], n_positions=LARGE["positions"],
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-        model = GPT2LMHeadModel(cfg)
-    model.eval().save_pretrained(out)
-    tok.save_pretrained(out)
-    return str(out)
+    tiny model's tokenizer (:func:`audit.tiny_models.build_random`), saved to ``out``; returns its path."""
+    return str(tiny_models.build_random(kind, hidden=LARGE["hidden"], layers=LARGE["layers"], heads=LARGE["heads"],
+                                        ffn=LARGE["ffn"], vocab=LARGE["vocab"], positions=LARGE["positions"], out=out))
 
 
 def _best(fn, repeats):

@@ -44,7 +44,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DATA = ROOT.parent / "shared" / "data" / "bias-framework"
+from audit.datasets.external import data_root  # noqa: E402
+
+DATA = data_root() / "bias-framework"  # $BIASAUDIT_DATA, else ../shared/data
 
 
 def load_sentences(limit: int | None) -> tuple[list[str], list[tuple[int, int]]]:

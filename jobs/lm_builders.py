@@ -9,7 +9,9 @@ corpus itself, with :func:`audit.lm_mitigation.training.set_dropout`) and writes
 - ``build.json``: the key -- technique, parameters, the base model's content digest
   (:func:`audit.backends.hf.dir_digest`), the corpus digest and the attribute pairs' digest. A
   re-run with the same key returns the existing checkpoint without training; any change retrains.
-- ``mitigation.json``: the same plus the step's provenance and the training losses.
+- ``mitigation.json``: the same plus the step's provenance, the training losses and the device it
+  trained on (the model's ``device`` option, else CUDA when available, as for every model load:
+  :func:`audit.backends.hf.pick_device`; not part of the key).
 
 A sweep spec names these (and the projection / Self-Debias variants) in ``models[i].lm_mitigation``
 (:mod:`jobs.lm_spec`); the driver builds them with :func:`build_lm_variant` before planning keys.
@@ -25,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from audit.backends.hf import dir_digest
+from audit.backends.hf import dir_digest, pick_device
 from audit.datasets import corpus_from_tests
 from audit.errors import DataError, ParameterError
 from audit.outputs import write_text_atomic
@@ -50,8 +52,10 @@ TRAINED_TECHNIQUES = ("cda", "dropout")
 
 def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.PathLike, *, kind: str,
                       technique: str, corpus: str | os.PathLike, language: str = "en",
-                      params: dict[str, Any] | None = None, bias_type: str = "gender") -> Path:
-    """Train (or find) the debiased checkpoint; returns its directory (module docstring)."""
+                      params: dict[str, Any] | None = None, bias_type: str = "gender",
+                      device: str | None = None) -> Path:
+    """Train (or find) the debiased checkpoint; returns its directory (module docstring). ``device``:
+    where it trains (``None``: CUDA when available, else the CPU)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
     if technique not in TRAINED_TECHNIQUES:
@@ -69,12 +73,13 @@ def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.P
     target = Path(output_dir) / "models" / name
     if is_built(target, text):
         return target
+    dev = pick_device(device)
 
     def train(tmp: Path) -> None:
         config = AutoConfig.from_pretrained(base, local_files_only=True)
         dropout = set_dropout(config) if technique == "dropout" else {}
         cls = AutoModelForMaskedLM if kind == "mlm" else AutoModelForCausalLM
-        model = cls.from_pretrained(base, config=config, local_files_only=True)
+        model = cls.from_pretrained(base, config=config, local_files_only=True).to(dev)
         tok = AutoTokenizer.from_pretrained(base, local_files_only=True)
         prov: dict[str, Any] = {"dropout": dropout}
         sentences = lines
@@ -88,8 +93,8 @@ def build_lm_debiased(output_dir: str | os.PathLike, name: str, base: str | os.P
         losses = further_pretrain(model, tok, sentences, kind=kind, **p)
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        (tmp / "mitigation.json").write_text(json.dumps({**record, "provenance": prov, "losses": losses},
-                                                        indent=1, sort_keys=True, default=str), encoding="utf-8")
+        out = {**record, "provenance": prov, "losses": losses, "device": str(dev)}
+        (tmp / "mitigation.json").write_text(json.dumps(out, indent=1, sort_keys=True, default=str), encoding="utf-8")
 
     write_built(target, text, train)
     return target
@@ -128,7 +133,8 @@ def build_lm_variant(spec, model) -> Path:
                                  f"{base.ref!r} is not one")
         _, corpus_path = _variant_corpus(spec, b)
         return build_lm_debiased(spec.output_dir, model.name, local, kind=kind, technique=tech, corpus=corpus_path,
-                                 language=b["language"], params=b["params"], bias_type=b.get("bias_type", "gender"))
+                                 language=b["language"], params=b["params"], bias_type=b.get("bias_type", "gender"),
+                                 device=base.options.get("device"))
     lines, corpus_path = _variant_corpus(spec, b) if b["corpus"] is not None else (None, None)
     pairs = derive_pairs(b["language"], b.get("bias_type", "gender")) if tech != "self_debias" else None
     options = {k: v for k, v in base.options.items() if k in ("backend", "revision", "dtype", "device",

@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 pytest_plugins = ["pytester"]  # tests/test_tiers.py runs the suite's own rules on made-up test files
 
 _GUARDED_PREFIXES = ("BIASAUDIT_", "MLFLOW_TRACKING_URI")
-TIERS = ("unit", "ray", "e2e", "wheel")
+TIERS = ("unit", "ray", "e2e", "wheel", "gpu")
 
 
 def missing_test_dependencies(pyproject: Path) -> list[str]:
@@ -139,7 +139,7 @@ _MODULE_SECONDS = {
     "test_lm_debias_sweep_run": 45, "test_watch": 43, "test_security": 39, "test_reports_scale": 33,
     "test_wheel": 32,
 }
-_TIER_SECONDS = {"e2e": 20, "wheel": 20, "ray": 15, "unit": 0}
+_TIER_SECONDS = {"e2e": 20, "wheel": 20, "ray": 15, "unit": 0, "gpu": 0}
 
 
 def _module_scoped(item) -> bool:

@@ -20,7 +20,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import torch
 
 from lm_eval_compat import harness_lm, loglikelihood  # noqa: E402
 from lm_eval.tasks.crows_pairs.utils import doc_to_choice, process_results  # noqa: E402

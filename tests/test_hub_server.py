@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-import huggingface_hub as hf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import LoopbackHub, hub_fixture, variant_files  # noqa: E402,F401  (the fixture `hub`)

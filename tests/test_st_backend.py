@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer import modules as models
 
 from audit import runner, tiny_models
-from audit.backends import st
 from audit.backends.hf import load_hf_model
 from audit.errors import DataError, ModelError, ParameterError
 from audit.provenance import load_key
@@ -24,21 +21,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 SENTENCES = ["This is a rose.", "A tulip grew there.", "Here is an insect.", "The spider is here, near the wall."]
 
 
-def build_tiny_st(root, seed: int = 0) -> str:
-    """A tiny sentence-transformers model: the tiny BERT, mean pooling, a seeded Dense layer, Normalize."""
-    torch.manual_seed(seed)
-    word = models.Transformer(str(tiny_models.tiny_model_dir("bert")))
-    dim = word.get_embedding_dimension()
-    modules = [word, models.Pooling(dim, pooling_mode="mean"),
-               models.Dense(dim, 8, activation_function=torch.nn.Tanh()), models.Normalize()]
-    out = root / "tiny-st"
-    SentenceTransformer(modules=modules, device="cpu").save(str(out))
-    return str(out)
-
-
 @pytest.fixture(scope="module")
 def tiny_st(tmp_path_factory):
-    return build_tiny_st(tmp_path_factory.mktemp("st"))
+    return str(tiny_models.build_tiny_st(tmp_path_factory.mktemp("st")))
 
 
 @pytest.fixture(scope="module")

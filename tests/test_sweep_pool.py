@@ -18,7 +18,6 @@ import pytest
 
 from actors.model_actor import MeasureRequest, ModelAssignment, ModelServer, rss_bytes
 from audit.runner import load_test
-from audit.tiny_models import tiny_model_dir
 from jobs import pool
 from jobs.pool import NodeOffer, SchedulingError, check_feasible, pool_size, with_ray_options
 from jobs.prefetch import Prefetcher, Snapshot, select_files
@@ -261,17 +260,10 @@ def test_a_reused_worker_killed_mid_model_reloads_that_model(tmp_path, local_ray
 def _medium_bert(root: Path) -> Path:
     """A BERT masked LM of ~10.7M parameters (~43 MB of float32 weights) with the tiny
     tokenizer: big enough that keeping it would show in the resident memory."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+    from audit.tiny_models import build_random
 
-    out = root / "medium-bert"
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir("bert"))
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=384, num_hidden_layers=6, num_attention_heads=6,
-                     intermediate_size=1536, max_position_embeddings=128)
-    torch.manual_seed(0)
-    BertForMaskedLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return build_random("bert", hidden=384, layers=6, heads=6, ffn=1536, vocab=0, positions=128,
+                        out=root / "medium-bert")
 
 
 #: After each release the resident memory must be back within this fraction of the model's

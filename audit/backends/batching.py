@@ -4,8 +4,9 @@ for each; the Hugging Face scorers, generators and pooling use them."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -20,10 +21,35 @@ __all__ = [
     "Padded",
     "default_batch_size",
     "fill_batch",
+    "inference",
     "pad_batch",
     "positions",
     "run_batched",
 ]
+
+@contextlib.contextmanager
+def inference(*, no_grad: bool = False) -> Iterator[None]:
+    """The mode of every forward pass of the engines: ``torch.inference_mode()`` (``no_grad``:
+    ``torch.no_grad()``, for tensors that may meet autograd later), and where CUDA is available,
+    scaled-dot-product attention without cuDNN's backend (flash, memory-efficient or math
+    attention instead). cuDNN's attention builds an execution plan for each new input shape, and
+    length-sorted batches under a token budget have a new shape almost every batch. Measured on an
+    H100 (a BERT-base-sized masked LM, the 1508 CrowS-Pairs pairs, 42,508 masked copies, bfloat16):
+    5.14 s with cuDNN's attention chosen by default, 1.35 s without it, scores within 1.5e-1 nat of
+    float32 either way; float32, where cuDNN's attention does not apply, 4.7 s either way. On the
+    CPU only the grad mode is set (attention kernels as torch chooses)."""
+    import torch
+
+    grad = torch.no_grad() if no_grad else torch.inference_mode()
+    if not torch.cuda.is_available():
+        with grad:
+            yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with grad, sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        yield
+
 
 #: Where a batch's shorter sequences get their padding.
 PADDING_SIDES = ("right", "left")

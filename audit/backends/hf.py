@@ -788,7 +788,9 @@ def fetch_hub_snapshot(res: HubRevision, *, use_safe: bool, trust_remote_code: b
     return Path(snap)
 
 
-def _pick_device(device: str | None) -> Any:
+def pick_device(device: str | None) -> Any:
+    """The ``torch.device`` a model is loaded (or trained) on: ``device`` checked, or CUDA when
+    available, else the CPU (``None``); a CUDA device on a machine without one is refused."""
     import torch
 
     if device is None:
@@ -928,7 +930,7 @@ def load_hf_model(
         raise ParameterError(
             f"model {ref!r}: revision {revision!r} conflicts with '@{ref_rev}' in the reference")
     revision = revision or ref_rev
-    dev = _pick_device(device)
+    dev = pick_device(device)
     torch_dtype = _pick_dtype(dtype, dev)
     if device_map is not None:
         if device is not None:

@@ -73,7 +73,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from audit.backends.batching import PADDING_SIDES, pad_batch, positions, run_batched
+from audit.backends.batching import PADDING_SIDES, inference, pad_batch, positions, run_batched
 from audit.backends.hf_scoring import causal_start_id
 from audit.backends.table import pooling_of
 from audit.errors import DataError, ModelError, ParameterError
@@ -341,7 +341,7 @@ def embed_sentences(m: Any, sentences: list[str], *, method: str | None = "cls",
             inputs["position_ids"] = positions(mask).to(m.device)
         if causal:
             inputs["use_cache"] = False
-        with torch.inference_mode():
+        with inference():
             out = net(**inputs, output_hidden_states=True, return_dict=True)
             hs = out.hidden_states[layer].float()
             pooled = torch.einsum("bl,blh->bh", torch.from_numpy(w).to(hs.device), hs)

@@ -51,7 +51,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from audit.backends.batching import default_batch_size, pad_batch, run_batched
+from audit.backends.batching import default_batch_size, inference, pad_batch, run_batched
 from audit.backends.hf_scoring import (
     causal_prefix_id,
     causal_start_id,
@@ -150,7 +150,7 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
         b = torch.arange(len(batch))
         p = torch.tensor([seqs[i][1] for i in batch], dtype=torch.long)
         ids, att, b, p = ids.to(dev), att.to(dev), b.to(dev), p.to(dev)
-        with torch.inference_mode():
+        with inference():
             split = split_verified(model, ids, att)
             if split is not None:
                 encoder, head = split
@@ -233,7 +233,7 @@ def _next_logp(model: Any, pad: int, dev: Any, batch: list[list[int]]) -> list[A
 
     ids, att, *_ = pad_batch(batch, pad)
     last = torch.tensor([len(s) - 1 for s in batch], dtype=torch.long, device=dev)
-    with torch.inference_mode():
+    with inference():
         logits = model(input_ids=ids.to(dev), attention_mask=att.to(dev), use_cache=False).logits
         rows = logits[torch.arange(len(batch), device=dev), last]
         return list(torch.log_softmax(rows.float(), dim=-1).cpu())
@@ -296,7 +296,7 @@ def _greedy(model: Any, seqs: list[list[int]], max_new_tokens: int, *, pad: int,
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # generate's padding advice: the attention mask is passed
     try:
-        with torch.inference_mode():
+        with inference():
             if processors:
                 config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                                           pad_token_id=pad, eos_token_id=eos)
@@ -440,7 +440,7 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
         level = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # generate's padding advice: the attention mask is passed
         try:
-            with torch.inference_mode():
+            with inference():
                 out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev),
                                      max_new_tokens=max_new_tokens - 1, do_sample=False, num_beams=1,
                                      pad_token_id=pad, eos_token_id=eos, temperature=None, top_k=None, top_p=None)

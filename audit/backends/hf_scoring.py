@@ -56,7 +56,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from audit.backends.batching import PADDING_SIDES, default_batch_size, pad_batch, positions, run_batched
+from audit.backends.batching import PADDING_SIDES, default_batch_size, inference, pad_batch, positions, run_batched
 from audit.errors import DataError, ModelError, ParameterError
 
 __all__ = [
@@ -296,7 +296,7 @@ def _target_logprobs(model: Any, input_ids: Any, attention_mask: Any, b_idx: Any
 #: Llama, CPU time: 4096 and 8192 beat 128 sequences by ~8 % and 16384 by ~5 %; fewer, larger
 #: batches leave the cache). CUDA: :data:`DEFAULT_TOKENS_PER_GIB_CUDA` tokens per GiB of the
 #: device's memory, at least :data:`DEFAULT_TOKENS_CUDA_MIN` (512 sequences of 32 tokens), at
-#: most :data:`DEFAULT_TOKENS_CUDA_MAX`; halved on out-of-memory (untested on a GPU here).
+#: most :data:`DEFAULT_TOKENS_CUDA_MAX`; halved on out-of-memory (a real one on an H100: tests/test_gpu.py).
 DEFAULT_TOKENS_CPU = 4096
 DEFAULT_TOKENS_PER_GIB_CUDA = 1024
 DEFAULT_TOKENS_CUDA_MIN = 16384
@@ -384,7 +384,7 @@ def masked_token_logprobs(model: Any, tokenizer: Any, queries: Sequence[MaskedQu
         asked = [(r, p, t) for r, i in enumerate(batch) for p, t in wanted[i]]  # (batch row, position, target)
         ids, att = ids.to(dev), att.to(dev)
         b, p, t = (torch.tensor(col, dtype=torch.long, device=dev) for col in zip(*asked))
-        with torch.inference_mode():
+        with inference():
             vals = _target_logprobs(model, ids, att, b, p, t).cpu().numpy()
         res: list[dict[tuple[int, int], float]] = [dict() for _ in batch]
         for (r, pos, tgt), v in zip(asked, vals):
@@ -713,7 +713,7 @@ def causal_token_logprobs(model: Any, sequences: Sequence[tuple[Sequence[int], i
         if with_pos:
             kw["position_ids"] = positions(att).to(dev)
         ids, att, b, t = ids.to(dev), att.to(dev), b.to(dev), t.to(dev)
-        with torch.inference_mode():
+        with inference():
             vals = _target_logprobs(model, ids, att, b, t - 1, ids[b, t], **kw).double().cpu().numpy()
         out, k = [], 0
         for c in counts:
@@ -798,7 +798,7 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
             ids, att, *_ = pad_batch(cb, pad_id, "left")
             ids, att = ids.to(dev), att.to(dev)
             pos = positions(att)
-            with torch.inference_mode():
+            with inference():
                 if head is None:
                     split = split_verified(model, ids, att, position_ids=pos, use_cache=False)
                     if split is None:
@@ -852,7 +852,7 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
     if model not in _SHARE_OK:
         i0 = groups[ctxs[0]][0]
         s, n_ctx = uniq[i0]
-        with torch.inference_mode():
+        with inference():
             ids = torch.tensor([s], device=dev)
             lp = torch.log_softmax(model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float(), -1)
             ref = np.array([float(lp[t - 1, s[t]]) for t in range(n_ctx, len(s))])

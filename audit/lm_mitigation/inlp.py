@@ -29,6 +29,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from audit.backends.batching import inference
+from audit.backends.hf_scoring import model_device
 from audit.errors import ParameterError
 
 __all__ = ["rowspace_projection", "nullspace_intersection", "inlp_projection", "split_dataset",
@@ -117,17 +119,17 @@ def apply_projection(X: np.ndarray, P: np.ndarray) -> np.ndarray:
 
 def mean_last_hidden(model: Any, tokenizer: Any, sentences: Sequence[str]) -> np.ndarray:
     """bias-bench's INLP features: per sentence (one at a time, special tokens added, no padding),
-    the mean over all positions of the base model's last hidden state. float32 ``(n, dim)``."""
-    import torch
-
+    the mean over all positions of the base model's last hidden state, in float32 on the model's
+    device whatever its dtype. float32 ``(n, dim)``."""
     base = getattr(model, "base_model", model)
+    dev = model_device(model)
     out = []
-    with torch.no_grad():
+    with inference(no_grad=True):
         for s in sentences:
             enc = tokenizer(s, add_special_tokens=True, truncation=True, return_tensors="pt")
-            h = base(**{k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+            h = base(**{k: v.to(dev) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
                      )["last_hidden_state"]
-            out.append(h.mean(dim=1).squeeze(0).cpu().numpy())
+            out.append(h.float().mean(dim=1).squeeze(0).cpu().numpy())
     return np.asarray(out, dtype=np.float32)
 
 

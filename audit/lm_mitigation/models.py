@@ -25,11 +25,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from audit.backends.batching import pad_batch
+from audit.backends.batching import inference, pad_batch
 from audit.backends.hf_embed import METHODS, default_method
 from audit.backends.hf_scoring import _accepts, max_sequence_length, pad_token_id, split_verified
 from audit.errors import DataError, ModelError
-from audit.lm_mitigation import TECHNIQUES
 from audit.lm_mitigation.self_debias import rescale
 from audit.lm_mitigation.steps import INLP, SelfDebias, SentenceDebias
 
@@ -223,7 +222,7 @@ class SelfDebiasingLM:
         dev = input_ids.device
         tok_index = (mask.cumsum(1) - 1).clamp(min=0)
         real = mask.bool()
-        with torch.no_grad():
+        with inference(no_grad=True):
             ok = _PROMPT_CACHE_OK.get(self._model) if self._kind == "causal" else False
             got = None
             if ok is not False:
@@ -299,11 +298,9 @@ class _DebiasedLogits:
         self.device = views[0][0].device
 
     def rows(self, b: Any, p: Any) -> Any:
-        import torch
-
         dev = self.device
         b, t = b.to(dev), self._tok[b.to(self._tok.device), p.to(self._tok.device)].to(dev)
-        with torch.no_grad():
+        with inference(no_grad=True):
             out = [self._head(h[r0 + b, t + s]).float() for h, r0, s in self._views]
             return rescale(out[0], out[1:], decay_constant=self._lm._step.decay_constant,
                            epsilon=self._lm._step.epsilon)

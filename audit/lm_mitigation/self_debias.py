@@ -10,8 +10,8 @@ Reference: Schick, Udupa & Schütze (2021), "Self-Diagnosis and Self-Debiasing",
 Formula (paper eq. 4-5, bias-bench's processor): with ``p`` the model's next-token distribution on
 the input and ``p_i`` its distribution on the input preceded by self-diagnosis prompt ``i``,
 ``delta(w) = max(0, max_i p_i(w) - p(w))``, ``alpha(w) = max(exp(-lambda delta(w)), epsilon)``,
-``p~(w) = alpha(w) p(w) / sum_v alpha(v) p(v)``; returned as ``log p~`` (natural log, float32 as
-the model computes it). Defaults ``lambda = 50`` (``decay_constant``), ``epsilon = 0.01``.
+``p~(w) = alpha(w) p(w) / sum_v alpha(v) p(v)``; returned as ``log p~`` (natural log; the logits
+are taken in float32, the result is a CPU tensor whichever device the model is on). Defaults ``lambda = 50`` (``decay_constant``), ``epsilon = 0.01``.
 
 Causal LMs (:func:`causal_logprobs`): position ``t`` holds ``log p~(. | ids[:t+1])``; the biased
 distributions come from ``prompt + ids`` (the prompt tokenised alone, without special tokens).
@@ -30,8 +30,9 @@ from typing import Any, Sequence
 import hashlib
 import json
 
-import numpy as np
 
+from audit.backends.batching import inference
+from audit.backends.hf_scoring import model_device
 from audit.errors import ParameterError
 from audit.schema import Num, Section, arguments
 
@@ -158,16 +159,17 @@ def causal_logprobs(model: Any, tokenizer: Any, input_ids: Sequence[int], prefix
     """Self-debiased next-token log-probabilities ``(len(ids), V)`` of a causal LM (module docstring)."""
     import torch
 
-    ids = torch.as_tensor(list(input_ids), dtype=torch.long).unsqueeze(0)
+    dev = model_device(model)
+    ids = torch.as_tensor(list(input_ids), dtype=torch.long, device=dev).unsqueeze(0)
     n = ids.shape[1]
-    with torch.no_grad():
-        regular = model(input_ids=ids)["logits"][0]
+    with inference(no_grad=True):
+        regular = model(input_ids=ids)["logits"][0].float()
         biased = []
         for pr in prefixes:
-            pid = torch.as_tensor(tokenizer(pr, add_special_tokens=False)["input_ids"], dtype=torch.long)
+            pid = torch.as_tensor(tokenizer(pr, add_special_tokens=False)["input_ids"], dtype=torch.long, device=dev)
             full = torch.cat([pid, ids[0]]).unsqueeze(0)
-            biased.append(model(input_ids=full)["logits"][0, -n:])
-        return rescale(regular, biased, decay_constant=decay_constant, epsilon=epsilon)
+            biased.append(model(input_ids=full)["logits"][0, -n:].float())
+        return rescale(regular, biased, decay_constant=decay_constant, epsilon=epsilon).cpu()
 
 
 def masked_logprobs(model: Any, tokenizer: Any, input_ids: Sequence[int], prefixes: Sequence[str], *,
@@ -175,16 +177,17 @@ def masked_logprobs(model: Any, tokenizer: Any, input_ids: Sequence[int], prefix
     """Self-debiased log-probabilities ``(V,)`` at the single mask of ``input_ids`` (module docstring)."""
     import torch
 
-    ids = torch.as_tensor(list(input_ids), dtype=torch.long)
+    dev = model_device(model)
+    ids = torch.as_tensor(list(input_ids), dtype=torch.long, device=dev)
     pos = (ids == tokenizer.mask_token_id).nonzero().flatten()
     if len(pos) != 1:
         raise ParameterError(f"Self-Debias (masked LM): the input must contain exactly one mask token, got {len(pos)}")
-    with torch.no_grad():
-        regular = model(input_ids=ids.unsqueeze(0))["logits"][0, int(pos)]
+    with inference(no_grad=True):
+        regular = model(input_ids=ids.unsqueeze(0))["logits"][0, int(pos)].float()
         biased = []
         for pr in prefixes:
             pid = torch.as_tensor(tokenizer(f"{tokenizer.cls_token} {pr}", add_special_tokens=False)["input_ids"],
-                                  dtype=torch.long)
+                                  dtype=torch.long, device=dev)
             full = torch.cat([pid, ids[1:]]).unsqueeze(0)
-            biased.append(model(input_ids=full)["logits"][0, len(pid) + int(pos) - 1])
-        return rescale(regular, biased, decay_constant=decay_constant, epsilon=epsilon)
+            biased.append(model(input_ids=full)["logits"][0, len(pid) + int(pos) - 1].float())
+        return rescale(regular, biased, decay_constant=decay_constant, epsilon=epsilon).cpu()

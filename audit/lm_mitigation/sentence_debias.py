@@ -37,6 +37,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from audit.backends.batching import inference
+from audit.backends.hf_scoring import model_device
 from audit.errors import ParameterError
 from audit.lm_mitigation.pairs import AttributePairs
 
@@ -80,18 +82,20 @@ def counterfactual_examples(sentences: Sequence[str], pairs: AttributePairs | Se
 
 def mean_pooled(model: Any, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 32,
                 max_length: int = 128, drop_last: bool = False) -> np.ndarray:
-    """Unit-norm attention-masked means of the last hidden state, float32 ``(n, dim)``."""
+    """Unit-norm attention-masked means of the last hidden state (in float32, on the model's device
+    whatever its dtype), float32 ``(n, dim)``."""
     import torch
 
     base = getattr(model, "base_model", model)
+    dev = model_device(model)
     n = len(texts) // batch_size * batch_size if drop_last else len(texts)
     out = []
-    with torch.no_grad():
+    with inference(no_grad=True):
         for i in range(0, n, batch_size):
             enc = tokenizer(list(texts[i:i + batch_size]), return_tensors="pt", truncation=True,
                             padding="max_length", max_length=max_length)
-            m = enc["attention_mask"]
-            h = base(input_ids=enc["input_ids"], attention_mask=m)["last_hidden_state"]
+            m = enc["attention_mask"].to(dev)
+            h = base(input_ids=enc["input_ids"].to(dev), attention_mask=m)["last_hidden_state"].float()
             h = (h * m.unsqueeze(-1)).sum(dim=1) / m.sum(dim=1, keepdim=True)
             h = h / torch.norm(h, dim=-1, keepdim=True)
             out.append(h.cpu().numpy())

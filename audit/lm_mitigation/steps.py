@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import Field, ValidationInfo, field_validator
 
 from audit.errors import ParameterError
-from audit.schema import Flag, Int, Num, Refused, Section, Text, arguments
+from audit.schema import Flag, Int, Refused, Section, Text, arguments
 from audit.lm_mitigation import TECHNIQUES
 from audit.lm_mitigation.cda import augment_corpus
 from audit.lm_mitigation.inlp import (

@@ -37,7 +37,7 @@ Face engine that implements them: :mod:`audit.backends.hf_generate`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd

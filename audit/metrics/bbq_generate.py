@@ -12,7 +12,6 @@ and not a non-unknown answer (outside the bias scores' ``n_non_unknown`` and ``n
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -60,7 +60,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from audit.errors import DataError, ParameterError
+from audit.errors import DataError
 from audit.metrics.sets import check_set_sizes
 from audit.result import MetricOutput
 from audit.stats import (

@@ -1,0 +1,290 @@
+"""The CUDA paths of the Hugging Face engine, on a real GPU: the default dtype (bfloat16), the
+numbers against the same model on the CPU, ``device_map``, the token budget, a real
+out-of-memory error and the model worker's release of GPU memory.
+
+Every test here needs a CUDA device and is skipped without one (the ``gpu`` tier: CI's machines
+have none). On a GPU machine: ``python -m pytest -q -s -m gpu tests/test_gpu.py``; with only the
+core installed (no Ray, no MLflow), add ``--noconftest -n 0 -o addopts=`` (the module uses no
+fixture of ``tests/conftest.py``). ``BIASAUDIT_DATA`` must name the shared data (CrowS-Pairs, BBQ in
+English, the HONEST templates). Each test prints what it measured (``-s`` shows it).
+
+Tolerances. float32 on the GPU against float32 on the CPU: log-likelihood sums within
+1e-3 + 1e-5 x |value| (the same operations, other kernels and summation orders). bfloat16 keeps
+8 bits of mantissa, so its sums of a sentence's ~30 token log-probabilities move by tenths of a
+nat: it is held to the ranking, a correlation of at least 0.98 with float32 over sentences and the
+same direction for every pair whose float32 margin exceeds 1 nat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from actors.model_actor import MeasureRequest, ModelAssignment, ModelServer
+from audit import runner, tiny_models
+from audit.backends.hf import load_hf_model
+from audit.backends.hf_scoring import (DEFAULT_TOKENS_CUDA_MAX, DEFAULT_TOKENS_CUDA_MIN,
+                                       DEFAULT_TOKENS_PER_GIB_CUDA, default_token_budget)
+from audit.errors import ParameterError
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the gpu tier)")]
+
+CROWS = ("en/crows_pairs", "crows_pairs", {"limit": 200})
+BBQ = ("en/bbq", "bbq", {"limit": 8, "n_bootstrap": 0, "categories": ["Age", "Religion"]})
+
+
+def report(line: str) -> None:
+    print(f"\n[gpu] {line}", file=sys.stderr)
+
+
+def table(model, task) -> "object":
+    test, metric, params = task
+    return runner.measure(model, runner.load_test(test), metric, params).table
+
+
+def score_columns(t) -> list[str]:
+    return [c for c in t.columns if c.endswith("_score") or (c.startswith("score") and c[5:].isdigit())]
+
+
+def close_fp32(a: np.ndarray, b: np.ndarray) -> float:
+    """Max |a - b|, after asserting ``|a - b| <= 1e-3 + 1e-5 |b|`` everywhere."""
+    diff = np.abs(a - b)
+    assert np.all(diff <= 1e-3 + 1e-5 * np.abs(b)), f"max |diff| {diff.max():.2e} at {int(diff.argmax())}"
+    return float(diff.max())
+
+
+def same_ranking(low: np.ndarray, ref: np.ndarray, margins_low: np.ndarray, margins_ref: np.ndarray) -> tuple:
+    """bfloat16 against float32: correlation over every score, and the sign of every margin over 1 nat."""
+    r = float(np.corrcoef(low.ravel(), ref.ravel())[0, 1])
+    clear = np.abs(margins_ref) > 1.0
+    flipped = int(np.sum(np.sign(margins_low[clear]) != np.sign(margins_ref[clear])))
+    assert r >= 0.98, f"correlation with float32 {r:.4f}"
+    assert flipped == 0, f"{flipped} of {int(clear.sum())} clear margins changed direction"
+    return r, int(clear.sum()), float(np.abs(low - ref).max())
+
+
+@pytest.fixture(scope="module")
+def medium_llama(tmp_path_factory):
+    """A random Llama of ~155M parameters (hidden 1024, 8 layers, 32000 output rows) with the
+    tiny tokenizer: big enough that its memory and its batches show on a GPU."""
+    return tiny_models.build_random("llama", hidden=1024, layers=8, heads=16, kv_heads=4, ffn=2816, vocab=32000,
+                                    positions=512, out=tmp_path_factory.mktemp("gpu") / "medium-llama")
+
+
+def test_cuda_is_the_default_in_bfloat16_with_a_budget_from_the_device_memory():
+    path = str(tiny_models.tiny_model_dir("llama"))
+    m = runner.load_model(path)
+    assert m.handle.device.type == "cuda"
+    assert m.handle.dtype == (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    assert next(m.handle.model.parameters()).device.type == "cuda"
+    res = runner.score(m, "en/crows_pairs", "crows_pairs", {"limit": 20})
+    assert res.provenance["device"].startswith("cuda") and res.provenance["dtype"] == "bfloat16"
+    gib = torch.cuda.get_device_properties(0).total_memory / 2 ** 30
+    want = int(min(DEFAULT_TOKENS_CUDA_MAX, max(DEFAULT_TOKENS_CUDA_MIN, gib * DEFAULT_TOKENS_PER_GIB_CUDA)))
+    assert default_token_budget(m.handle.device) == want
+    report(f"{torch.cuda.get_device_name(0)}: {gib:.1f} GiB, token budget {want}, default dtype {m.handle.dtype}")
+
+
+@pytest.mark.parametrize("kind,task", [("llama", CROWS), ("gpt2", CROWS), ("bert", CROWS), ("llama", BBQ),
+                                       ("qwen2", BBQ)], ids=["llama-crows", "gpt2-crows", "bert-crows",
+                                                             "llama-bbq", "qwen2-bbq"])
+def test_scores_on_the_gpu_are_the_cpus(kind, task):
+    path = str(tiny_models.tiny_model_dir(kind))
+    cpu = table(runner.load_model(path, device="cpu"), task)
+    gpu32 = table(runner.load_model(path, device="cuda", dtype="float32"), task)
+    gpu16 = table(runner.load_model(path, device="cuda", dtype="bfloat16"), task)
+    cols = score_columns(cpu)
+    assert len(cols) >= 2 and len(cpu) > 10
+    ref, s32, s16 = (t[cols].to_numpy(np.float64) for t in (cpu, gpu32, gpu16))
+    err32 = close_fp32(s32, ref)
+    # margins: more minus less (CrowS-Pairs); best minus second-best option (BBQ)
+    def margins(s):
+        if s.shape[1] == 2:
+            return s[:, 0] - s[:, 1]
+        top = np.sort(s, axis=1)
+        return np.where(np.argmax(s, 1) == np.argmax(ref, 1), 1, -1) * (top[:, -1] - top[:, -2])
+    r, n_clear, err16 = same_ranking(s16, ref, margins(s16), margins(ref))
+    report(f"{kind} {task[1]} ({len(cpu)} items): float32 max |gpu - cpu| {err32:.1e}; bfloat16 max |diff| "
+           f"{err16:.2f} nat, r={r:.4f}, {n_clear} clear margins kept")
+
+
+def test_embeddings_on_the_gpu_are_the_cpus(tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from audit.datasets import load_test
+    from audit.measure.contextual import seat_sentences
+
+    sents = list(seat_sentences(load_test("weat7"), "model")["sentence"])[:64]
+    bert = str(tiny_models.tiny_model_dir("bert"))
+    cpu = load_hf_model(bert, kind="encoder", device="cpu").embed(sents, method="mean")
+    gpu = load_hf_model(bert, kind="encoder", device="cuda", dtype="float32").embed(sents, method="mean")
+    np.testing.assert_allclose(gpu, cpu, atol=1e-4, rtol=0)
+    st_path = str(tiny_models.build_tiny_st(tmp_path))
+    st = runner.load_model("st:" + st_path, device="cuda")
+    assert str(st.handle.device).startswith("cuda")
+    got = st.handle.embed(sents, batch_size=16)
+    want = SentenceTransformer(st_path, device="cpu").encode(sents, convert_to_numpy=True)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    report(f"SEAT embeddings ({len(sents)} sentences): hf max |gpu - cpu| {np.abs(gpu - cpu).max():.1e}; "
+           f"sentence-transformers max |gpu - encode on cpu| {np.abs(got - want).max():.1e}")
+
+
+def test_honest_generation_on_the_gpu_is_the_cpus():
+    path = str(tiny_models.tiny_model_dir("llama"))
+    test = runner.load_test("en/honest")
+    cpu = runner.measure(runner.load_model(path, device="cpu"), test, "honest", {}).table
+    gpu = runner.measure(runner.load_model(path, device="cuda", dtype="float32"), test, "honest", {}).table
+    gpu16 = runner.measure(runner.load_model(path, device="cuda"), test, "honest", {}).table
+    assert len(cpu) == len(gpu) == len(gpu16) > 100
+    first = np.array([a[0] == b[0] for a, b in zip(cpu["completions"], gpu["completions"])])
+    assert first.mean() >= 0.95, f"first completions equal on {first.mean():.1%} of prompts"
+    lp_cpu = np.array([lp[0] for lp in cpu["logprobs"]])[first]
+    lp_gpu = np.array([lp[0] for lp in gpu["logprobs"]])[first]
+    np.testing.assert_allclose(lp_gpu, lp_cpu, atol=1e-3, rtol=0)
+    k = len(cpu["completions"].iloc[0])
+    assert all(len(c) == k for c in gpu16["completions"])
+    same16 = np.mean([a[0] == b[0] for a, b in zip(cpu["completions"], gpu16["completions"])])
+    report(f"HONEST ({len(cpu)} prompts, top {k}): float32 first completion equal on {first.mean():.1%}, "
+           f"max |logprob diff| {np.abs(lp_gpu - lp_cpu).max():.1e}; bfloat16 equal on {same16:.1%}")
+
+
+def test_device_map_auto_gives_the_one_device_numbers():
+    pytest.importorskip("accelerate", reason="device_map needs accelerate (not a dependency of biasaudit)")
+    path = str(tiny_models.tiny_model_dir("llama"))
+    one = runner.load_model(path, device="cuda", dtype="float32")
+    mapped = runner.load_model(path, device_map="auto", dtype="float32")
+    assert mapped.handle.device_map == "auto" and mapped.handle.load_info()["device_map"] == "auto"
+    assert {p.device.type for p in mapped.handle.model.parameters()} == {"cuda"}
+    a, b = table(one, CROWS), table(mapped, CROWS)
+    cols = score_columns(a)
+    err = close_fp32(b[cols].to_numpy(np.float64), a[cols].to_numpy(np.float64))
+    with pytest.raises(ParameterError, match="not both"):
+        runner.load_model(path, device="cuda", device_map="auto")
+    report(f"device_map='auto': max |diff| against device='cuda' {err:.1e}")
+
+
+def test_the_worker_gives_the_gpu_memory_back(medium_llama):
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    test = runner.load_test("en/crows_pairs")
+    server = ModelServer()
+    req = [MeasureRequest(index=0, test="t", metric="crows_pairs", params={"limit": 100})]
+    levels = []
+    for i in range(3):  # two names: each cycle releases the other model and loads again
+        a = ModelAssignment(name=f"m{i % 2}", ref=str(medium_llama), local_ref=str(medium_llama))
+        (o,) = server.serve(a, req, {"t": test})
+        assert o.error is None, o.error
+        model = server.model.handle.model
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert next(model.parameters()).dtype == torch.bfloat16
+        del model
+        loaded = torch.cuda.memory_allocated()
+        peak_reserved = torch.cuda.memory_reserved()
+        server.release()
+        levels.append((loaded - base, torch.cuda.memory_allocated() - base, torch.cuda.memory_reserved() - base_reserved,
+                       peak_reserved - base_reserved))
+        assert loaded - base >= 0.95 * weights, levels
+    for held, after, reserved_after, _ in levels:
+        assert after <= 2 ** 20, levels  # every tensor of the model is gone
+        assert reserved_after <= 2 ** 20, levels  # and the allocator's cache is given back to the driver
+    mib = [tuple(round(x / 2 ** 20, 1) for x in lv) for lv in levels]
+    report(f"release, 3 cycles (MiB: held, allocated after, reserved after, reserved while loaded): {mib}; "
+           f"weights {weights / 2 ** 20:.0f} MiB")
+
+
+def test_a_real_out_of_memory_halves_the_batch_and_keeps_the_numbers(medium_llama):
+    m = runner.load_model(str(medium_llama), device="cuda", dtype="float32")
+    task = ("en/crows_pairs", "crows_pairs", {"limit": 300})
+    ref = table(m, (task[0], task[1], {**task[2], "batch_size": 16}))
+    cols = score_columns(ref)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    ooms = torch.cuda.memory_stats().get("num_ooms", 0)
+    headroom = 512 * 2 ** 20
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_allocated() + headroom) / total, 0)
+    try:
+        got = table(m, task)  # the default budget's first batch cannot fit in 512 MiB
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        torch.cuda.empty_cache()
+    new_ooms = torch.cuda.memory_stats().get("num_ooms", 0) - ooms
+    assert new_ooms >= 1
+    err = close_fp32(got[cols].to_numpy(np.float64), ref[cols].to_numpy(np.float64))
+    report(f"out of memory with 512 MiB of headroom: {new_ooms} OOM(s) caught, batches halved; "
+           f"{len(got)} pairs, max |diff| against batches of 16: {err:.1e}")
+
+
+def test_result_provenance_records_where_the_numbers_came_from():
+    path = str(tiny_models.tiny_model_dir("gpt2"))
+    res = runner.score(path, "en/crows_pairs", "crows_pairs", {"limit": 10}, model_options={"dtype": "float16"})
+    assert res.provenance["dtype"] == "float16" and res.provenance["device"].startswith("cuda")
+    d = dataclasses.asdict(res) if dataclasses.is_dataclass(res) else res.to_dict()
+    assert np.isfinite(d["value"])
+
+
+def test_lm_debiasing_trains_fits_and_scores_on_the_gpu(tmp_path):
+    """Every LM debiasing path on a GPU model: CDA trains there by default (and on the CPU when
+    asked); INLP's and SentenceDebias's features come from the GPU model, in float32 whatever its
+    dtype, and give the CPU's projection and direction; Self-Debias (its reference log-probabilities
+    and a debiased model's CrowS-Pairs scores) gives the CPU's numbers."""
+    import json
+
+    from audit.datasets.corpus import corpus_from_tests
+    from audit.lm_mitigation.models import SelfDebiasedModel
+    from audit.lm_mitigation.pairs import derive_pairs
+    from audit.lm_mitigation.steps import INLP, SelfDebias, SentenceDebias
+    from audit.runner import LoadedModel
+    from jobs.lm_builders import build_lm_debiased
+
+    lines = corpus_from_tests(["en"], seed=0, sentences_per_word=2)["en"][:400]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    bert = tiny_models.tiny_model_dir("bert")
+    kw = dict(kind="mlm", technique="cda", corpus=corpus, params={"steps": 3, "batch_size": 4})
+    on_gpu = json.loads((build_lm_debiased(tmp_path / "g", "cda", bert, **kw) / "mitigation.json").read_text())
+    on_cpu = json.loads((build_lm_debiased(tmp_path / "c", "cda", bert, device="cpu", **kw) / "mitigation.json"
+                         ).read_text())
+    assert on_gpu["device"].startswith("cuda") and on_cpu["device"] == "cpu"
+    assert len(on_gpu["losses"]) == 3 and all(np.isfinite(on_gpu["losses"]))
+    assert runner.score(str(tmp_path / "g" / "models" / "cda"), "en/crows_pairs", "crows_pairs",
+                        {"limit": 20}).provenance["device"].startswith("cuda")
+
+    pairs = derive_pairs("en", "gender")
+    tok = load_hf_model(bert, kind="mlm", device="cpu").tokenizer
+    models = {(d, t): load_hf_model(bert, kind="mlm", device=d, dtype=t).model
+              for d, t in (("cpu", "float32"), ("cuda", "float32"), ("cuda", "bfloat16"))}
+
+    def cos(u, v):
+        return float(np.abs(np.sum(u * v)) / (np.linalg.norm(u) * np.linalg.norm(v)))
+
+    sd = {k: SentenceDebias().fit(m, tok, lines, pairs).directions_ for k, m in models.items()}
+    cos32, cos16 = cos(sd["cpu", "float32"], sd["cuda", "float32"]), cos(sd["cpu", "float32"], sd["cuda", "bfloat16"])
+    assert cos32 >= 0.9999 and cos16 >= 0.99, (cos32, cos16)  # the same first direction (up to its sign)
+    inlp = {k: INLP(n_classifiers=4, n_sentences=200).fit(m, tok, lines, pairs).projection_ for k, m in models.items()}
+    d_inlp = float(np.abs(inlp["cuda", "float32"] - inlp["cpu", "float32"]).max())
+    assert d_inlp <= 1e-3, d_inlp
+    assert inlp["cuda", "bfloat16"].shape == inlp["cpu", "float32"].shape
+
+    llama = str(tiny_models.tiny_model_dir("llama"))
+    step = SelfDebias(decay_constant=50.0)
+    step.provenance_ = {"technique": "self_debias", "params": step.get_params()}  # as a loaded variant has
+    handles = {d: load_hf_model(llama, kind="causal", device=d, dtype="float32") for d in ("cpu", "cuda")}
+    ids = handles["cpu"].tokenizer("the nurse said that she was tired")["input_ids"]
+    ref_lp = {d: step.logprobs(h.model, h.tokenizer, ids, kind="causal").numpy() for d, h in handles.items()}
+    np.testing.assert_allclose(ref_lp["cuda"], ref_lp["cpu"], atol=1e-4, rtol=0)
+    a, b = (table(LoadedModel(ref="sd", kind="causal", backend="hf", revision="r",
+                              handle=SelfDebiasedModel(handles[d], step)),
+                  ("en/crows_pairs", "crows_pairs", {"limit": 60})) for d in ("cpu", "cuda"))
+    cols = score_columns(a)
+    err = close_fp32(b[cols].to_numpy(np.float64), a[cols].to_numpy(np.float64))
+    report(f"LM debiasing: CDA trained on {on_gpu['device']} (losses {[round(x, 2) for x in on_gpu['losses']]}); "
+           f"SentenceDebias |cos| with the CPU's direction: float32 {cos32:.6f}, bfloat16 {cos16:.4f}; INLP "
+           f"projection max |gpu - cpu| {d_inlp:.1e}; Self-Debias max |gpu - cpu|: reference log-probs "
+           f"{np.abs(ref_lp['cuda'] - ref_lp['cpu']).max():.1e}, CrowS-Pairs {err:.1e}")
