@@ -9,6 +9,8 @@ import platform
 from functools import lru_cache
 from typing import Any
 
+from audit.errors import ParameterError
+
 #: Distributions whose versions change numbers; recorded with every result.
 TRACKED_PACKAGES = (
     "biasaudit",
@@ -47,15 +49,35 @@ def code_version() -> str:
 ENGINE_BACKENDS = ("sentence-transformers",)
 
 
+#: The dtypes a Hugging Face model loads in, by every name the loaders accept -> the canonical name.
+DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16", "half": "float16",
+          "bfloat16": "bfloat16", "bf16": "bfloat16"}
+#: The dtype when none is asked for, on every device (:mod:`audit.backends.hf`): a task's numbers
+#: must not depend on where it runs, since its key holds no device.
+DEFAULT_DTYPE = "float32"
+
+
+def canonical_dtype(dtype: Any) -> str:
+    """The canonical name of a requested dtype (``None`` or ``""``: :data:`DEFAULT_DTYPE`;
+    ``"bf16"``, ``torch.bfloat16``: ``"bfloat16"``); another is a :class:`ParameterError`."""
+    if dtype is None or dtype == "":
+        return DEFAULT_DTYPE
+    key = str(dtype).replace("torch.", "").lower()
+    if key not in DTYPES:
+        raise ParameterError(f"dtype: {dtype!r} is not one of float32, float16, bfloat16")
+    return DTYPES[key]
+
+
 def load_key(options: dict[str, Any] | None) -> str:
     """The part of a model's load options that changes its numbers, as a key component: the
-    requested ``dtype`` (``"dtype=bfloat16"``) and an engine chosen by ``backend`` among
-    :data:`ENGINE_BACKENDS` (``"engine=sentence-transformers"``), comma-joined; ``""`` when both
-    are the defaults. Devices and device maps do not enter (the same weights give the same numbers
-    up to rounding)."""
+    dtype when it is not the default (``"dtype=bfloat16"``, by its canonical name) and an engine
+    chosen by ``backend`` among :data:`ENGINE_BACKENDS` (``"engine=sentence-transformers"``),
+    comma-joined; ``""`` when both are the defaults. Devices and device maps do not enter: the
+    default dtype is the same on every device, and the same weights in the same dtype give the
+    same numbers up to rounding (5e-6 nat between an H100 and the CPU, ``tests/test_gpu.py``)."""
     options = options or {}
-    dtype = options.get("dtype")
-    parts = [f"dtype={dtype}"] if dtype not in (None, "", "auto") else []
+    dtype = canonical_dtype(options.get("dtype"))
+    parts = [f"dtype={dtype}"] if dtype != DEFAULT_DTYPE else []
     if options.get("backend") in ENGINE_BACKENDS:
         parts.append(f"engine={options['backend']}")
     return ",".join(parts)

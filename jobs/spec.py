@@ -117,7 +117,7 @@ FAMILY_COLUMNS = ("model", "metric", "language", "test", "params")
 MARKS = ("holm", "bh", "raw")
 #: Fields that do not change a sweep's tasks (left out of :meth:`SweepSpec.sweep_id`).
 _NOT_TASKS = ("output_dir", "tracking", "ray", "description", "multiple_comparisons", "tags")
-_DTYPES = ("float32", "float16", "bfloat16", "auto")
+_DTYPES = ("float32", "float16", "bfloat16")  # the canonical names of audit.provenance.DTYPES
 
 
 # --------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The CUDA paths of the Hugging Face engine, on a real GPU: the default dtype (bfloat16), the
-numbers against the same model on the CPU, ``device_map``, the token budget, a real
+"""The CUDA paths of the Hugging Face engine, on a real GPU: the defaults (CUDA, float32: the same
+numbers and key as on the CPU), the numbers against the same model on the CPU, ``device_map``, the token budget, a real
 out-of-memory error and the model worker's release of GPU memory.
 
 Every test here needs a CUDA device and is skipped without one (the ``gpu`` tier: CI's machines
@@ -76,14 +76,20 @@ def medium_llama(tmp_path_factory):
                                     positions=512, out=tmp_path_factory.mktemp("gpu") / "medium-llama")
 
 
-def test_cuda_is_the_default_in_bfloat16_with_a_budget_from_the_device_memory():
+def test_cuda_is_the_default_in_float32_with_a_budget_from_the_device_memory():
+    """The default device is CUDA and the default dtype float32, as on the CPU: the key holds a
+    requested dtype and never the device, so the default numbers must not depend on it; a requested
+    bfloat16 is recorded and keyed."""
     path = str(tiny_models.tiny_model_dir("llama"))
     m = runner.load_model(path)
-    assert m.handle.device.type == "cuda"
-    assert m.handle.dtype == (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    assert m.handle.device.type == "cuda" and m.handle.dtype == torch.float32
     assert next(m.handle.model.parameters()).device.type == "cuda"
     res = runner.score(m, "en/crows_pairs", "crows_pairs", {"limit": 20})
-    assert res.provenance["device"].startswith("cuda") and res.provenance["dtype"] == "bfloat16"
+    assert res.provenance["device"].startswith("cuda") and res.provenance["dtype"] == "float32"
+    cpu = runner.score(path, "en/crows_pairs", "crows_pairs", {"limit": 20}, model_options={"device": "cpu"})
+    assert cpu.provenance["key"] == res.provenance["key"] and cpu.value == res.value
+    low = runner.score(path, "en/crows_pairs", "crows_pairs", {"limit": 20}, model_options={"dtype": "bfloat16"})
+    assert low.provenance["dtype"] == "bfloat16" and low.provenance["key"] != res.provenance["key"]
     gib = torch.cuda.get_device_properties(0).total_memory / 2 ** 30
     want = int(min(DEFAULT_TOKENS_CUDA_MAX, max(DEFAULT_TOKENS_CUDA_MIN, gib * DEFAULT_TOKENS_PER_GIB_CUDA)))
     assert default_token_budget(m.handle.device) == want
@@ -139,7 +145,7 @@ def test_honest_generation_on_the_gpu_is_the_cpus():
     test = runner.load_test("en/honest")
     cpu = runner.measure(runner.load_model(path, device="cpu"), test, "honest", {}).table
     gpu = runner.measure(runner.load_model(path, device="cuda", dtype="float32"), test, "honest", {}).table
-    gpu16 = runner.measure(runner.load_model(path, device="cuda"), test, "honest", {}).table
+    gpu16 = runner.measure(runner.load_model(path, device="cuda", dtype="bfloat16"), test, "honest", {}).table
     assert len(cpu) == len(gpu) == len(gpu16) > 100
     first = np.array([a[0] == b[0] for a, b in zip(cpu["completions"], gpu["completions"])])
     assert first.mean() >= 0.95, f"first completions equal on {first.mean():.1%} of prompts"
@@ -177,7 +183,8 @@ def test_the_worker_gives_the_gpu_memory_back(medium_llama):
     req = [MeasureRequest(index=0, test="t", metric="crows_pairs", params={"limit": 100})]
     levels = []
     for i in range(3):  # two names: each cycle releases the other model and loads again
-        a = ModelAssignment(name=f"m{i % 2}", ref=str(medium_llama), local_ref=str(medium_llama))
+        a = ModelAssignment(name=f"m{i % 2}", ref=str(medium_llama), local_ref=str(medium_llama),
+                            options={"dtype": "bfloat16"})
         (o,) = server.serve(a, req, {"t": test})
         assert o.error is None, o.error
         model = server.model.handle.model

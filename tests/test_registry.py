@@ -166,13 +166,22 @@ def test_sentence_pair_tests_take_only_their_metrics():
 @pytest.mark.unit
 def test_the_key_covers_the_requested_dtype():
     """A float32 and a bfloat16 run of one checkpoint are different tasks (their numbers differ);
-    a model loaded with its defaults keeps the key it had before dtypes entered the key."""
+    a model loaded with its defaults keeps the key it had before dtypes entered the key, and the
+    default is float32 on every device, so asking for it by any name is the same task; an alias
+    is keyed by its canonical name; an unknown dtype is refused in one line."""
+    from audit.errors import ParameterError
     from audit.provenance import load_key, task_key
 
     base = dict(model_revision="r", model_ref="m", dataset_digest="d", metric="weat", params={}, seed=0)
     assert task_key(**base) == task_key(**base, load=load_key({})) == task_key(**base, load=load_key({"dtype": None}))
-    keys = {task_key(**base, load=load_key({"dtype": d})) for d in ("bfloat16", "float32", "float16")}
-    assert len(keys) == 3 and task_key(**base) not in keys
+    for d in ("float32", "fp32", "torch.float32"):
+        assert task_key(**base, load=load_key({"dtype": d})) == task_key(**base)
+    keys = {task_key(**base, load=load_key({"dtype": d})) for d in ("bfloat16", "float16")}
+    assert len(keys) == 2 and task_key(**base) not in keys
+    assert load_key({"dtype": "bf16"}) == load_key({"dtype": "bfloat16"}) == "dtype=bfloat16"
+    assert load_key({"dtype": "half"}) == "dtype=float16"
+    with pytest.raises(ParameterError, match=r"^dtype: 'auto' is not one of float32, float16, bfloat16$"):
+        load_key({"dtype": "auto"})
     from jobs.spec import parse_spec
 
     spec = parse_spec({"name": "x", "models": [{"ref": "org/m", "backend": "hf-causal", "dtype": "bfloat16",

@@ -188,7 +188,7 @@ SAME_WORDS = [
     ("a name out of a closed set, near a known one", [
         (lambda: parse_spec(_sweep({"dtype": "float31"}), "s.yaml"),
          ("ParameterError", "s.yaml: models[1].dtype: unknown dtype 'float31' (did you mean 'float32'?); "
-                            "known: float32, float16, bfloat16, auto")),
+                            "known: float32, float16, bfloat16")),
         (lambda: parse_watch_spec(_watch({**LOCAL, "order": "nmae"}), "w.yaml"),
          ("ParameterError", "w.yaml: watch[1].order: unknown order 'nmae' (did you mean 'name'?); known: mtime, name")),
         (lambda: parse_watch_spec(_watch({**LOCAL, "layout": 3}), "w.yaml"),

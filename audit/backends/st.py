@@ -39,6 +39,7 @@ import numpy as np
 from audit.backends.hf import dir_digest
 from audit.backends.hf_embed import MODEL_METHOD
 from audit.errors import DataError, ModelError, ParameterError
+from audit.provenance import canonical_dtype
 
 __all__ = ["PREFIX", "BACKEND", "KIND", "METHOD", "STModel", "is_st_ref", "strip_prefix", "load_st_model", "load",
            "probe_revision"]
@@ -191,7 +192,7 @@ def load_st_model(ref: str, *, path: str | None = None, device: str | None = Non
 def load(ref: str, *, path: str, device: Any = None, dtype: str | None = None) -> STModel:
     """The engine's loader (the ``sentence-transformers`` row of :mod:`audit.backends.table`):
     float32 only."""
-    if dtype not in (None, "", "auto", "float32"):
+    if canonical_dtype(dtype) != "float32":
         raise ParameterError(f"dtype: model {ref!r} is a sentence-transformers model, loaded in float32; "
                              f"{dtype!r} is not supported by that engine")
     return load_st_model(ref, path=path, device=device)
