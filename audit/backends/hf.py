@@ -54,7 +54,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -292,8 +292,6 @@ class HFModel:
         of the continuation's tokens given everything else (:func:`audit.backends.hf_scoring.span_pll`).
         ``start`` (causal LMs): the start-token rule, ``"always"`` or ``"harness"``
         (:func:`~audit.backends.hf_scoring.encode_requests`)."""
-        import numpy as np
-
 
         self._need("mlm", "causal", what="log-likelihood")
         hf_scoring.check_start(start, "start_token")
