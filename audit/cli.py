@@ -32,6 +32,7 @@ from audit.errors import AuditError, ParameterError, one_line
 from audit.measure.contextual import METHODS
 from audit.multitest import holm
 from audit.outputs import check_output_file
+from audit.provenance import DTYPE_NAMES as DTYPE_CHOICES
 from audit.signals import Interrupted, clear, raise_pending, raised_in_main_thread
 
 #: File types ``--items`` writes.
@@ -83,6 +84,9 @@ SHARED_HELP = {
     "allow_pickle": "allow pickle-based model formats for this model",
     "trust_remote_code": "allow the model's own code (Hugging Face)",
     "backend": "force a backend (static format name, hf-encoder, hf-mlm, hf-causal)",
+    "dtype": "Hugging Face models: float32 (the default, on every device), float16 or bfloat16 (faster on a GPU; "
+             "part of audit.key)",
+    "device": "Hugging Face models: cpu, cuda, cuda:1, ... (default: CUDA when available)",
     "confidence": "level of the bootstrap interval of the difference (default 0.95)",
 }
 
@@ -128,6 +132,8 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
                    help="LPBS template forms to use (--forms singular reproduces the BIAS framework)")
     s.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="further metric parameter (JSON value)")
     s.add_argument("--allow-pickle", action="store_true", help="allow pickle-based model formats for this model")
+    s.add_argument("--dtype", choices=DTYPE_CHOICES, default=None)
+    s.add_argument("--device", default=None)
     s.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (Hugging Face)")
     s.add_argument("--revision", default=None, help="Hugging Face revision (also MODEL@REV)")
     s.add_argument("--items", default=None, help="write the per-item table to this .parquet or .csv")
@@ -151,6 +157,8 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--strip-accents", action="store_true")
     t.add_argument("--max-missing", type=float, default=None)
     t.add_argument("--allow-pickle", action="store_true")
+    t.add_argument("--dtype", choices=DTYPE_CHOICES, default=None)
+    t.add_argument("--device", default=None)
     t.add_argument("--backend", default=None)
 
     m = sub.add_parser("metrics", help="list the registered metrics: family, model kinds, parameters, reference")
@@ -187,6 +195,8 @@ def add_core_commands(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="further task parameter (JSON value)")
     c.add_argument("--backend", default=None, help="backend of both models")
     c.add_argument("--allow-pickle", action="store_true")
+    c.add_argument("--dtype", choices=DTYPE_CHOICES, default=None)
+    c.add_argument("--device", default=None)
     c.add_argument("--trust-remote-code", action="store_true")
     c.add_argument("--fail-on-regression", action="store_true",
                    help="exit 1 when a (test, metric) regressed: |bias| grew by >= --min-increase with an adjusted "
@@ -235,13 +245,21 @@ def _lookup_params(a: argparse.Namespace, params: dict[str, Any]) -> dict[str, A
     return params
 
 
+def _load_options(a: argparse.Namespace) -> dict[str, Any]:
+    """The model's load options (:func:`audit.runner.load_model`) from a command's flags: the ones
+    it has and the user gave."""
+    opts: dict[str, Any] = {"allow_pickle": a.allow_pickle}
+    if getattr(a, "trust_remote_code", False):
+        opts["trust_remote_code"] = True
+    for flag in ("backend", "revision", "dtype", "device"):
+        if getattr(a, flag, None):
+            opts[flag] = getattr(a, flag)
+    return opts
+
+
 def cmd_score(a: argparse.Namespace) -> int:
     params = _score_params(a)
-    opts: dict[str, Any] = {"allow_pickle": a.allow_pickle, "trust_remote_code": a.trust_remote_code}
-    if a.backend:
-        opts["backend"] = a.backend
-    if a.revision:
-        opts["revision"] = a.revision
+    opts = _load_options(a)
     if a.items:  # before any work: a path that cannot be written would lose the computed score
         check_output_file(a.items, "--items", ITEMS_SUFFIXES)
     res = runner.score(a.model, a.test, a.metric, params, seed=a.seed, model_options=opts, language=a.language)
@@ -327,9 +345,7 @@ def cmd_table(a: argparse.Namespace) -> int:
         params["casefold"] = True
     if a.strip_accents:
         params["strip_accents"] = True
-    opts: dict[str, Any] = {"allow_pickle": a.allow_pickle}
-    if a.backend:
-        opts["backend"] = a.backend
+    opts = _load_options(a)
     # Load the model once, with the union of the words every test needs.
     tests = []
     words: set[str] = set()
@@ -488,9 +504,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     params = _lookup_params(a, {} if a.max_missing is None else {"max_missing": a.max_missing})
     check_compare_params(a.metric, params)
     comparison_options(a)
-    opts: dict[str, Any] = {"allow_pickle": a.allow_pickle, "trust_remote_code": a.trust_remote_code}
-    if a.backend:
-        opts["backend"] = a.backend
+    opts = _load_options(a)
     df, models = regression.compare_models(
         a.a, a.b, tests=a.test, metrics=a.metric, language=a.language, params=params, seed=a.seed,
         options_a=opts, options_b=opts, say=lambda m: print(m, file=sys.stderr), **comparison_options(a))

@@ -52,6 +52,8 @@ ENGINE_BACKENDS = ("sentence-transformers",)
 #: The dtypes a Hugging Face model loads in, by every name the loaders accept -> the canonical name.
 DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16", "half": "float16",
           "bfloat16": "bfloat16", "bf16": "bfloat16"}
+#: The canonical names, in the order commands and specs list them.
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
 #: The dtype when none is asked for, on every device (:mod:`audit.backends.hf`): a task's numbers
 #: must not depend on where it runs, since its key holds no device.
 DEFAULT_DTYPE = "float32"
@@ -64,7 +66,7 @@ def canonical_dtype(dtype: Any) -> str:
         return DEFAULT_DTYPE
     key = str(dtype).replace("torch.", "").lower()
     if key not in DTYPES:
-        raise ParameterError(f"dtype: {dtype!r} is not one of float32, float16, bfloat16")
+        raise ParameterError(f"dtype: {dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
     return DTYPES[key]
 
 

@@ -23,7 +23,7 @@ from audit.backends import table as backend_table
 from audit.datasets import load_test as load_dataset
 from audit.datasets.crows_pairs import TEST_NAME as CROWS_PAIRS_TEST
 from audit.entries import Measurement
-from audit.errors import DataError, ModelError, suggest
+from audit.errors import DataError, ModelError, ParameterError, suggest
 from audit.lm_mitigation.models import MANIFEST as LM_VARIANT_MANIFEST
 from audit.lm_mitigation.models import load_variant
 from audit.provenance import load_key, package_versions, task_key
@@ -101,6 +101,24 @@ def resolve_packaged(ref: str) -> str | None:
     return str(get())
 
 
+#: Load options that only Hugging Face checkpoints take: where torch weights go and in which dtype.
+HF_ONLY_OPTIONS = ("dtype", "device", "device_map")
+
+
+def check_load_options(ref: str, kind: str, options: dict[str, Any]) -> None:
+    """Refuse, in one line, a load option that the model's engine would ignore: ``dtype``,
+    ``device`` and ``device_map`` for static word vectors, ``device_map`` for a
+    sentence-transformers model. Ignored, a dtype would also enter the ``audit.key`` of numbers it
+    did not change, so the same task would be run and stored twice."""
+    given = [k for k in HF_ONLY_OPTIONS if options.get(k) not in (None, "")]
+    if kind == "static" and given:
+        raise ParameterError(f"model {ref!r} is static word vectors: {', '.join(given)} "
+                             f"appl{'ies' if len(given) == 1 else 'y'} to Hugging Face models only")
+    if kind == "sentence" and "device_map" in given:
+        raise ParameterError(f"model {ref!r} is a sentence-transformers model: device_map applies to Hugging Face "
+                             "checkpoints only; give device")
+
+
 def load_model(
     ref: str,
     *,
@@ -132,11 +150,13 @@ def load_model(
                          f"known backends: {', '.join(backend_table.names())}")
     engine_row = row or backend_table.of_prefix(ref)
     if engine_row is not None and engine_row.loader:  # an engine of the table (sentence-transformers: ``st:``)
+        check_load_options(ref, engine_row.kind, {"device_map": device_map})
         bare = backend_table.strip_prefix(ref, engine_row)
         sm = backend_table.load_with(engine_row, ref, path=resolve_packaged(bare) or bare, device=device, dtype=dtype)
         return LoadedModel(ref=ref, kind=sm.kind, backend=sm.backend, revision=sm.revision, handle=sm,
                            load=load_key({"backend": backend}))
     if (row is None and static_backends.is_static_ref(ref)) or (row is not None and row.engine == "static"):
+        check_load_options(ref, "static", {"dtype": dtype, "device": device, "device_map": device_map})
         wv = static_backends.load_static(
             ref, words=words, allow_pickle=allow_pickle, subword=subword, format=row.format if row else None
         )

@@ -34,7 +34,7 @@ from audit.errors import AuditError, DataError, ModelError, ParameterError
 from audit.lm_mitigation import family_reason, kind_reason
 from audit.naming import natural_key
 from audit.provenance import load_key, task_key
-from audit.runner import load_test, words_for
+from audit.runner import check_load_options, load_test, words_for
 from audit.suites import UnreadableTest
 from jobs.resolve import model_kind, probe_chat_template, probe_revision, resolve_ref
 from jobs.spec import ModelSpec, SweepSpec
@@ -245,6 +245,10 @@ def model_infos(spec: SweepSpec) -> dict[str, ModelInfo]:
             continue
         try:
             kind = model_kind(m.ref, m.backend, dict(m.build) if m.build else None, local_ref=local)
+        except ParameterError as e:
+            raise ParameterError(f"{spec.source}: {spec_field(spec, i)}: {e}") from None
+        try:
+            check_load_options(m.ref, kind, dict(m.options))
         except ParameterError as e:
             raise ParameterError(f"{spec.source}: {spec_field(spec, i)}: {e}") from None
         if m.mitigation and kind != "static":

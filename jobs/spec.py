@@ -65,6 +65,7 @@ from pydantic import (AfterValidator, BeforeValidator, Field, PlainValidator, Va
 from audit import registry
 from audit.backends import table as backend_table
 from audit.errors import AuditError, DataError, ParameterError
+from audit.provenance import DTYPE_NAMES
 from audit.schema import Flag, Int, Num, NullDefaults, OneOf, Permutations, Refused, Section, Text, check, validate
 from audit.mitigation import get_mitigation, load_definitions
 from jobs.lm_spec import parse_lm_mitigation, variant_fields
@@ -117,7 +118,7 @@ FAMILY_COLUMNS = ("model", "metric", "language", "test", "params")
 MARKS = ("holm", "bh", "raw")
 #: Fields that do not change a sweep's tasks (left out of :meth:`SweepSpec.sweep_id`).
 _NOT_TASKS = ("output_dir", "tracking", "ray", "description", "multiple_comparisons", "tags")
-_DTYPES = ("float32", "float16", "bfloat16")  # the canonical names of audit.provenance.DTYPES
+_DTYPES = DTYPE_NAMES
 
 
 # --------------------------------------------------------------------------------------

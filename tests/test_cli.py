@@ -130,6 +130,32 @@ def test_score_bad_input_names_culprit(small_test, capsys, args, culprit):
 
 
 @pytest.mark.unit
+def test_dtype_and_device_reach_a_hugging_face_model_and_are_refused_for_static_vectors(small_test, capsys):
+    """``--dtype``/``--device`` load a Hugging Face model as asked (recorded; a dtype other than the
+    default float32 enters the key, float32 by name keys as the default does); on static vectors,
+    which would ignore them, they are refused in one line naming the model (exit 2)."""
+    from audit.tiny_models import tiny_model_dir
+
+    bert = str(tiny_model_dir("bert"))
+    base = ["score", "--model", bert, "--test", "en/crows_pairs", "--metric", "crows_pairs", "--limit", "6",
+            "--format", "json"]
+    out = {}
+    for name, extra in (("default", []), ("float32", ["--dtype", "float32", "--device", "cpu"]),
+                        ("bfloat16", ["--dtype", "bfloat16"])):
+        assert main(base + extra) == 0
+        out[name] = json.loads(capsys.readouterr().out)["provenance"]
+    assert out["default"]["dtype"] == out["float32"]["dtype"] == "float32" and out["bfloat16"]["dtype"] == "bfloat16"
+    assert out["float32"]["device"] == "cpu"
+    assert out["default"]["key"] == out["float32"]["key"] != out["bfloat16"]["key"]
+    model, test, _ = small_test
+    for extra, named in ((["--dtype", "bfloat16"], "dtype"), (["--device", "cpu"], "device")):
+        rc = main(["score", "--model", str(model), "--test", str(test), "--metric", "weat", *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+        assert f"is static word vectors: {named} applies to Hugging Face models only" in err and str(model) in err
+
+
+@pytest.mark.unit
 def test_permutations_zero_is_refused(small_test, capsys):
     model, test, _ = small_test
     with pytest.raises(SystemExit) as e:

@@ -65,6 +65,21 @@ def test_invalid_mitigation_names_the_field(mitigation, field, message):
 
 
 @pytest.mark.unit
+def test_load_options_an_engine_would_ignore_are_refused_at_planning():
+    """dtype/device/device_map on static vectors, device_map on a sentence-transformers model:
+    refused before anything runs, naming the spec field (ignored, a dtype would still enter the
+    key of numbers it did not change); a dtype on a Hugging Face checkpoint is planned."""
+    d = spec_dict()
+    for model, named in (({"ref": "glove-6b-50d", "dtype": "bfloat16"}, "dtype"),
+                         ({"ref": "glove-6b-50d", "device": "cpu"}, "device"),
+                         ({"ref": "st:minilm", "device_map": "auto"}, "device_map")):
+        d["models"] = [{"ref": "minilm", "name": "ok", "dtype": "float32"}, model]
+        with pytest.raises(ParameterError, match=rf"^my.yaml: models\[1\]: model '{model['ref']}' is .*: {named} "
+                                                 r"appl(ies|y) to Hugging Face (models|checkpoints) only"):
+            expand(parse_spec(d, "my.yaml"))
+
+
+@pytest.mark.unit
 def test_mitigation_of_a_non_static_model_is_refused():
     d = spec_dict()
     d["models"] = [{"name": "tiny-bert", "build": {"kind": "bert"}, "mitigation": "hd"}]
