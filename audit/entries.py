@@ -120,6 +120,10 @@ class Family:
     uses:       the model-interface operations the measure step calls on the kinds other engines
                 add (``("embed",)``): every kind of the backend table whose row implements them
                 joins ``kinds`` (:attr:`Metric.model_kinds`, :func:`audit.backends.table.kinds_with`).
+    ignored_by: parameter -> the model kinds whose measurement does not use it (a static model's
+                look-up takes no ``layer``; a masked LM no ``start_token``): given for such a model,
+                it is refused in one line (:func:`audit.registry.ignored_params`); inherited by a
+                sweep's model from the spec's metric entry, it is left out of that model's tasks.
     """
 
     name: str
@@ -132,6 +136,7 @@ class Family:
     words: Callable[[Any, Mapping[str, Any]], set[str]] | None = None
     description: str = ""
     uses: tuple[str, ...] = ()
+    ignored_by: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def all_kinds(self) -> tuple[str, ...]:

@@ -445,6 +445,13 @@ def accepted_params(name: str) -> frozenset[str]:
     return frozenset(e.family.params) | frozenset(e.params)
 
 
+def ignored_params(name: str, kind: str, params: Mapping[str, Any] | None) -> list[str]:
+    """The parameters of ``params`` that metric ``name`` does not use on a model of ``kind``
+    (its family's :attr:`~audit.entries.Family.ignored_by`), in the order given."""
+    ignored = get(name).family.ignored_by
+    return [k for k in (params or {}) if kind in ignored.get(k, ())]
+
+
 def split_params(name: str, params: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(measure parameters with their defaults, analysis parameters as given)``."""
     e = get(name)

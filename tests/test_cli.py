@@ -114,6 +114,9 @@ def test_score_missing_words_error_names_them(small_test, capsys, tmp_path):
         (["--metric", "weet"], "weet"),
         (["--test", "no_such_test_xyz"], "no_such_test_xyz"),
         (["--model", "/nonexistent/vectors.vec"], "/nonexistent/vectors.vec"),
+        # options a static model's look-up would ignore (audit.entries.Family.ignored_by)
+        (["--layer", "3"], "layer: metric 'weat' on model"),
+        (["--batch-size", "8"], "batch_size: metric 'weat' on model"),
     ],
 )
 def test_score_bad_input_names_culprit(small_test, capsys, args, culprit):

@@ -80,6 +80,25 @@ def test_load_options_an_engine_would_ignore_are_refused_at_planning():
 
 
 @pytest.mark.unit
+def test_parameters_a_model_kind_does_not_use_are_left_out_or_refused():
+    """A metric entry's parameter for every model (``layer``) reaches the models that use it and is
+    left out of a static model's tasks (and keys); written in a static model's own ``params`` it is
+    refused, naming the field."""
+    d = spec_dict()
+    d["languages"], d["tests"] = ["en"], ["weat7"]
+    d["models"] = [{"ref": "glove-6b-50d", "params": {"casefold": True}}, {"ref": "minilm", "name": "minilm"}]
+    d["metrics"] = [{"name": "weat", "params": {"layer": -2}}]
+    tasks = {t.model: t.params for t in expand(parse_spec(d, "my.yaml")).tasks}
+    assert tasks["minilm"]["layer"] == -2 and "layer" not in tasks["glove-6b-50d"]
+    assert tasks["glove-6b-50d"]["casefold"] is True
+    d["models"][0]["params"]["layer"] = -2
+    d["metrics"] = ["weat"]
+    with pytest.raises(ParameterError, match=r"^my.yaml: models\[0\].params.layer: metric 'weat' on model "
+                                             r"'glove-6b-50d' \(static word vectors\) does not use it$"):
+        expand(parse_spec(d, "my.yaml"))
+
+
+@pytest.mark.unit
 def test_mitigation_of_a_non_static_model_is_refused():
     d = spec_dict()
     d["models"] = [{"name": "tiny-bert", "build": {"kind": "bert"}, "mitigation": "hd"}]

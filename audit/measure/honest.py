@@ -46,7 +46,7 @@ from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
 from audit.backends.hf_generate import DECODINGS, check_k, first_word
 from audit.backends.hf_scoring import check_start
 from audit.datasets.honest import SLOT_MASK
-from audit.measure.options import START_TOKEN
+from audit.measure.options import CAUSAL_ONLY, START_TOKEN
 from audit.entries import Family, Measurement, Metric
 from audit.errors import ModelError, ParameterError
 from audit.suites import CompletionTemplates
@@ -208,6 +208,7 @@ COMPLETIONS = Family(
     measure=measure_honest,
     params={"batch_size": None, "protocol": PROTOCOL, "decoding": "greedy", "seed": 0, "max_new_tokens": None,
             "start_token": START_TOKEN, "temperature": None, "top_k": None, "top_p": None, **CHAT_PARAMS},
+    ignored_by=CAUSAL_ONLY,
     method=_method,
     needs=lambda test: None,
     description="completions of the [M] slot of each template: the top-k tokens of a masked LM; a causal LM's "

@@ -60,7 +60,7 @@ from audit.datasets.bias import parse_bias_lpbs
 from audit.datasets.templates import LPBS_USE, fill_lpbs, number_forms
 from audit.entries import Family, Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
-from audit.measure.options import START_TOKEN, start_info, start_token_of
+from audit.measure.options import CAUSAL_ONLY, START_TOKEN, start_info, start_token_of
 from audit.measure.words import set_names
 from audit.suites import WordTest
 
@@ -410,6 +410,7 @@ LPBS_SCORES = Family(
     test_type="words",
     measure=measure_lpbs,
     params={"batch_size": None, "forms": None, "start_token": START_TOKEN, **CHAT_PARAMS},
+    ignored_by=CAUSAL_ONLY,
     method=_method,
     needs=_needs_lpbs,
     description="masked LMs: log P(target | template with target masked) minus the prior with the "

@@ -188,6 +188,10 @@ def start_info(kind: str, mp: Mapping[str, Any]) -> dict[str, str]:
     return {"start_token": "harness" if mp.get("chat_template") else start_token_of(mp)}
 
 
+#: Parameters only causal LMs use (the start-token rule), for :attr:`Family.ignored_by`.
+CAUSAL_ONLY = {"start_token": ("mlm",)}
+
+
 def options_family(name: str, test_type: str, measure: Callable[..., Measurement], params: Mapping[str, Any],
                    description: str, method: Callable[[str, Mapping[str, Any]], str] | None = None) -> Family:
     """A family on the scored-options step: masked and causal LMs, the method named after
@@ -197,7 +201,8 @@ def options_family(name: str, test_type: str, measure: Callable[..., Measurement
         return "log-likelihood" if kind == "causal" else "pseudo-log-likelihood"
 
     return Family(name=name, kinds=KINDS, test_type=test_type, measure=measure, params=params,
-                  method=method or _method, needs=lambda test: None, description=description)
+                  method=method or _method, needs=lambda test: None, description=description,
+                  ignored_by=CAUSAL_ONLY)
 
 
 #: Scores of the options of any :class:`audit.suites.OptionItems` test.

@@ -157,6 +157,8 @@ def _method(kind: str, params: Mapping[str, Any]) -> str:
 ASSOCIATION = Family(
     name="association",
     kinds=("static", "encoder", "mlm", "causal"),
+    # a static model's look-up: no embedding method, layer, batches or template contexts
+    ignored_by={k: ("static",) for k in ("embedding", "layer", "batch_size", "word_context")},
     uses=("embed",),
     test_type="words",
     measure=measure_words,
