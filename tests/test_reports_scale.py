@@ -187,7 +187,10 @@ def test_reports_of_192_models_have_bounded_plots_and_no_warnings(tmp_path, layo
         written = report.write_reports(df, tmp_path, model_order=order, mitigations={})
     assert [str(w.message) for w in caught] == []
     pngs = sorted(p for p in written if p.suffix == ".png")
-    sizes = {p.name: Image.open(p).size for p in pngs}
+    sizes = {}
+    for p in pngs:
+        with Image.open(p) as im:
+            sizes[p.name] = im.size
     assert max(w for w, _ in sizes.values()) <= MAX_PX and max(h for _, h in sizes.values()) <= MAX_PX, sizes
     # 192 models in files of at most 50: 4 files per WEAT plot, 2 per CrowS-Pairs measurement (96 models each)
     assert [n for n in sizes if n.startswith("effects_weat_en")] == [f"effects_weat_en_{i}of4.png" for i in range(1, 5)]
