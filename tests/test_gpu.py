@@ -4,7 +4,7 @@ out-of-memory error and the model worker's release of GPU memory.
 
 Every test here needs a CUDA device and is skipped without one (the ``gpu`` tier: CI's machines
 have none). On a GPU machine: ``python -m pytest -q -s -m gpu tests/test_gpu.py``; with only the
-core installed (no Ray, no MLflow), add ``--noconftest -n 0 -o addopts=`` (the module uses no
+core installed (no Ray, no MLflow), add ``--noconftest -o addopts=`` (the module uses no
 fixture of ``tests/conftest.py``). ``BIASAUDIT_DATA`` must name the shared data (CrowS-Pairs, BBQ in
 English, the HONEST templates). Each test prints what it measured (``-s`` shows it).
 
