@@ -101,19 +101,25 @@ def resolve_packaged(ref: str) -> str | None:
     return str(get())
 
 
-#: Load options that only Hugging Face checkpoints take: where torch weights go and in which dtype.
-HF_ONLY_OPTIONS = ("dtype", "device", "device_map")
+#: Load options that only Hugging Face checkpoints take: where torch weights go, in which dtype,
+#: at which Hub revision, and whether their own code may run.
+HF_ONLY_OPTIONS = ("dtype", "device", "device_map", "revision", "trust_remote_code")
+#: Load options that only static vectors take (fastText's subword vectors for unknown words).
+STATIC_ONLY_OPTIONS = ("subword",)
 
 
 def check_load_options(ref: str, kind: str, options: dict[str, Any]) -> None:
-    """Refuse, in one line, a load option that the model's engine would ignore: ``dtype``,
-    ``device`` and ``device_map`` for static word vectors, ``device_map`` for a
-    sentence-transformers model. Ignored, a dtype would also enter the ``audit.key`` of numbers it
-    did not change, so the same task would be run and stored twice."""
-    given = [k for k in HF_ONLY_OPTIONS if options.get(k) not in (None, "")]
+    """Refuse, in one line, a load option that the model's engine would ignore: the Hugging Face
+    options (:data:`HF_ONLY_OPTIONS`) for static word vectors, ``subword`` for any other model,
+    ``device_map`` for a sentence-transformers model. Ignored, a dtype would also enter the
+    ``audit.key`` of numbers it did not change, so the same task would be run and stored twice.
+    ``None``, ``""`` and ``False`` (a flag's default) count as not given."""
+    given = [k for k in HF_ONLY_OPTIONS if options.get(k) not in (None, "", False)]
     if kind == "static" and given:
         raise ParameterError(f"model {ref!r} is static word vectors: {', '.join(given)} "
                              f"appl{'ies' if len(given) == 1 else 'y'} to Hugging Face models only")
+    if kind != "static" and any(options.get(k) is not None for k in STATIC_ONLY_OPTIONS):
+        raise ParameterError(f"model {ref!r} is not static word vectors: subword applies to fastText vectors only")
     if kind == "sentence" and "device_map" in given:
         raise ParameterError(f"model {ref!r} is a sentence-transformers model: device_map applies to Hugging Face "
                              "checkpoints only; give device")
@@ -156,7 +162,8 @@ def load_model(
         return LoadedModel(ref=ref, kind=sm.kind, backend=sm.backend, revision=sm.revision, handle=sm,
                            load=load_key({"backend": backend}))
     if (row is None and static_backends.is_static_ref(ref)) or (row is not None and row.engine == "static"):
-        check_load_options(ref, "static", {"dtype": dtype, "device": device, "device_map": device_map})
+        check_load_options(ref, "static", {"dtype": dtype, "device": device, "device_map": device_map,
+                                           "revision": revision, "trust_remote_code": trust_remote_code})
         wv = static_backends.load_static(
             ref, words=words, allow_pickle=allow_pickle, subword=subword, format=row.format if row else None
         )

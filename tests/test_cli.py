@@ -117,6 +117,7 @@ def test_score_missing_words_error_names_them(small_test, capsys, tmp_path):
         # options a static model's look-up would ignore (audit.entries.Family.ignored_by)
         (["--layer", "3"], "layer: metric 'weat' on model"),
         (["--batch-size", "8"], "batch_size: metric 'weat' on model"),
+        (["--revision", "main"], "is static word vectors: revision applies to Hugging Face models only"),
     ],
 )
 def test_score_bad_input_names_culprit(small_test, capsys, args, culprit):

@@ -72,10 +72,13 @@ def test_load_options_an_engine_would_ignore_are_refused_at_planning():
     d = spec_dict()
     for model, named in (({"ref": "glove-6b-50d", "dtype": "bfloat16"}, "dtype"),
                          ({"ref": "glove-6b-50d", "device": "cpu"}, "device"),
+                         ({"ref": "glove-6b-50d", "revision": "main", "trust_remote_code": True},
+                          "revision, trust_remote_code"),
+                         ({"ref": "minilm", "subword": False}, "subword"),
                          ({"ref": "st:minilm", "device_map": "auto"}, "device_map")):
         d["models"] = [{"ref": "minilm", "name": "ok", "dtype": "float32"}, model]
         with pytest.raises(ParameterError, match=rf"^my.yaml: models\[1\]: model '{model['ref']}' is .*: {named} "
-                                                 r"appl(ies|y) to Hugging Face (models|checkpoints) only"):
+                                                 r"appl(ies|y) to (Hugging Face (models|checkpoints)|fastText vectors) only"):
             expand(parse_spec(d, "my.yaml"))
 
 
