@@ -1,6 +1,7 @@
 """The CUDA paths of the Hugging Face engine, on a real GPU: the defaults (CUDA, float32: the same
-numbers and key as on the CPU), the numbers against the same model on the CPU, ``device_map``, the token budget, a real
-out-of-memory error and the model worker's release of GPU memory.
+numbers and key as on the CPU), the numbers against the same model on the CPU, ``device_map``,
+the token budget, a real out-of-memory error, the model worker's release of GPU memory and the
+LM debiasing steps.
 
 Every test here needs a CUDA device and is skipped without one (the ``gpu`` tier: CI's machines
 have none). On a GPU machine: ``python -m pytest -q -s -m gpu tests/test_gpu.py``; with only the
@@ -203,8 +204,8 @@ def test_the_worker_gives_the_gpu_memory_back(medium_llama):
         loaded = torch.cuda.memory_allocated()
         peak_reserved = torch.cuda.memory_reserved()
         server.release()
-        levels.append((loaded - base, torch.cuda.memory_allocated() - base, torch.cuda.memory_reserved() - base_reserved,
-                       peak_reserved - base_reserved))
+        levels.append((loaded - base, torch.cuda.memory_allocated() - base,
+                       torch.cuda.memory_reserved() - base_reserved, peak_reserved - base_reserved))
         assert loaded - base >= 0.95 * weights, levels
     for held, after, reserved_after, _ in levels:
         assert after <= 2 ** 20, levels  # every tensor of the model is gone

@@ -11,7 +11,8 @@ Formula (paper eq. 4-5, bias-bench's processor): with ``p`` the model's next-tok
 the input and ``p_i`` its distribution on the input preceded by self-diagnosis prompt ``i``,
 ``delta(w) = max(0, max_i p_i(w) - p(w))``, ``alpha(w) = max(exp(-lambda delta(w)), epsilon)``,
 ``p~(w) = alpha(w) p(w) / sum_v alpha(v) p(v)``; returned as ``log p~`` (natural log; the logits
-are taken in float32, the result is a CPU tensor whichever device the model is on). Defaults ``lambda = 50`` (``decay_constant``), ``epsilon = 0.01``.
+are taken in float32, the result is a CPU tensor whichever device the model is on). Defaults
+``lambda = 50`` (``decay_constant``), ``epsilon = 0.01``.
 
 Causal LMs (:func:`causal_logprobs`): position ``t`` holds ``log p~(. | ids[:t+1])``; the biased
 distributions come from ``prompt + ids`` (the prompt tokenised alone, without special tokens).
