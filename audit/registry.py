@@ -452,6 +452,13 @@ def ignored_params(name: str, kind: str, params: Mapping[str, Any] | None) -> li
     return [k for k in (params or {}) if kind in ignored.get(k, ())]
 
 
+def unused_params_reason(name: str, kind: str, model: str, keys: Sequence[str]) -> str:
+    """Why parameters ``keys`` (:func:`ignored_params`) are refused for ``model`` of ``kind``:
+    the one wording of the command line and the planner."""
+    return (f"metric {name!r} on model {model!r} ({kind_names().get(kind, kind)}) does not use "
+            f"{'it' if len(keys) == 1 else 'them'}")
+
+
 def split_params(name: str, params: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(measure parameters with their defaults, analysis parameters as given)``."""
     e = get(name)

@@ -237,9 +237,8 @@ def measure(model: LoadedModel, test: WordTest | SentencePairs, metric: str,
     registry.check_kind(metric, model.kind, model.ref)
     ignored = registry.ignored_params(metric, model.kind, params)
     if ignored:
-        raise ParameterError(f"{', '.join(ignored)}: metric {metric!r} on model {model.ref!r} "
-                             f"({registry.kind_names().get(model.kind, model.kind)}) does not use "
-                             f"{'it' if len(ignored) == 1 else 'them'}")
+        raise ParameterError(f"{', '.join(ignored)}: "
+                             + registry.unused_params_reason(metric, model.kind, model.ref, ignored))
     if isinstance(test, UnreadableTest):
         raise DataError(test.error)
     if registry.test_type_of(test) != e.family.test_type:

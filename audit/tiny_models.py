@@ -584,7 +584,7 @@ def build_tiny_instruct(directory: str | os.PathLike, *, train: bool = True) -> 
     return build_tiny_causal(directory, "qwen2", train=train, chat_template=INSTRUCT_CHAT_TEMPLATE)
 
 
-def build_tiny_st(directory: str | os.PathLike, seed: int = 0, *, device: str = "cpu") -> Path:
+def build_tiny_st(directory: str | os.PathLike, seed: int = 0) -> Path:
     """A tiny sentence-transformers model in ``directory/tiny-st``: the tiny BERT
     (:func:`tiny_model_dir`), mean pooling, a seeded ``Dense`` layer (32 -> 8, tanh), ``Normalize``."""
     import torch
@@ -597,7 +597,7 @@ def build_tiny_st(directory: str | os.PathLike, seed: int = 0, *, device: str = 
     parts = [word, modules.Pooling(dim, pooling_mode="mean"),
              modules.Dense(dim, 8, activation_function=torch.nn.Tanh()), modules.Normalize()]
     out = Path(directory) / "tiny-st"
-    SentenceTransformer(modules=parts, device=device).save(str(out))
+    SentenceTransformer(modules=parts, device="cpu").save(str(out))
     return out
 
 

@@ -344,9 +344,8 @@ def expand(spec: SweepSpec, *, infos: dict[str, ModelInfo] | None = None) -> Pla
             params = task_params(spec, m, ms.name, dict(ms.params))
             for k in registry.ignored_params(ms.name, info.kind, params):
                 if k in m.params:  # written for this model: a mistake, said before anything runs
-                    raise ParameterError(
-                        f"{spec.source}: {spec_field(spec, spec.models.index(m))}.params.{k}: metric {ms.name!r} "
-                        f"on model {m.name!r} ({registry.kind_names().get(info.kind, info.kind)}) does not use it")
+                    raise ParameterError(f"{spec.source}: {spec_field(spec, spec.models.index(m))}.params.{k}: "
+                                         + registry.unused_params_reason(ms.name, info.kind, m.name, [k]))
                 del params[k]  # the metric entry's, for every model: not this kind's (nor in its keys)
             patterns = ms.tests or spec.tests
             for lang in langs:

@@ -317,9 +317,9 @@ def _forest_layout(fig, *, nrows: int, ncols: int, ylabels: list[str], ylabel_si
     """Place the panels of :func:`_plot_forest`, its title (``fontsize`` 8) and x label (7) by
     measured text sizes instead of a layout engine: matplotlib's constrained layout measured every
     tick label of every panel on an extra draw (the default audit's reports: 20.1 CPU-seconds with
-    it, 14.3 without; ``benchmarks/reports.py``). Margins in inches: left, the longest model label; top, the figure title and
-    the panel titles; bottom, the x tick labels and the x label; between rows, a panel title and
-    the x tick labels."""
+    it, 14.3 without; ``benchmarks/reports.py``). Margins in inches: left, the longest model
+    label; top, the figure title and the panel titles; bottom, the x tick labels and the x label;
+    between rows, a panel title and the x tick labels."""
     w_in, h_in = fig.get_size_inches()
     pad, tick = 0.08, 0.1  # edge padding; tick length with its label pad
     fig.suptitle(title, fontsize=8, y=1 - pad / h_in, va="top")

@@ -118,7 +118,6 @@ FAMILY_COLUMNS = ("model", "metric", "language", "test", "params")
 MARKS = ("holm", "bh", "raw")
 #: Fields that do not change a sweep's tasks (left out of :meth:`SweepSpec.sweep_id`).
 _NOT_TASKS = ("output_dir", "tracking", "ray", "description", "multiple_comparisons", "tags")
-_DTYPES = DTYPE_NAMES
 
 
 # --------------------------------------------------------------------------------------
@@ -427,7 +426,7 @@ class ModelFields(Section):
     backend: Annotated[Text, AfterValidator(_known_backend)] | None = None
     revision: Label | None = None
     device: Label | None = None
-    dtype: OneOf("dtype", _DTYPES) | None = None
+    dtype: OneOf("dtype", DTYPE_NAMES) | None = None
     device_map: Any = None
     allow_pickle: Flag = None
     trust_remote_code: Flag = None

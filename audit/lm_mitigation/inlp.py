@@ -127,8 +127,8 @@ def mean_last_hidden(model: Any, tokenizer: Any, sentences: Sequence[str]) -> np
     with inference(no_grad=True):
         for s in sentences:
             enc = tokenizer(s, add_special_tokens=True, truncation=True, return_tensors="pt")
-            h = base(**{k: v.to(dev) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-                     )["last_hidden_state"]
+            inputs = {k: v.to(dev) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+            h = base(**inputs)["last_hidden_state"]
             out.append(h.float().mean(dim=1).squeeze(0).cpu().numpy())
     return np.asarray(out, dtype=np.float32)
 

@@ -31,7 +31,6 @@ from typing import Any, Sequence
 import hashlib
 import json
 
-
 from audit.backends.batching import inference
 from audit.backends.hf_scoring import model_device
 from audit.errors import ParameterError
@@ -167,7 +166,8 @@ def causal_logprobs(model: Any, tokenizer: Any, input_ids: Sequence[int], prefix
         regular = model(input_ids=ids)["logits"][0].float()
         biased = []
         for pr in prefixes:
-            pid = torch.as_tensor(tokenizer(pr, add_special_tokens=False)["input_ids"], dtype=torch.long, device=dev)
+            pid = torch.as_tensor(tokenizer(pr, add_special_tokens=False)["input_ids"], dtype=torch.long,
+                                  device=dev)
             full = torch.cat([pid, ids[0]]).unsqueeze(0)
             biased.append(model(input_ids=full)["logits"][0, -n:].float())
         return rescale(regular, biased, decay_constant=decay_constant, epsilon=epsilon).cpu()

@@ -61,7 +61,8 @@ from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
 from audit.datasets.bbq import N_OPTIONS, select_items
 from audit.entries import Measurement, Metric
 from audit.errors import DataError, ModelError, ParameterError
-from audit.measure.options import (START_TOKEN, KINDS, option_table, options_family, score_options, start_token_of, variant)
+from audit.measure.options import (START_TOKEN, KINDS, option_table, options_family, score_options, start_token_of,
+                                   variant)
 from audit.suites import MultipleChoice
 
 __all__ = ["PROMPTS", "DEFAULT_PROMPT", "TABLE_COLUMNS", "TRUNCATIONS", "PROTOCOLS", "HARNESS_TASKS", "HARNESS_UNKNOWN",
