@@ -653,6 +653,25 @@ _BUILDERS = {"bert": build_tiny_bert, "roberta": build_tiny_roberta, "gpt2": bui
 #: The causal kinds (loaded with ``AutoModelForCausalLM``).
 CAUSAL_KINDS = ("gpt2", "llama", "qwen2", "mistral", "instruct")
 _MEMO: dict[tuple[str, str], Path] = {}
+_PRIVATE: dict[str, Path] = {}
+
+
+def _own_private(root: Path) -> bool:
+    """Whether ``root`` can serve as this user's cache: created here (mode 0755) if missing, else
+    owned by this user and writable by nobody else."""
+    try:
+        root.mkdir(mode=0o755, exist_ok=False)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        st = root.lstat()
+    except OSError:
+        return False
+    import stat
+
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def _digest() -> str:
@@ -669,11 +688,16 @@ def tiny_model_dir(kind: str, root: str | os.PathLike | None = None) -> Path:
 
     root: cache folder; default ``$TMPDIR/biasaudit-tiny-models-<digest>`` (shared by processes,
     reused across sessions while this file, the corpus and the transformers version are the same).
+    The default folder is used only where this user owns it and nobody else may write to it (a
+    shared temporary folder: another user could otherwise plant a model there); else the model is
+    built into a private temporary folder of this process.
     """
     if kind not in _BUILDERS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if root is None:
         root = Path(tempfile.gettempdir()) / f"biasaudit-tiny-models-{_digest()}"
+        if not _own_private(root):
+            root = _PRIVATE.setdefault("root", Path(tempfile.mkdtemp(prefix="biasaudit-tiny-models-")))
     root = Path(root)
     key = (kind, str(root))
     if key in _MEMO and (_MEMO[key] / "config.json").is_file():

@@ -28,12 +28,16 @@ Kinds:
   debiased copy of a static model, see :func:`build_mitigated`.
 
 The Hugging Face builders live in :mod:`audit.tiny_models` (package code, shared with the test
-suite), so smoke sweeps run from an installed wheel as from a checkout.
+suite), so smoke sweeps run from an installed wheel as from a checkout. A Hugging Face kind
+without ``language`` is copied from that module's machine cache
+(:func:`audit.tiny_models.tiny_model_dir`: built there once per machine by the same builder,
+identical bytes), so a second sweep, or the test suite's many sweeps, do not train it again.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +91,17 @@ def _build_fasttext(out: Path, params: dict[str, Any]) -> None:
 
 
 def _build_hf(kind: str, out: Path, params: dict[str, Any] | None = None) -> None:
+    """A tiny Hugging Face model of ``kind`` into ``out``. Without ``language`` it is the model
+    :func:`audit.tiny_models.tiny_model_dir` keeps (the same builder, deterministic: identical
+    bytes), copied from that machine cache, so it is built once per machine, not once per sweep."""
     tm = tiny_models
     params = params or {}
-    if kind in tm.CAUSAL_FAMILIES:  # llama, qwen2, mistral: optionally trained on languages' text
-        lang = params.get("language")
-        langs = [lang] if isinstance(lang, str) else (list(lang) if lang else None)
+    lang = params.get("language")
+    if not lang:
+        shutil.copytree(tm.tiny_model_dir(kind), out, dirs_exist_ok=True)
+        return
+    if kind in tm.CAUSAL_FAMILIES:  # llama, qwen2, mistral: trained on the languages' text
+        langs = [lang] if isinstance(lang, str) else list(lang)
         tm.build_tiny_causal(out, kind, languages=langs)
         return
     builder = {"bert": tm.build_tiny_bert, "roberta": tm.build_tiny_roberta, "gpt2": tm.build_tiny_gpt2,

@@ -59,6 +59,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import socket
 import time
 import uuid
@@ -69,6 +70,7 @@ import pandas as pd
 from filelock import FileLock
 
 from audit import registry
+from audit.catalog import cache_dir
 from audit.errors import AuditError, ParameterError
 from audit.result import json_cells
 from jobs.uris import redact_uri
@@ -157,6 +159,68 @@ def store_lock(uri: str, timeout: float = STORE_LOCK_TIMEOUT) -> Iterator[None]:
         yield
 
 
+
+
+def sqlite_schema_template() -> Path | None:
+    """An empty SQLite MLflow store already migrated to this MLflow version's schema (tables and
+    Alembic revision, no experiment), kept in the user cache (:func:`audit.catalog.cache_dir`:
+    ``mlflow/sqlite-schema-<mlflow version>.db``) and built there once, under a file lock, into a
+    temporary file renamed into place; ``None`` where it cannot be built (a read-only cache, an
+    MLflow whose internals moved): the caller then lets MLflow migrate as usual."""
+    import mlflow
+    import sqlalchemy
+    from mlflow.store.db import utils as db_utils
+
+    template = cache_dir() / "mlflow" / f"sqlite-schema-{mlflow.__version__}.db"
+    if template.is_file():
+        return template
+    tmp = template.with_name(f".{template.name}.{os.getpid()}.tmp")
+    try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(template) + ".lock", timeout=STORE_LOCK_TIMEOUT):
+            if not template.is_file():
+                tmp.unlink(missing_ok=True)
+                engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
+                try:
+                    db_utils._initialize_tables(engine)  # MLflow's own creation and migrations
+                finally:
+                    engine.dispose()
+                os.replace(tmp, template)
+    except Exception as e:  # noqa: BLE001 - best effort: MLflow creates the store itself
+        log.debug("no SQLite schema template (%s: %s)", type(e).__name__, e)
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    return template
+
+
+def seed_sqlite_store(uri: str) -> bool:
+    """Create a missing SQLite store as a copy of :func:`sqlite_schema_template` (copied to a
+    temporary sibling, then renamed: a reader never sees half a file), so that MLflow finds every
+    table at the current revision and skips its schema migrations (2.5-7 CPU-seconds for every
+    new store: every sweep into a new output folder). MLflow then checks the revision and
+    creates the Default experiment as for a store it migrated itself. Called under
+    :func:`store_lock`; returns whether it seeded (``False``: not SQLite, the file exists, or no
+    template, and MLflow creates the store)."""
+    db = sqlite_path(uri)
+    if db is None or db.exists():
+        return False
+    template = sqlite_schema_template()
+    if template is None:
+        return False
+    tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, tmp)
+        os.replace(tmp, db)
+    except OSError as e:
+        log.debug("SQLite store %s not seeded (%s)", db, e)
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    return True
 
 
 def _proc_start(pid: int) -> str:
@@ -339,6 +403,7 @@ class Tracker:
         self.driver = driver_id()
         try:
             with store_lock(uri):  # create and migrate a new SQLite store once, whoever comes first
+                seed_sqlite_store(uri)  # a new one starts as the migrated schema's copy
                 self.client = MlflowClient(tracking_uri=uri)
                 exp = self.client.get_experiment_by_name(experiment)
                 if exp is None:

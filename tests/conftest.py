@@ -44,7 +44,7 @@ def missing_test_dependencies(pyproject: Path) -> list[str]:
 def pytest_configure(config):
     """Every process the suite starts (commands, sweeps, Ray heads and their workers, servers) runs
     OpenMP/torch on one thread (``OMP_NUM_THREADS=1`` unless set): commands, Ray workers and
-    pytest-xdist workers (``-n 3``) share the 2-core machine, and a second intra-op thread
+    pytest-xdist workers (``-n 2``) share the 2-core machine, and a second intra-op thread
     spin-waits for a core (see ``_one_torch_thread``).
 
     A pytest-xdist worker inherits SIGINT ignored from its controller (as does a suite started in
@@ -56,7 +56,7 @@ def pytest_configure(config):
     authentication (``RAY_AUTH_MODE=disabled``, whatever the environment said): a process that
     started a token-mode Ray keeps that mode in Ray's native configuration, and a later loopback
     head of the same process then starts its GCS with tokens and refuses its own driver (with
-    ``-n 3``, a failure of whichever tests came next on that worker). The embedded Ray's own token
+    ``-n 2``, a failure of whichever tests came next on that worker). The embedded Ray's own token
     is checked in a process of its own, from a user's environment
     (``test_security::test_embedded_ray_has_no_dashboard_and_refuses_clients_without_the_token``)."""
     import signal
@@ -74,7 +74,7 @@ def pytest_sessionstart(session):
         raise pytest.UsageError("test dependencies missing (run scripts/setup.sh --test): " + "; ".join(missing))
 
 
-#: Memory the machine must have available for three workers: each runs its own sweeps, Ray heads
+#: Memory the machine must have available for the workers: each runs its own sweeps, Ray heads
 #: and MLflow servers, and the suite on three workers peaked at 14.1 GB (sampled every 5 s; one
 #: process: 5.6 GB). With less, Ray's memory monitor kills sweep workers and their tasks fail.
 _WORKERS_NEED_GIB = 18
@@ -90,18 +90,24 @@ def _available_gib() -> float:
 
 
 def pytest_xdist_auto_num_workers(config):
-    """How many pytest-xdist workers ``-n auto`` (the default: ``pyproject.toml``) starts: three
+    """How many pytest-xdist workers ``-n auto`` (the default: ``pyproject.toml``) starts: two
     where the machine has two cores and ``_WORKERS_NEED_GIB`` of memory available and the whole
     suite or a tier of it runs (``-m``, ``-k``); else none, one process (a run of named files or
-    tests, where three workers would each pay the collection for a few tests). ``-n N`` and
-    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` choose themselves."""
+    tests, where each worker would pay the collection, 17 CPU-seconds, for a few tests). ``-n N``
+    and ``PYTEST_XDIST_AUTO_NUM_WORKERS`` choose themselves.
+
+    Two, not three: the suite keeps both cores busy (90-94 % on three workers as on two), so a
+    third worker only adds its collection and the contention of three processes on two cores.
+    Measured on this 2-core machine, quiet, same commit: the whole suite 18 min 39 s on two
+    workers (2,006 CPU-seconds) against 21 min 46 s on three (about 2,450); ``-m unit`` 2 min 48 s
+    (311 CPU-seconds) against 3 min 12 s (377)."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     root = config.rootpath / "tests"
     named = any((config.invocation_params.dir / a).resolve() != root for a in config.args)  # a file, a node id
     if named or (os.cpu_count() or 1) < 2 or _available_gib() < _WORKERS_NEED_GIB:
         return 0
-    return 3
+    return 2
 
 
 def _tiers(item) -> list[str]:
@@ -207,61 +213,6 @@ def _unit_tests_start_no_ray(request):
     ray = sys.modules.get("ray")
     if not was_live and ray is not None and ray.is_initialized():
         pytest.fail(f"{request.node.nodeid} is marked `unit` but left Ray running: mark it `ray`")
-
-
-class _MigratedSqliteStores:
-    """A new SQLite MLflow store costs 5-7 s of schema migrations (``_initialize_tables``), paid by
-    every test that creates one. The first creation in the session runs them for real into a
-    template database; each later one copies the template with SQLite's backup API into the new,
-    still empty database (0.1 s). The store's own initialisation (the Default experiment with its
-    artifact location, schema check) runs as usual. Subprocesses are not affected."""
-
-    def __init__(self, template: Path):
-        self.template = template
-        self.utils = None
-        self.orig = None
-
-    def install(self) -> None:
-        from mlflow.store.db import utils
-
-        self.utils, self.orig = utils, utils._initialize_tables
-        utils._initialize_tables = self._initialize_tables
-
-    def _initialize_tables(self, engine) -> None:
-        import sqlite3
-
-        import sqlalchemy
-
-        db = engine.url.database
-        fresh_file = engine.dialect.name == "sqlite" and db not in (None, "", ":memory:")
-        if not fresh_file or sqlalchemy.inspect(engine).get_table_names():
-            return self.orig(engine)  # another database, or one with tables already: as MLflow does
-        if not self.template.is_file():
-            tmp = self.template.with_suffix(".tmp")
-            tmp.unlink(missing_ok=True)
-            built = sqlalchemy.create_engine(f"sqlite:///{tmp}")
-            self.orig(built)
-            built.dispose()
-            tmp.rename(self.template)
-        raw = engine.raw_connection()
-        try:
-            with sqlite3.connect(self.template) as src:
-                src.backup(raw.driver_connection)
-        finally:
-            raw.close()
-
-    def undo(self) -> None:
-        if self.utils is not None:
-            self.utils._initialize_tables = self.orig
-            self.utils = None
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _migrated_sqlite_stores(tmp_path_factory):
-    stores = _MigratedSqliteStores(tmp_path_factory.getbasetemp() / "mlflow-template.db")
-    stores.install()
-    yield
-    stores.undo()
 
 
 @pytest.fixture(autouse=True)

@@ -95,6 +95,59 @@ def test_tiny_causal_build_is_deterministic(tmp_path):
     assert dir_digest(a) == dir_digest(tiny_models.tiny_model_dir("mistral"))
 
 
+def test_a_spec_build_is_the_machine_cache_copied_with_a_fresh_builds_bytes(tmp_path, monkeypatch):
+    """``build: {kind: llama}`` in a spec copies the tiny-model cache (no training in the sweep),
+    and the copy holds the bytes the builder writes afresh; with ``language`` it still trains."""
+    from jobs.builders import build_model
+
+    fresh = tiny_models.build_tiny_llama(tmp_path / "fresh")
+    tiny_models.tiny_model_dir("llama")  # the machine cache exists (built by the same builder)
+
+    def no_training(*a, **k):
+        raise AssertionError("trained in the sweep")
+
+    monkeypatch.setattr(tiny_models, "build_tiny_causal", no_training)
+    built = Path(build_model(tmp_path / "out", "l", {"kind": "llama"}))
+    names = sorted(p.name for p in fresh.iterdir())
+    assert sorted(p.name for p in built.iterdir()) == sorted([*names, "build.json"])
+    for n in names:
+        assert (built / n).read_bytes() == (fresh / n).read_bytes(), n
+    with pytest.raises(AssertionError, match="trained in the sweep"):
+        build_model(tmp_path / "out", "m", {"kind": "llama", "language": ["de"]})
+
+
+def test_the_tiny_model_cache_is_used_only_where_this_user_alone_may_write(tmp_path, monkeypatch):
+    """A default cache folder that others may write to (a shared temporary folder where another
+    user created it) is not used: the model is built into a private folder instead."""
+    import stat
+
+    monkeypatch.setattr(tiny_models.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tiny_models, "_MEMO", {})
+    monkeypatch.setattr(tiny_models, "_PRIVATE", {})
+    calls = []
+
+    def fake_build(d):
+        calls.append(Path(d))
+        (Path(d) / "config.json").write_text("{}")
+
+    monkeypatch.setitem(tiny_models._BUILDERS, "bert", fake_build)
+    shared = tmp_path / f"biasaudit-tiny-models-{tiny_models._digest()}"
+    assert tiny_models.tiny_model_dir("bert") == shared / "bert"  # created here: 0755, ours
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+    monkeypatch.setattr(tiny_models, "_MEMO", {})
+    shared.chmod(0o777)  # writable by anyone
+    got = tiny_models.tiny_model_dir("bert")
+    assert got.parent != shared and got.parent.name.startswith("biasaudit-tiny-models-") and len(calls) == 2
+    assert tiny_models._own_private(got.parent)
+    if os.getuid() == 0:  # owned by another user, even if private to it
+        other = tmp_path / "other"
+        other.mkdir(mode=0o755)
+        os.chown(other, 65534, 65534)
+        assert not tiny_models._own_private(other)
+    (tmp_path / "link").symlink_to(shared)
+    assert not tiny_models._own_private(tmp_path / "link")
+
+
 # --------------------------------------------------------------------------- scoring
 
 

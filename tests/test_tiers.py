@@ -108,12 +108,12 @@ def test_a_missing_test_dependency_stops_the_suite_with_one_line(suite):
 
 
 @pytest.mark.parametrize("args,cpus,gib,env,workers", [
-    (["tests"], 2, 21.0, None, 3),                       # the whole suite (or a tier: -m unit) on this machine
+    (["tests"], 2, 21.0, None, 2),                       # the whole suite (or a tier: -m unit) on this machine
     (["tests"], 2, 12.0, None, 0),                       # too little memory: one process
     (["tests"], 1, 64.0, None, 0),                       # one core
     (["tests/test_stats.py"], 2, 21.0, None, 0),         # named files or tests: one process
     (["tests/test_stats.py::test_x"], 2, 21.0, None, 0),
-    (["tests"], 2, 12.0, "2", 2),                        # PYTEST_XDIST_AUTO_NUM_WORKERS decides
+    (["tests"], 2, 12.0, "3", 3),                        # PYTEST_XDIST_AUTO_NUM_WORKERS decides
 ])
 def test_auto_workers_where_they_fit(monkeypatch, args, cpus, gib, env, workers):
     import types

@@ -203,12 +203,55 @@ print(json.dumps({"run_id": run_id, "error": recorder.error}))
 """
 
 
+@pytest.mark.unit
+def test_a_new_sqlite_store_is_the_migrated_schema_copied(tmp_path, monkeypatch):
+    """A new store starts as a copy of the schema template in the user cache (built once, by
+    MLflow's own migrations): the same tables and Alembic revision as a store MLflow migrated
+    itself, and MLflow opens it as one (Default experiment, the sweep's experiment with its
+    artifact location); an existing store is never replaced; no template, no seeding."""
+    import sqlite3
+
+    from mlflow import MlflowClient
+
+    from jobs.tracker import seed_sqlite_store, sqlite_schema_template
+
+    def schema(db: Path):
+        with sqlite3.connect(db) as c:
+            tables = sorted(r[0] for r in c.execute("select name from sqlite_master where type='table'"))
+            return tables, c.execute("select version_num from alembic_version").fetchall()
+
+    monkeypatch.setenv("BIASAUDIT_CACHE", str(tmp_path / "cache"))
+    db = tmp_path / "a" / "mlflow.db"
+    tr = Tracker(f"sqlite:///{db}", "exp")
+    template = sqlite_schema_template()
+    assert template is not None and template.parent == tmp_path / "cache" / "mlflow"
+    mine = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'b.db'}")  # created and migrated by MLflow
+    mine.search_experiments()
+    assert schema(db) == schema(tmp_path / "b.db") and schema(template)[1] == schema(db)[1]
+    exp = tr.client.get_experiment(tr.experiment_id)
+    assert exp.artifact_location == (tmp_path / "a" / "mlartifacts").resolve().as_uri()
+    assert tr.client.get_experiment_by_name("Default") is not None
+    assert not seed_sqlite_store(f"sqlite:///{db}")  # an existing store is left as it is
+    assert tr.client.get_experiment_by_name("exp").experiment_id == tr.experiment_id
+    assert not seed_sqlite_store("http://127.0.0.1:5000")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("BIASAUDIT_CACHE", str(tmp_path / "file"))  # no cache folder can be made
+    assert sqlite_schema_template() is None and not seed_sqlite_store(f"sqlite:///{tmp_path / 'c.db'}")
+    assert not (tmp_path / "c.db").exists()
+    Tracker(f"sqlite:///{tmp_path / 'c.db'}", "exp")  # MLflow creates and migrates it itself
+    assert schema(tmp_path / "c.db") == schema(db)
+
+
 @pytest.mark.e2e
-def test_five_drivers_create_one_new_sqlite_store_at_once(tmp_path, small_result):
+@pytest.mark.parametrize("template", ["built by the racers", "none"])
+def test_five_drivers_create_one_new_sqlite_store_at_once(tmp_path, small_result, template):
     """Five processes open the same *new* SQLite store at the same moment (the watcher's first
     poll submits several sweeps): the store is created and migrated once (a file lock), every
     process logs its result, each result is in the store exactly once. Before the lock, most of
-    them died in MLflow's migrations (``table ... already exists``) with a traceback."""
+    them died in MLflow's migrations (``table ... already exists``) with a traceback. Either the
+    five also race to build the schema template in an empty user cache (one builds it, under its
+    own lock, and the store is its copy), or no template can be made (the cache is a file) and
+    MLflow migrates the store itself."""
     import subprocess
     import sys
     from collections import Counter
@@ -231,7 +274,11 @@ def test_five_drivers_create_one_new_sqlite_store_at_once(tmp_path, small_result
         (tmp_path / f"rec{i}.json").write_text(json.dumps(rec))
         args = [sys.executable, "-c", _CHILD, uri, "shared-experiment", str(tmp_path / f"rec{i}.json"),
                 str(tmp_path / f"wal{i}.jsonl"), str(tmp_path / f"ready{i}"), str(tmp_path / "go")]
-        procs.append(subprocess.Popen(args, cwd=repo, env={**__import__("os").environ, "PYTHONPATH": str(repo)},
+        cache = tmp_path / "cache"
+        if template == "none":
+            cache.write_text("")
+        procs.append(subprocess.Popen(args, cwd=repo, env={**__import__("os").environ, "PYTHONPATH": str(repo),
+                                                           "BIASAUDIT_CACHE": str(cache)},
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     import time
 
@@ -245,6 +292,7 @@ def test_five_drivers_create_one_new_sqlite_store_at_once(tmp_path, small_result
         assert p.returncode == 0, se[-3000:]
         d = json.loads(so.strip().splitlines()[-1])
         assert d["error"] is None and d["run_id"], d  # online: no process fell back to its log
+    assert (cache / "mlflow").is_dir() == (template != "none")
     tr = Tracker(uri, "shared-experiment")
     runs = tr.task_runs()
     assert Counter(r.data.tags["audit.record"] for r in runs) == Counter({r["id"]: 1 for r in recs})
