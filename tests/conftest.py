@@ -75,8 +75,9 @@ def pytest_sessionstart(session):
 
 
 #: Memory the machine must have available for the workers: each runs its own sweeps, Ray heads
-#: and MLflow servers, and the suite on three workers peaked at 14.1 GB (sampled every 5 s; one
-#: process: 5.6 GB). With less, Ray's memory monitor kills sweep workers and their tasks fail.
+#: and MLflow servers; the suite peaked at 11.1 GB on two workers and 14.1 GB on three (sampled
+#: every 5 s; one process: 5.6 GB). With less, Ray's memory monitor kills sweep workers and
+#: their tasks fail.
 _WORKERS_NEED_GIB = 18
 
 
@@ -99,7 +100,7 @@ def pytest_xdist_auto_num_workers(config):
     Two, not three: the suite keeps both cores busy (90-94 % on three workers as on two), so a
     third worker only adds its collection and the contention of three processes on two cores.
     Measured on this 2-core machine, quiet, same commit: the whole suite 18 min 39 s on two
-    workers (2,006 CPU-seconds) against 21 min 46 s on three (about 2,450); ``-m unit`` 2 min 48 s
+    workers (2,006 CPU-seconds) against 21 min 46 s on three (about 2,510); ``-m unit`` 2 min 48 s
     (311 CPU-seconds) against 3 min 12 s (377)."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
