@@ -9,11 +9,12 @@ before a model loads, with one line naming the path, instead of a traceback afte
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from audit.errors import ParameterError
 
@@ -80,22 +81,30 @@ def check_output_file(path: str | os.PathLike, what: str, suffixes: Sequence[str
     return p
 
 
-__all__ = ["output_dir_problem", "output_file_problem", "ensure_output_dir", "check_output_file", "write_text_atomic"]
+__all__ = ["output_dir_problem", "output_file_problem", "ensure_output_dir", "check_output_file", "write_text_atomic",
+           "write_atomic"]
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` so that a reader in any process sees the old content or
-    the whole new one, never a half-written file: a temporary file in the same directory (unique
-    per process and thread, created with the usual mode, as ``Path.write_text`` would) renamed over
-    ``path`` (:func:`os.replace`). The parent directory is created. ``OSError`` propagates; the
-    temporary file is removed on failure."""
+    the whole new one, never a half-written file (:func:`write_atomic`, as ``Path.write_text``
+    would write it)."""
+    return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_atomic(path: str | os.PathLike, fill: Callable[[Path], Any]) -> Path:
+    """``fill(tmp)`` writes a file at ``tmp``, a temporary path in the directory of ``path``
+    (unique per process and thread), which then replaces ``path`` (:func:`os.replace`): a reader in
+    any process sees the old file or the whole new one. The parent directory is created.
+    ``OSError`` (and whatever ``fill`` raises) propagates; the temporary file is removed on failure."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        fill(tmp)
         os.replace(tmp, p)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise
     return p

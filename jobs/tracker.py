@@ -72,6 +72,7 @@ from filelock import FileLock
 from audit import registry
 from audit.catalog import cache_dir
 from audit.errors import AuditError, ParameterError
+from audit.outputs import write_atomic
 from audit.result import json_cells
 from jobs.uris import redact_uri
 
@@ -159,8 +160,6 @@ def store_lock(uri: str, timeout: float = STORE_LOCK_TIMEOUT) -> Iterator[None]:
         yield
 
 
-
-
 def sqlite_schema_template() -> Path | None:
     """An empty SQLite MLflow store already migrated to this MLflow version's schema (tables and
     Alembic revision, no experiment), kept in the user cache (:func:`audit.catalog.cache_dir`:
@@ -174,52 +173,44 @@ def sqlite_schema_template() -> Path | None:
     template = cache_dir() / "mlflow" / f"sqlite-schema-{mlflow.__version__}.db"
     if template.is_file():
         return template
-    tmp = template.with_name(f".{template.name}.{os.getpid()}.tmp")
+
+    def migrate(tmp: Path) -> None:
+        engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
+        try:
+            db_utils._initialize_tables(engine)  # MLflow's own creation and migrations
+        finally:
+            engine.dispose()
+
     try:
         template.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(template) + ".lock", timeout=STORE_LOCK_TIMEOUT):
             if not template.is_file():
-                tmp.unlink(missing_ok=True)
-                engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
-                try:
-                    db_utils._initialize_tables(engine)  # MLflow's own creation and migrations
-                finally:
-                    engine.dispose()
-                os.replace(tmp, template)
+                write_atomic(template, migrate)
     except Exception as e:  # noqa: BLE001 - best effort: MLflow creates the store itself
         log.debug("no SQLite schema template (%s: %s)", type(e).__name__, e)
         return None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
     return template
 
 
 def seed_sqlite_store(uri: str) -> bool:
-    """Create a missing SQLite store as a copy of :func:`sqlite_schema_template` (copied to a
-    temporary sibling, then renamed: a reader never sees half a file), so that MLflow finds every
-    table at the current revision and skips its schema migrations (2.5-7 CPU-seconds for every
-    new store: every sweep into a new output folder). MLflow then checks the revision and
-    creates the Default experiment as for a store it migrated itself. Called under
-    :func:`store_lock`; returns whether it seeded (``False``: not SQLite, the file exists, or no
-    template, and MLflow creates the store)."""
+    """Create a missing SQLite store as a copy of :func:`sqlite_schema_template`
+    (:func:`audit.outputs.write_atomic`: a reader never sees half a file), so that MLflow finds
+    every table at the current revision and skips its schema migrations (every sweep into a new
+    output folder: 0.8 instead of 1.7 CPU-seconds to open the store on this machine). MLflow
+    then checks the revision and creates the Default experiment as for a store it migrated
+    itself. Called under :func:`store_lock`; returns whether it seeded (``False``: not SQLite,
+    the file exists, or no template, and MLflow creates the store)."""
     db = sqlite_path(uri)
     if db is None or db.exists():
         return False
     template = sqlite_schema_template()
     if template is None:
         return False
-    tmp = db.with_name(f".{db.name}.{os.getpid()}.tmp")
     try:
-        db.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(template, tmp)
-        os.replace(tmp, db)
+        write_atomic(db, lambda tmp: shutil.copyfile(template, tmp))
     except OSError as e:
         log.debug("SQLite store %s not seeded (%s)", db, e)
         return False
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
     return True
 
 

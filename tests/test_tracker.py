@@ -242,6 +242,23 @@ def test_a_new_sqlite_store_is_the_migrated_schema_copied(tmp_path, monkeypatch)
     assert schema(tmp_path / "c.db") == schema(db)
 
 
+@pytest.mark.unit
+def test_write_atomic_leaves_the_old_file_or_the_whole_new_one(tmp_path):
+    from audit.outputs import write_atomic, write_text_atomic
+
+    f = write_text_atomic(tmp_path / "d" / "f.txt", "old")
+
+    def half(tmp: Path) -> None:
+        tmp.write_text("ha")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(f, half)
+    assert f.read_text() == "old" and [p.name for p in f.parent.iterdir()] == ["f.txt"]
+    write_atomic(f, lambda tmp: tmp.write_bytes(b"new"))
+    assert f.read_text() == "new" and [p.name for p in f.parent.iterdir()] == ["f.txt"]
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("template", ["built by the racers", "none"])
 def test_five_drivers_create_one_new_sqlite_store_at_once(tmp_path, small_result, template):
