@@ -38,6 +38,7 @@ import json
 import os
 import random
 import shutil
+import stat
 import tempfile
 from functools import partial
 from pathlib import Path
@@ -669,9 +670,8 @@ def _own_private(root: Path) -> bool:
         st = root.lstat()
     except OSError:
         return False
-    import stat
-
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    others_write = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not others_write
 
 
 def _digest() -> str:
