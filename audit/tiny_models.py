@@ -697,7 +697,9 @@ def tiny_model_dir(kind: str, root: str | os.PathLike | None = None) -> Path:
     if root is None:
         root = Path(tempfile.gettempdir()) / f"biasaudit-tiny-models-{_digest()}"
         if not _own_private(root):
-            root = _PRIVATE.setdefault("root", Path(tempfile.mkdtemp(prefix="biasaudit-tiny-models-")))
+            if "root" not in _PRIVATE:  # one private folder per process, made once
+                _PRIVATE["root"] = Path(tempfile.mkdtemp(prefix="biasaudit-tiny-models-"))
+            root = _PRIVATE["root"]
     root = Path(root)
     key = (kind, str(root))
     if key in _MEMO and (_MEMO[key] / "config.json").is_file():

@@ -91,22 +91,16 @@ def _build_fasttext(out: Path, params: dict[str, Any]) -> None:
 
 
 def _build_hf(kind: str, out: Path, params: dict[str, Any] | None = None) -> None:
-    """A tiny Hugging Face model of ``kind`` into ``out``. Without ``language`` it is the model
+    """A tiny Hugging Face model of ``kind`` into ``out``. A causal family (llama, qwen2, mistral)
+    with ``language`` is trained on those languages' text; every other build is the model
     :func:`audit.tiny_models.tiny_model_dir` keeps (the same builder, deterministic: identical
     bytes), copied from that machine cache, so it is built once per machine, not once per sweep."""
     tm = tiny_models
-    params = params or {}
-    lang = params.get("language")
-    if not lang:
-        shutil.copytree(tm.tiny_model_dir(kind), out, dirs_exist_ok=True)
+    lang = (params or {}).get("language")
+    if lang and kind in tm.CAUSAL_FAMILIES:
+        tm.build_tiny_causal(out, kind, languages=[lang] if isinstance(lang, str) else list(lang))
         return
-    if kind in tm.CAUSAL_FAMILIES:  # llama, qwen2, mistral: trained on the languages' text
-        langs = [lang] if isinstance(lang, str) else list(lang)
-        tm.build_tiny_causal(out, kind, languages=langs)
-        return
-    builder = {"bert": tm.build_tiny_bert, "roberta": tm.build_tiny_roberta, "gpt2": tm.build_tiny_gpt2,
-               "instruct": tm.build_tiny_instruct}[kind]
-    builder(out)
+    shutil.copytree(tm.tiny_model_dir(kind), out, dirs_exist_ok=True)
 
 
 def build_model(output_dir: str | Path, name: str, build: dict[str, Any]) -> Path:

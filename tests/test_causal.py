@@ -139,6 +139,9 @@ def test_the_tiny_model_cache_is_used_only_where_this_user_alone_may_write(tmp_p
     got = tiny_models.tiny_model_dir("bert")
     assert got.parent != shared and got.parent.name.startswith("biasaudit-tiny-models-") and len(calls) == 2
     assert tiny_models._own_private(got.parent)
+    assert tiny_models.tiny_model_dir("bert") == got  # the same private folder, made once per process
+    private = [d for d in tmp_path.iterdir() if d.name.startswith("biasaudit-tiny-models-") and d != shared]
+    assert private == [got.parent]
     if os.getuid() == 0:  # owned by another user, even if private to it
         other = tmp_path / "other"
         other.mkdir(mode=0o755)
