@@ -683,7 +683,7 @@ def _digest() -> str:
     return h.hexdigest()[:12]
 
 
-def tiny_model_dir(kind: str, root: str | os.PathLike | None = None) -> Path:
+def tiny_model_dir(kind: str, root: str | os.PathLike | None = None, *, languages=None) -> Path:
     """Path of a built tiny model of ``kind`` (:data:`KINDS`), building it once.
 
     root: cache folder; default ``$TMPDIR/biasaudit-tiny-models-<digest>`` (shared by processes,
@@ -691,9 +691,22 @@ def tiny_model_dir(kind: str, root: str | os.PathLike | None = None) -> Path:
     The default folder is used only where this user owns it and nobody else may write to it (a
     shared temporary folder: another user could otherwise plant a model there); else the model is
     built into a private temporary folder of this process.
+
+    languages: a causal family (:data:`CAUSAL_FAMILIES`) trained on those languages' text too
+    (:func:`build_tiny_causal`); kept under a name with the digest of that training text, so an
+    edited word list makes a new model.
     """
     if kind not in _BUILDERS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    name, build = kind, _BUILDERS[kind]
+    if languages:
+        if kind not in CAUSAL_FAMILIES:
+            raise ValueError(f"languages: only a causal family ({', '.join(CAUSAL_FAMILIES)}) is trained on "
+                             f"languages, got {kind!r}")
+        languages = list(languages)
+        text = hashlib.sha256("\n".join(_causal_corpus(languages)).encode("utf-8")).hexdigest()[:12]
+        name = f"{kind}-{'+'.join(languages)}-{text}"
+        build = partial(build_tiny_causal, family=kind, languages=languages)
     if root is None:
         root = Path(tempfile.gettempdir()) / f"biasaudit-tiny-models-{_digest()}"
         if not _own_private(root):
@@ -701,15 +714,15 @@ def tiny_model_dir(kind: str, root: str | os.PathLike | None = None) -> Path:
                 _PRIVATE["root"] = Path(tempfile.mkdtemp(prefix="biasaudit-tiny-models-"))
             root = _PRIVATE["root"]
     root = Path(root)
-    key = (kind, str(root))
+    key = (name, str(root))
     if key in _MEMO and (_MEMO[key] / "config.json").is_file():
         return _MEMO[key]
-    target = root / kind
+    target = root / name
     if not (target / "config.json").is_file():
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=root))
         try:
-            _BUILDERS[kind](tmp)
+            build(tmp)
             try:
                 os.rename(tmp, target)
             except OSError:  # another process won the race: use its copy

@@ -91,16 +91,14 @@ def _build_fasttext(out: Path, params: dict[str, Any]) -> None:
 
 
 def _build_hf(kind: str, out: Path, params: dict[str, Any] | None = None) -> None:
-    """A tiny Hugging Face model of ``kind`` into ``out``. A causal family (llama, qwen2, mistral)
-    with ``language`` is trained on those languages' text; every other build is the model
+    """A tiny Hugging Face model of ``kind`` into ``out``: the model
     :func:`audit.tiny_models.tiny_model_dir` keeps (the same builder, deterministic: identical
-    bytes), copied from that machine cache, so it is built once per machine, not once per sweep."""
-    tm = tiny_models
+    bytes), copied from that machine cache, so it is built once per machine, not once per sweep.
+    A causal family (llama, qwen2, mistral) with ``language`` is the one trained on those
+    languages' text too."""
     lang = (params or {}).get("language")
-    if lang and kind in tm.CAUSAL_FAMILIES:
-        tm.build_tiny_causal(out, kind, languages=[lang] if isinstance(lang, str) else list(lang))
-        return
-    shutil.copytree(tm.tiny_model_dir(kind), out, dirs_exist_ok=True)
+    langs = ([lang] if isinstance(lang, str) else list(lang)) if lang else None
+    shutil.copytree(tiny_models.tiny_model_dir(kind, languages=langs), out, dirs_exist_ok=True)
 
 
 def build_model(output_dir: str | Path, name: str, build: dict[str, Any]) -> Path:

@@ -61,6 +61,7 @@ import os
 import re
 import shutil
 import socket
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -596,14 +597,16 @@ class Tracker:
                 metrics=[Metric(k, float(v), ts, 0) for k, v in rec["metrics"].items()],
                 params=[Param(k, v) for k, v in rec["params"].items()],
             )
+            texts = {}
             if rec.get("items_json") is not None:
                 # the text MlflowClient.log_table writes (orient="split"), without its extra
                 # round trips; the tag above lists it as a table like log_table does
-                self.client.log_text(run_id, rec["items_json"], "items.json")
+                texts["items.json"] = rec["items_json"]
             if rec.get("result_json") is not None:
-                self.client.log_text(run_id, rec["result_json"], "result.json")
+                texts["result.json"] = rec["result_json"]
             else:
-                self.client.log_text(run_id, rec.get("error_text") or "", "error.txt")
+                texts["error.txt"] = rec.get("error_text") or ""
+            self._log_texts(run.info.artifact_uri, texts)
             self.client.set_terminated(run_id, "FINISHED" if rec["status"] == "finished" else "FAILED")
         except Exception as e:  # noqa: BLE001
             if run_id is not None:
@@ -613,6 +616,17 @@ class Tracker:
                     pass
             raise unavailable(self.uri, e) from None
         return run_id
+
+    def _log_texts(self, artifact_uri: str, texts: dict[str, str]) -> None:
+        """Write ``{file name: text}`` as a run's artifacts in one upload, into the run's
+        ``artifact_uri`` (what :meth:`mlflow.MlflowClient.log_text` does file by file, which
+        reads the run back from the store to find that location each time)."""
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        with tempfile.TemporaryDirectory(prefix="biasaudit-artifacts-") as d:
+            for name, text in texts.items():
+                Path(d, name).write_text(text, encoding="utf-8")
+            get_artifact_repository(artifact_uri, tracking_uri=self.uri).log_artifacts(d)
 
     def reap_stale_runs(self) -> list[str]:
         """Mark KILLED every RUNNING child run whose driver process is gone (on this host):

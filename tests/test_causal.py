@@ -96,24 +96,55 @@ def test_tiny_causal_build_is_deterministic(tmp_path):
 
 
 def test_a_spec_build_is_the_machine_cache_copied_with_a_fresh_builds_bytes(tmp_path, monkeypatch):
-    """``build: {kind: llama}`` in a spec copies the tiny-model cache (no training in the sweep),
-    and the copy holds the bytes the builder writes afresh; with ``language`` it still trains."""
+    """``build: {kind: llama}`` in a spec, and ``build: {kind: llama, language: [de]}``, copy the
+    tiny-model cache (no training in the sweep), and each copy holds the bytes the builder writes
+    afresh."""
     from jobs.builders import build_model
 
-    fresh = tiny_models.build_tiny_llama(tmp_path / "fresh")
-    tiny_models.tiny_model_dir("llama")  # the machine cache exists (built by the same builder)
+    fresh = {"l": tiny_models.build_tiny_llama(tmp_path / "fresh"),
+             "m": tiny_models.build_tiny_causal(tmp_path / "fresh-de", "llama", languages=["de"])}
+    tiny_models.tiny_model_dir("llama")  # the machine cache exists (built by the same builders)
+    tiny_models.tiny_model_dir("llama", languages=["de"])
 
     def no_training(*a, **k):
         raise AssertionError("trained in the sweep")
 
     monkeypatch.setattr(tiny_models, "build_tiny_causal", no_training)
-    built = Path(build_model(tmp_path / "out", "l", {"kind": "llama"}))
-    names = sorted(p.name for p in fresh.iterdir())
-    assert sorted(p.name for p in built.iterdir()) == sorted([*names, "build.json"])
-    for n in names:
-        assert (built / n).read_bytes() == (fresh / n).read_bytes(), n
-    with pytest.raises(AssertionError, match="trained in the sweep"):
-        build_model(tmp_path / "out", "m", {"kind": "llama", "language": ["de"]})
+    for name, build in (("l", {"kind": "llama"}), ("m", {"kind": "llama", "language": ["de"]})):
+        built = Path(build_model(tmp_path / "out", name, build))
+        names = sorted(p.name for p in fresh[name].iterdir())
+        assert sorted(p.name for p in built.iterdir()) == sorted([*names, "build.json"]), name
+        for n in names:
+            assert (built / n).read_bytes() == (fresh[name] / n).read_bytes(), (name, n)
+    # a multilingual model is not the English one: the German text changed the model
+    assert (tmp_path / "out" / "models" / "m" / "model.safetensors").read_bytes() != (
+        fresh["l"] / "model.safetensors").read_bytes()
+
+
+def test_a_multilingual_tiny_model_is_kept_under_the_digest_of_its_training_text(tmp_path, monkeypatch):
+    """The cache keeps one model per causal family, language list and training text: another
+    language, or an edited word list of the same language, is another model, built once; a kind
+    that is not a causal family refuses languages."""
+    monkeypatch.setattr(tiny_models, "_MEMO", {})
+    calls = []
+
+    def fake_build(d, family, languages):
+        calls.append((family, tuple(languages)))
+        (Path(d) / "config.json").write_text("{}")
+
+    monkeypatch.setattr(tiny_models, "build_tiny_causal", fake_build)
+    de = tiny_models.tiny_model_dir("llama", tmp_path, languages=["de"])
+    assert tiny_models.tiny_model_dir("llama", tmp_path, languages=["de"]) == de
+    nl = tiny_models.tiny_model_dir("llama", tmp_path, languages=["nl"])
+    qwen = tiny_models.tiny_model_dir("qwen2", tmp_path, languages=["de"])
+    assert len({de, nl, qwen, tmp_path / "llama"}) == 4 and de.name.startswith("llama-de-")
+    text = tiny_models._causal_corpus(["de"])
+    monkeypatch.setattr(tiny_models, "_causal_corpus", lambda langs: text + ["ein neuer Satz"])
+    edited = tiny_models.tiny_model_dir("llama", tmp_path, languages=["de"])
+    assert edited != de and edited.name.startswith("llama-de-")
+    assert calls == [("llama", ("de",)), ("llama", ("nl",)), ("qwen2", ("de",)), ("llama", ("de",))]
+    with pytest.raises(ValueError, match="only a causal family"):
+        tiny_models.tiny_model_dir("bert", tmp_path, languages=["de"])
 
 
 def test_the_tiny_model_cache_is_used_only_where_this_user_alone_may_write(tmp_path, monkeypatch):

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import functools
 import json
 import os
 import re
@@ -224,15 +225,25 @@ def _text_field(rec: dict[str, Any], key: str, where: str) -> str:
     return v  # verbatim, as the published prompts and options
 
 
+@functools.lru_cache(maxsize=8192)
+def _parsed(text: str) -> tuple[Any, ...]:
+    """The values ``text`` reads as: JSON, then a Python literal (EsBBQ/CaBBQ write
+    ``['name', 'group']``); once per distinct text (EsBBQ and CaBBQ repeat about 1,200 texts over
+    220,000 fields). The values are shared: callers only read them."""
+    out = []
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            out.append(parse(text))
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+    return tuple(out)
+
+
 def _literal(v: Any, where: str, key: str, kind: type) -> Any:
     if isinstance(v, kind):
         return v
     if isinstance(v, str):
-        for parse in (json.loads, ast.literal_eval):
-            try:
-                out = parse(v)
-            except (ValueError, SyntaxError, TypeError):
-                continue
+        for out in _parsed(v):
             if isinstance(out, kind):
                 return out
     raise DataError(f"{where}: field {key} must be a {kind.__name__} (or its text), got {v!r}")
