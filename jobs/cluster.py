@@ -3,7 +3,7 @@
 
 :func:`local_head` starts ``ray start --head --block`` in its own process group with every port
 chosen free (so it never collides with another Ray on the machine), waits until the job API
-answers, yields its dashboard address (``http://127.0.0.1:<port>``, what ``ray job submit
+answers and the node has started (a start that Ray gives up under load is tried again), yields its dashboard address (``http://127.0.0.1:<port>``, what ``ray job submit
 --address`` takes), and stops it by killing that process group. It never runs ``ray stop``
 (which would stop every Ray of the machine).
 
@@ -57,31 +57,50 @@ def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen) -> None:
+#: What ``ray start`` prints once its node is up (the raylet registered with the GCS).
+_STARTED = b"Ray runtime started."
+
+
+class HeadExited(RuntimeError):
+    """``ray start`` exited before its head was ready."""
+
+
+def _wait_ready(url: str, timeout: float, proc: subprocess.Popen, output) -> None:
+    """Wait until the job API at ``url`` answers and ``output()`` (what ``ray start`` printed)
+    says the node started; :class:`HeadExited` with its last line if ``ray start`` exits first."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"ray start exited with status {proc.returncode}")
+            lines = [ln for ln in output().decode("utf-8", "replace").splitlines() if ln.strip()]
+            raise HeadExited(f"ray start exited with status {proc.returncode}"
+                             + (f": {lines[-1].strip()}" if lines else ""))
         try:
             with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - loopback
-                if r.status == 200:
-                    return
+                answered = r.status == 200
         except OSError as e:
-            last = e
+            answered, last = False, e
+        if answered and _STARTED in output():
+            return
         time.sleep(0.5)
     raise TimeoutError(f"the Ray job API at {url} did not answer within {timeout:.0f} s ({last})")
 
 
-@contextlib.contextmanager
-def local_head(*, num_cpus: int = 2, object_store_memory: int = 200_000_000, timeout: float = 90.0,
-               env: dict[str, str] | None = None, log_path: str | Path | None = None,
-               stop_timeout: float = 5.0) -> Iterator[str]:
-    """Start a Ray head on 127.0.0.1 and yield its dashboard (job API) address.
+def _stop_head(proc: subprocess.Popen, temp_dir: str, stop_timeout: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=stop_timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
-    On exit the head's process group gets SIGTERM, then SIGKILL after ``stop_timeout`` seconds
-    (a graceful ``ray start --block`` shutdown takes ~15 s here; nothing of value is lost).
-    """
+
+def _start_head(num_cpus: int, object_store_memory: int, env: dict[str, str] | None,
+                log) -> tuple[subprocess.Popen, str, str]:
+    """``ray start --head --block`` on free loopback ports; ``(process, job API address, temp dir)``."""
     dash = free_port()
     ports = {
         "--port": free_port(), "--dashboard-port": dash, "--ray-client-server-port": free_port(),
@@ -96,20 +115,44 @@ def local_head(*, num_cpus: int = 2, object_store_memory: int = 200_000_000, tim
            "--object-store-memory", str(object_store_memory), "--disable-usage-stats", "--temp-dir", temp_dir]
     for k, v in ports.items():
         cmd += [k, str(v)]
-    log = open(log_path, "ab") if log_path else tempfile.TemporaryFile()  # noqa: SIM115
     proc = subprocess.Popen(cmd, env=ray_env(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    address = f"http://127.0.0.1:{dash}"
+    return proc, f"http://127.0.0.1:{dash}", temp_dir
+
+
+@contextlib.contextmanager
+def local_head(*, num_cpus: int = 2, object_store_memory: int = 200_000_000, timeout: float = 90.0,
+               env: dict[str, str] | None = None, log_path: str | Path | None = None,
+               stop_timeout: float = 5.0, attempts: int = 2) -> Iterator[str]:
+    """Start a Ray head on 127.0.0.1 and yield its dashboard (job API) address.
+
+    The head is ready when its job API answers and ``ray start`` has said that the node started.
+    ``ray start`` gives up when its raylet does not register within 30 s (a limit fixed in Ray: a
+    machine busy with other work can reach it); the head is then started again on new ports, up
+    to ``attempts`` starts in all, each one's output in ``log_path``.
+
+    On exit the head's process group gets SIGTERM, then SIGKILL after ``stop_timeout`` seconds
+    (a graceful ``ray start --block`` shutdown takes ~15 s here; nothing of value is lost).
+    """
+    log = open(log_path, "a+b") if log_path else tempfile.TemporaryFile()  # noqa: SIM115 - read: _wait_ready
     try:
-        _wait_http(f"{address}/api/version", timeout, proc)
-        yield address
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+        for attempt in range(1, attempts + 1):
+            start = log.tell()
+            proc, address, temp_dir = _start_head(num_cpus, object_store_memory, env, log)
+            try:
+                _wait_ready(f"{address}/api/version", timeout, proc,
+                            lambda: os.pread(log.fileno(), 1 << 20, start))
+                break
+            except HeadExited:
+                _stop_head(proc, temp_dir, stop_timeout)
+                if attempt == attempts:
+                    raise
+                log.seek(0, os.SEEK_END)
+            except BaseException:
+                _stop_head(proc, temp_dir, stop_timeout)
+                raise
         try:
-            proc.wait(timeout=stop_timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+            yield address
+        finally:
+            _stop_head(proc, temp_dir, stop_timeout)
+    finally:
         log.close()
-        shutil.rmtree(temp_dir, ignore_errors=True)

@@ -48,7 +48,9 @@ sweep reports its old and new results together).
 
 from __future__ import annotations
 
+import functools
 import glob
+import hashlib
 import json
 import math
 import re
@@ -255,12 +257,61 @@ def plot_parts(path: Path, models: list[str], facets: list[str], *, max_models: 
     same plot are removed (reports are rebuilt on every invocation; a sweep that grew past 50
     models must not keep its old single file beside the new parts)."""
     groups = [(m, f) for m in _chunks(list(models), max_models) for f in _chunks(list(facets), max_facets)]
-    for old in [path, *path.parent.glob(f"{glob.escape(path.stem)}_*of*{path.suffix}")]:
-        old.unlink(missing_ok=True)  # an earlier invocation's split of the same plot (derived files)
     if len(groups) == 1:
-        return [(path, *groups[0])]
-    return [(path.with_name(f"{path.stem}_{i + 1}of{len(groups)}{path.suffix}"), m, f)
-            for i, (m, f) in enumerate(groups)]
+        parts = [(path, *groups[0])]
+    else:
+        parts = [(path.with_name(f"{path.stem}_{i + 1}of{len(groups)}{path.suffix}"), m, f)
+                 for i, (m, f) in enumerate(groups)]
+    keep = {p for p, _, _ in parts}  # redrawn, or kept where drawn from the same inputs (_drawn)
+    for old in [path, *path.parent.glob(f"{glob.escape(path.stem)}_*of*{path.suffix}")]:
+        if old not in keep:
+            old.unlink(missing_ok=True)  # an earlier invocation's split of the same plot (derived files)
+    return parts
+
+
+#: The PNG text chunk that holds the digest of what a plot file shows (:func:`_figure_digest`).
+_DIGEST_KEY = "biasaudit-inputs"
+
+
+@functools.cache
+def _drawing_code() -> bytes:
+    import matplotlib
+
+    return Path(__file__).read_bytes() + matplotlib.__version__.encode()
+
+
+def _figure_digest(*inputs) -> str:
+    """SHA-256 of everything one plot file is drawn from: its inputs (data frames by their JSON,
+    arrays by their bytes, the rest by ``repr``), this module's code and matplotlib's version."""
+    h = hashlib.sha256(_drawing_code())
+    for x in inputs:
+        if isinstance(x, pd.DataFrame):
+            b = x.to_json(orient="split", index=False, double_precision=15).encode()
+        elif isinstance(x, np.ndarray):
+            b = repr((x.dtype.str, x.shape)).encode() + x.tobytes()
+        else:
+            b = repr(x).encode()
+        h.update(len(b).to_bytes(8, "little") + b)
+    return h.hexdigest()
+
+
+def _drawn(path: Path, digest: str) -> bool:
+    """``path`` is a plot file already drawn from the inputs of ``digest`` (its PNG text chunk,
+    :func:`_save`): a report rebuilt over unchanged results (a resumed sweep, a re-run with
+    nothing new) keeps the file instead of drawing it again."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return getattr(im, "text", {}).get(_DIGEST_KEY) == digest
+    except (OSError, ValueError, SyntaxError):  # missing, cut short or not a PNG: drawn again
+        return False
+
+
+def _save(fig, path: Path, digest: str) -> None:
+    """Write ``fig`` to ``path`` with ``digest`` in its metadata, then close it."""
+    fig.savefig(path, metadata={_DIGEST_KEY: digest})
+    _pyplot().close(fig)
 
 
 def _pyplot():
@@ -353,6 +404,11 @@ def _plot_forest(long: pd.DataFrame, facets: list[str], models: list[str], path:
     written = []
     parts = plot_parts(path, models, facets)
     for i, (part, group, fs) in enumerate(parts):
+        digest = _figure_digest("forest", long[long["facet"].isin(fs) & long["model"].isin(group)], group, fs, title,
+                                xlabel, ref, i, len(parts))
+        written.append(part)
+        if _drawn(part, digest):
+            continue
         ncols = min(FACET_COLUMNS, max(1, len(fs)))
         nrows = max(1, math.ceil(len(fs) / ncols))
         panel_h = 0.15 * len(group) + 0.8
@@ -391,9 +447,7 @@ def _plot_forest(long: pd.DataFrame, facets: list[str], models: list[str], path:
         what = f" [file {i + 1} of {len(parts)}: models {group[0]} .. {group[-1]}]" if len(parts) > 1 and group else ""
         _forest_layout(fig, nrows=nrows, ncols=ncols, ylabels=group, ylabel_size=ylabel_size,
                        title=_wrap(title + what, width), xlabel=xlabel, panel_title_lines=title_lines)
-        fig.savefig(part)
-        plt.close(fig)
-        written.append(part)
+        _save(fig, part, digest)
     return written
 
 
@@ -432,6 +486,12 @@ def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
     for i, (part, group, ts) in enumerate(parts):
         mat = np.array([[vals.get((m, t), np.nan) for t in ts] for m in group],
                        dtype=np.float64).reshape(len(group), len(ts))
+        digest = _figure_digest("heatmap", mat, [[marks.get((m, t), "") for t in ts] for m in group],
+                                [[(m, t) in failed for t in ts] for m in group], group, ts, metric, language, ref,
+                                span, marks_text(mc), i, len(parts))
+        written.append(part)
+        if _drawn(part, digest):
+            continue
         fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(ts) + 3.0), max(2.6, 0.22 * len(group) + 1.8)),
                                dpi=PLOT_DPI, layout="constrained")
         im = ax.imshow(np.ma.masked_invalid(mat), cmap="RdBu_r", vmin=ref - span, vmax=ref + span, aspect="auto")
@@ -451,9 +511,7 @@ def _plot_heatmap(sub: pd.DataFrame, metric: str, language: str, path: Path, mod
         fig.colorbar(im, ax=ax, shrink=0.8)
         ax.set_xlabel(_wrap(f"* p<0.05, ** p<0.01, *** p<0.001: {marks_text(mc)}", 0.6 * len(ts) + 2.0, 6),
                       fontsize=6, color="0.3")
-        fig.savefig(part)
-        plt.close(fig)
-        written.append(part)
+        _save(fig, part, digest)
     return written
 
 

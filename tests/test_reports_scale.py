@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -315,6 +316,49 @@ def test_a_grown_sweep_replaces_its_earlier_plot_files(tmp_path):
     report.write_reports(big[big.metric == "weat"], tmp_path, mitigations={})
     assert sorted(p.name for p in (tmp_path / "plots").glob("effects_*")) == [
         "effects_weat_en_1of2.png", "effects_weat_en_2of2.png"]
+
+
+@pytest.mark.unit
+def test_reports_over_unchanged_results_keep_their_plots_and_redraw_only_what_changed(tmp_path, monkeypatch):
+    """A report rebuilt over the same results (a resumed sweep, a re-run with nothing new) draws no
+    plot again and keeps every file byte for byte; a changed value redraws only the files that
+    show it, with the pixels a fresh report draws; a file cut short, or one written without the
+    digest (an earlier version), is drawn again."""
+    import matplotlib.figure
+    from PIL import Image
+
+    df = _synthetic_sweep(3)
+    first = report.write_reports(df, tmp_path / "a", mitigations={})
+    pngs = sorted(p for p in first if p.suffix == ".png")
+    assert len(pngs) == 8  # effects and heat map of WEAT and of each CrowS-Pairs measurement, and its breakdown
+    before = {p: p.read_bytes() for p in pngs}
+    saved = []
+    real = matplotlib.figure.Figure.savefig
+
+    def counting(fig, path, *a, **k):
+        saved.append(Path(path).name)
+        return real(fig, path, *a, **k)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", counting)
+    assert report.write_reports(df, tmp_path / "a", mitigations={}) == first
+    assert saved == [] and all(p.read_bytes() == before[p] for p in pngs)
+    changed = df.copy()  # one WEAT value of one model
+    changed.loc[changed.index[(changed.metric == "weat") & (changed.test == "en/weat3")][0], "value"] += 0.25
+    assert report.write_reports(changed, tmp_path / "a", mitigations={}) == first
+    assert sorted(saved) == ["effects_weat_en.png", "heatmap_weat_en.png"]
+    fresh = report.write_reports(changed, tmp_path / "b", mitigations={})
+    for p in (p for p in fresh if p.suffix == ".png"):
+        kept = tmp_path / "a" / p.relative_to(tmp_path / "b")
+        assert np.array_equal(np.asarray(Image.open(p)), np.asarray(Image.open(kept))), p.name
+    saved.clear()
+    cut = tmp_path / "a" / "plots" / "effects_weat_en.png"
+    cut.write_bytes(cut.read_bytes()[:200])
+    old = tmp_path / "a" / "plots" / "heatmap_weat_en.png"
+    with Image.open(old) as im:
+        im.load()
+        im.save(old)  # the pixels without the text chunk
+    report.write_reports(changed, tmp_path / "a", mitigations={})
+    assert sorted(saved) == ["effects_weat_en.png", "heatmap_weat_en.png"]
 
 
 def _environments_balanced(tex: str) -> list[str]:
