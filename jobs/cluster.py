@@ -3,8 +3,9 @@
 
 :func:`local_head` starts ``ray start --head --block`` in its own process group with every port
 chosen free (so it never collides with another Ray on the machine), waits until the job API
-answers and the node has started (a start that Ray gives up under load is tried again), yields its dashboard address (``http://127.0.0.1:<port>``, what ``ray job submit
---address`` takes), and stops it by killing that process group. It never runs ``ray stop``
+answers and the node has started (a start that Ray gives up under load is tried again), yields
+its dashboard address (``http://127.0.0.1:<port>``, what ``ray job submit --address`` takes),
+and stops it by killing that process group. It never runs ``ray stop``
 (which would stop every Ray of the machine).
 
 Each head gets a private temporary directory (``ray start --temp-dir``), removed when it stops.
@@ -17,6 +18,7 @@ user), this head's jobs connected to that other cluster (or to a stopped one, wa
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -69,7 +71,7 @@ def _wait_ready(url: str, timeout: float, proc: subprocess.Popen, output) -> Non
     """Wait until the job API at ``url`` answers and ``output()`` (what ``ray start`` printed)
     says the node started; :class:`HeadExited` with its last line if ``ray start`` exits first."""
     deadline = time.monotonic() + timeout
-    last = None
+    last, answered, started = None, False, False
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             lines = [ln for ln in output().decode("utf-8", "replace").splitlines() if ln.strip()]
@@ -80,10 +82,12 @@ def _wait_ready(url: str, timeout: float, proc: subprocess.Popen, output) -> Non
                 answered = r.status == 200
         except OSError as e:
             answered, last = False, e
-        if answered and _STARTED in output():
+        started = _STARTED in output()
+        if answered and started:
             return
         time.sleep(0.5)
-    raise TimeoutError(f"the Ray job API at {url} did not answer within {timeout:.0f} s ({last})")
+    raise TimeoutError(f"the Ray head of {url} was not ready within {timeout:.0f} s (job API: "
+                       f"{'answered' if answered else last}; node started: {'yes' if started else 'no'})")
 
 
 def _stop_head(proc: subprocess.Popen, temp_dir: str, stop_timeout: float) -> None:
@@ -140,7 +144,7 @@ def local_head(*, num_cpus: int = 2, object_store_memory: int = 200_000_000, tim
             proc, address, temp_dir = _start_head(num_cpus, object_store_memory, env, log)
             try:
                 _wait_ready(f"{address}/api/version", timeout, proc,
-                            lambda: os.pread(log.fileno(), 1 << 20, start))
+                            functools.partial(os.pread, log.fileno(), 1 << 20, start))
                 break
             except HeadExited:
                 _stop_head(proc, temp_dir, stop_timeout)

@@ -254,8 +254,8 @@ def plot_parts(path: Path, models: list[str], facets: list[str], *, max_models: 
     """How one plot is split into files: ``(path, models, facets)`` per file, at most
     ``max_models`` models and ``max_facets`` facets each. One file keeps ``path``; several are
     ``<stem>_<i>of<k>.png`` in model-then-facet order. The files of an earlier split of the
-    same plot are removed (reports are rebuilt on every invocation; a sweep that grew past 50
-    models must not keep its old single file beside the new parts)."""
+    same plot that are not among these are removed (reports are rebuilt on every invocation; a
+    sweep that grew past 50 models must not keep its old single file beside the new parts)."""
     groups = [(m, f) for m in _chunks(list(models), max_models) for f in _chunks(list(facets), max_facets)]
     if len(groups) == 1:
         parts = [(path, *groups[0])]

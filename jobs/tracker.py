@@ -622,11 +622,13 @@ class Tracker:
         ``artifact_uri`` (what :meth:`mlflow.MlflowClient.log_text` does file by file, which
         reads the run back from the store to find that location each time)."""
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+        from mlflow.utils.uri import add_databricks_profile_info_to_artifact_uri
 
+        uri = add_databricks_profile_info_to_artifact_uri(artifact_uri, self.uri)  # as MLflow's client does
         with tempfile.TemporaryDirectory(prefix="biasaudit-artifacts-") as d:
             for name, text in texts.items():
                 Path(d, name).write_text(text, encoding="utf-8")
-            get_artifact_repository(artifact_uri, tracking_uri=self.uri).log_artifacts(d)
+            get_artifact_repository(uri, tracking_uri=self.uri).log_artifacts(d)
 
     def reap_stale_runs(self) -> list[str]:
         """Mark KILLED every RUNNING child run whose driver process is gone (on this host):

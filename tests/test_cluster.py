@@ -104,6 +104,6 @@ def test_a_head_whose_start_ray_gives_up_is_started_again_and_one_that_never_sta
     assert len(starts) == 2
     starts.clear()
     plan[:] = [("starting", None)]  # the job API answers, the node never says it started
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError, match="job API: answered; node started: no"):
         with cluster.local_head(timeout=3, attempts=1):
             pass
