@@ -427,10 +427,10 @@ def _label(ref: str, test: Any) -> str:
 
 
 def _candidates(pattern: str, lang: str, test_type: str, reg: dict[str, list[str]], get_test,
-                type_of=None) -> list[str]:
+                type_of) -> list[str]:
     """The tests a pattern names in ``lang`` whose type is ``test_type`` (a file: itself, when
-    it is in that language); ``type_of``: a registered name's type (default :func:`_type_or_none`)."""
-    type_of = type_of or _type_or_none
+    it is in that language); ``type_of``: a registered name's type (:func:`_type_or_none`, cached
+    by :func:`expand`)."""
     if _is_file_ref(pattern):
         if dataset_test_type(pattern) != test_type:
             return []
