@@ -527,9 +527,11 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         # --- reports from the tracking store and the write-ahead log (old and new results)
         keys = [t.key for t in plan.tasks if t.key]
         rows_by_key: dict[str, dict] = {}
+        task_runs = None  # one search of the experiment's task runs serves the rows and the adjusted p-values
         if recorder.online:
             try:
-                rows_by_key = tracker.rows_for(keys)
+                task_runs = tracker.task_runs()
+                rows_by_key = tracker.rows_for(keys, runs=task_runs)
             except Exception as e:  # noqa: BLE001
                 recorder.go_offline(e)
         for k, row in wal.rows_for(keys).items():
@@ -551,7 +553,7 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         report.write_reports(df, rep_dir, model_order=model_order, multiple_comparisons=mc)
         if recorder.online:  # the families are complete: each child run gets its adjusted p-values
             try:
-                tracker.log_adjusted(df, mc.family)
+                tracker.log_adjusted(df, mc.family, runs=task_runs)
             except Exception as e:  # noqa: BLE001 - results.parquet has them; the next invocation retries
                 _say(f"warning: could not log the adjusted p-values on the child runs: {e}")
         summary = report.summary_table(df, model_order=model_order, multiple_comparisons=mc)

@@ -501,7 +501,7 @@ class Tracker:
         self.client.log_batch(self.parent_id, tags=tags)
         self.client.set_terminated(self.parent_id, "FAILED" if (failed or stuck_reason) else "FINISHED")
 
-    def log_adjusted(self, df: pd.DataFrame, family: Iterable[str]) -> int:
+    def log_adjusted(self, df: pd.DataFrame, family: Iterable[str], *, runs: Iterable[Any] | None = None) -> int:
         """Give each finished child run of ``df`` (the sweep's results table after
         :func:`jobs.report.adjust_pvalues`, column ``run_id``) its adjusted p-values as metrics
         ``p_holm``, ``p_bh`` and ``n_family``, and tags naming the family
@@ -510,7 +510,11 @@ class Tracker:
         and its size, and the sweep's parent run. Called when the sweep's report is built, i.e.
         when the family is complete; a resumed sweep logs the new values again (the metric history keeps the old
         ones); runs whose values and tags are already these are not written again. Returns the
-        number of runs written."""
+        number of runs written.
+
+        runs: the experiment's task runs as read for the report (:meth:`task_runs`, the search
+              :meth:`rows_for` was given), so that the sweep's end searches them once; default:
+              searched here. A run changed since that search is at worst written again."""
         from mlflow.entities import Metric, RunTag
 
         if df.empty or "run_id" not in df.columns:
@@ -521,7 +525,7 @@ class Tracker:
         ok = df[(df["status"] == "finished") & df["run_id"].notna() & df["p_holm"].notna()]
         if ok.empty:
             return 0
-        current = {r.info.run_id: r for r in self.task_runs()}  # one search, not one read per run
+        current = {r.info.run_id: r for r in (self.task_runs() if runs is None else runs)}  # not one read per run
         for r in ok.itertuples(index=False):
             metrics = {k: float(getattr(r, k)) for k in ("p_holm", "p_bh", "n_family")
                        if _finite(getattr(r, k)) is not None}
@@ -664,11 +668,15 @@ class Tracker:
         return found[0]
 
     # ------------------------------------------------------------------ reading back
-    def rows_for(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """For each key, the row of its latest FINISHED run (else its latest failed run)."""
+    def rows_for(self, keys: Iterable[str], *, runs: Iterable[Any] | None = None) -> dict[str, dict[str, Any]]:
+        """For each key, the row of its latest FINISHED run (else its latest failed run).
+
+        runs: the experiment's task runs (:meth:`task_runs`) when the caller has searched them
+              already (the sweep's end passes the same list to :meth:`log_adjusted`); default:
+              searched here. The search costs about 2.3 ms of CPU per run in a SQLite store."""
         wanted = set(k for k in keys if k)
         best: dict[str, Any] = {}
-        for r in self.task_runs():
+        for r in (self.task_runs() if runs is None else runs):
             k = None
             for tag in ("audit.plan_key", "audit.key"):
                 if r.data.tags.get(tag) in wanted:

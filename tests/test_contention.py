@@ -92,6 +92,8 @@ from jobs.spec import load_spec
 from jobs.sweep import run_sweep
 
 spec_path, timeout, mode, hold, other = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+import jobs.pool
+jobs.pool.CONTENTION_GRACE_S = float(sys.argv[6])  # how long without progress before a look at the cluster
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 ray.init(address="local", num_cpus=2, object_store_memory=80_000_000, include_dashboard=True,
          dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=False)
@@ -125,7 +127,11 @@ print("RESULT " + json.dumps({"exit": out.exit_code, "stuck": out.stuck, "failed
 """
 
 
-def _sweep_beside_another_job(tmp_path, mode: str, *, timeout: float, hold: float, cpus: int) -> tuple[dict, str]:
+def _sweep_beside_another_job(tmp_path, mode: str, *, timeout: float, hold: float, cpus: int,
+                              grace: float = 30.0) -> tuple[dict, str]:
+    """Run a sweep beside another job (``mode``: ``busy`` or ``reservation``) with
+    ``ray.pending_timeout_s`` = ``timeout`` and :data:`jobs.contention.CONTENTION_GRACE_S` =
+    ``grace`` (the product's is 30 s; the looks at the cluster come every min(grace, timeout) / 2)."""
     import json
     import os
     import subprocess
@@ -140,7 +146,7 @@ def _sweep_beside_another_job(tmp_path, mode: str, *, timeout: float, hold: floa
     spec = write_spec(tmp_path, mode, f'  - {{name: a, ref: "{vec}"}}',
                       ray=f"actor_num_cpus: {cpus}, stats_num_cpus: 1, batch_size: 1")
     env = {**os.environ, "PYTHONPATH": str(repo), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    r = subprocess.run([sys.executable, "-c", _SWEEP, str(spec), str(timeout), mode, str(hold), _OTHER_JOB],
+    r = subprocess.run([sys.executable, "-c", _SWEEP, str(spec), str(timeout), mode, str(hold), _OTHER_JOB, str(grace)],
                        cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     assert lines, (r.stdout[-3000:], r.stderr[-3000:])
@@ -150,26 +156,30 @@ def _sweep_beside_another_job(tmp_path, mode: str, *, timeout: float, hold: floa
 @pytest.mark.e2e
 def test_a_sweep_behind_another_jobs_work_keeps_waiting_past_the_timeout_and_finishes(tmp_path):
     """Another job's actor holds both CPUs until the sweep has said it is busy and waited 5 s
-    longer than ``ray.pending_timeout_s`` (30 s here); the sweep's worker (1 CPU) waits. Busy,
-    not stuck: it says who holds what, keeps waiting past the timeout (before, its tasks failed
-    as stuck after 30 s) and finishes once the other job ends."""
-    res, out = _sweep_beside_another_job(tmp_path, "busy", timeout=30, hold=600, cpus=1)
+    longer than ``ray.pending_timeout_s`` (16 s here: a look at the cluster every 8 s); the
+    sweep's worker (1 CPU) waits. Busy, not stuck: it says who holds what, keeps waiting past
+    the timeout (before, its tasks failed as stuck after the timeout) and finishes once the other
+    job ends."""
+    timeout = 16
+    res, out = _sweep_beside_another_job(tmp_path, "busy", timeout=timeout, hold=600, cpus=1)
     said = [x for x in out.splitlines() if x.startswith(("busy:", "stuck:"))]
     assert res["exit"] == 0 and res["failed"] == 0 and res["finished"] == 2 and res["stuck"] is None, (res, said)
     assert "busy: waiting: needs 1 CPU, held by other jobs (" in out
     assert "holds 2 CPU); it runs when they free up" in out
-    assert res["elapsed"] > 35, res  # it waited past the timeout for the other job
+    assert res["elapsed"] > timeout + 5, res  # it waited past the timeout for the other job
 
 
 @pytest.mark.e2e
 def test_a_sweep_that_can_never_start_fails_at_once_naming_the_resource(tmp_path):
     """Another submitted job's driver reserves 1 of the 2 CPUs and runs nothing (the watch's
     deadlock); the sweep's worker needs 2 CPUs: it can never start. With ``pending_timeout_s``
-    600 its tasks fail after the first look (about 15 s), one line naming the resource and the
-    holder, exit status 4."""
-    res, out = _sweep_beside_another_job(tmp_path, "reservation", timeout=600, hold=300, cpus=2)
+    600 its tasks fail at the second look at the cluster (the first says it), one line naming
+    the resource and the holder, exit status 4. The grace period is 10 s here (looks 5 s apart;
+    the product's 30 s: 15 s apart), so the sweep fails after about 10 s, not 600."""
+    res, out = _sweep_beside_another_job(tmp_path, "reservation", timeout=600, hold=300, cpus=2, grace=10)
     assert res["exit"] == 4 and res["failed"] == 2 and res["finished"] == 0, (res, out[-3000:])
-    assert res["elapsed"] < 120, res
+    assert res["elapsed"] < 60, res
+    assert "stuck: waiting: needs 2 CPU" in out  # said at the first look, failed at the next
     (err,) = res["errors"]
     assert err == res["stuck"] and "\n" not in err
     assert err.startswith("stuck: needs 2 CPU, held by other jobs' drivers that run no work (audit-other holds 1 CPU)")

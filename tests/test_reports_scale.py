@@ -125,6 +125,9 @@ def test_child_runs_carry_adjusted_p_values_with_their_family_and_settings_as_pa
     df = report.adjust_pvalues(report.results_frame(rows))
     assert tr.log_adjusted(df, ("model", "metric")) == 2
     assert tr.log_adjusted(df, ("model", "metric")) == 0  # unchanged: nothing written again
+    # the runs the caller searched already (the sweep's report): the same decisions, no search of its own
+    assert tr.log_adjusted(df, ("model", "metric"), runs=tr.task_runs()) == 0
+    assert tr.log_adjusted(df, ("model", "metric"), runs=[]) == 2  # none known: written again
     got = [tr.client.get_run(r) for r in df["run_id"]]
     assert [g.data.metrics["p_holm"] for g in got] == pytest.approx([0.04, 0.04])
     assert [g.data.metrics["p_bh"] for g in got] == pytest.approx([0.03, 0.03])
