@@ -283,16 +283,11 @@ def _greedy(model: Any, seqs: list[list[int]], max_new_tokens: int, *, pad: int,
     model's own generation settings (lm-evaluation-harness ``generate_until``); with them (a
     sampler's draw, :func:`_sample_batch`): a fresh ``GenerationConfig``, so the model's settings
     (repetition penalties and the like) stay out."""
-    import torch
     from transformers import GenerationConfig, LogitsProcessorList
     from transformers.utils import logging as hf_logging
 
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad, dtype=torch.long)
-    att = torch.zeros((len(seqs), L), dtype=torch.long)
-    for r, s in enumerate(seqs):
-        ids[r, L - len(s):] = torch.tensor(s, dtype=torch.long)
-        att[r, L - len(s):] = 1
+    ids, att, *_ = pad_batch(seqs, pad, "left")
+    L = ids.shape[1]
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # generate's padding advice: the attention mask is passed
     try:
@@ -432,21 +427,8 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
         return _next_logp(model, pad, dev, batch)
 
     def greedy_more(batch: list[list[int]]) -> list[list[int]]:
-        """``max_new_tokens - 1`` greedy tokens after each sequence (left padding, KV cache)."""
-        ids, att, *_ = pad_batch(batch, pad, "left")
-        L = ids.shape[1]
-        from transformers.utils import logging as hf_logging
-
-        level = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # generate's padding advice: the attention mask is passed
-        try:
-            with inference():
-                out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev),
-                                     max_new_tokens=max_new_tokens - 1, do_sample=False, num_beams=1,
-                                     pad_token_id=pad, eos_token_id=eos, temperature=None, top_k=None, top_p=None)
-        finally:
-            hf_logging.set_verbosity(level)
-        return [row[L:].tolist() for row in out.cpu()]
+        """``max_new_tokens - 1`` greedy tokens after each sequence (:func:`_greedy`)."""
+        return _greedy(model, batch, max_new_tokens - 1, pad=pad, eos=eos, dev=dev)
 
     first = batched(next_logp, prefixes)
     if decoding == "sample":
