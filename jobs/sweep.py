@@ -527,7 +527,9 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
         # --- reports from the tracking store and the write-ahead log (old and new results)
         keys = [t.key for t in plan.tasks if t.key]
         rows_by_key: dict[str, dict] = {}
-        task_runs = None  # one search of the experiment's task runs serves the rows and the adjusted p-values
+        # one search of the experiment's task runs (all child runs are written by now) serves the
+        # report's rows, the adjusted p-values and the parent's totals
+        task_runs = None
         if recorder.online:
             try:
                 task_runs = tracker.task_runs()
@@ -582,7 +584,8 @@ def _run_sweep(spec: SweepSpec, *, address: str | None, progress: bool, on_outco
                 tracker.end_parent(
                     failed=failed + missing, step=invocation, stuck_reason=stuck,
                     summary=parent_summary(tracker, plan, df, ran=ran_now, resumed=done_before, loads=len(load_ids),
-                                           seconds=seconds, workers=workers, invocation=invocation),
+                                           seconds=seconds, workers=workers, invocation=invocation,
+                                           runs=task_runs),
                     report_dir=rep_dir,
                 )
             except Exception as e:  # noqa: BLE001 - the parent stays RUNNING; `audit sync` closes it
@@ -675,7 +678,7 @@ def _claim_sweep(spec: SweepSpec, out_dir: Path):
 
 
 def parent_summary(tracker, plan, df, *, ran: int, resumed: int, loads: int, seconds: float, workers: int,
-                   invocation: int) -> dict[str, float]:
+                   invocation: int, runs=None) -> dict[str, float]:
     """The parent run's metrics: the sweep as a whole across invocations.
 
     ``tasks`` (planned now), ``tasks_finished``/``tasks_failed``/``tasks_missing`` (the best
@@ -687,11 +690,12 @@ def parent_summary(tracker, plan, df, *, ran: int, resumed: int, loads: int, sec
     running totals ``tasks_run_total``, ``models_loaded_total``, ``seconds_total``, and the
     finished tasks significant at 0.05 by their raw, Holm- and BH-adjusted p-values
     (``significant_raw``, ``significant_holm``, ``significant_bh``; the adjusted ones over the
-    families of ``multiple_comparisons``, as in ``reports/results.parquet``)."""
+    families of ``multiple_comparisons``, as in ``reports/results.parquet``). ``runs``: the
+    experiment's task runs the report was built from (:meth:`jobs.tracker.Tracker.sweep_totals`)."""
     n_ok = int((df["status"] == "finished").sum()) if len(df) else 0
     sig = {f"significant_{k}": float((df[c].astype("float64") < 0.05).sum()) if c in df.columns and len(df) else 0.0
            for k, c in (("raw", "p_value"), ("holm", "p_holm"), ("bh", "p_bh"))}
-    totals = tracker.sweep_totals([t.key for t in plan.tasks if t.key])
+    totals = tracker.sweep_totals([t.key for t in plan.tasks if t.key], runs=runs)
     prev = {k.split(".", 1)[1]: totals.pop(k) for k in list(totals) if k.startswith("previous.")}
     return {
         "tasks": len(plan.tasks), "tasks_finished": n_ok, "tasks_failed": len(df) - n_ok,

@@ -540,16 +540,24 @@ class Tracker:
             n += 1
         return n
 
-    def sweep_totals(self, plan_keys: Iterable[str], parent_id: str | None = None) -> dict[str, float]:
+    def sweep_totals(self, plan_keys: Iterable[str], parent_id: str | None = None, *,
+                     runs: Iterable[Any] | None = None) -> dict[str, float]:
         """The parent run's child runs over every invocation: ``child_runs``, by status
         (``child_runs_finished``/``_failed``/``_killed``), and ``child_runs_superseded``: child
         runs of tasks that are no longer in the plan (an earlier revision of a model whose branch
         moved, a test since removed from the spec); with the previous totals of the parent's
         cumulative metrics (``tasks_run_total``, ``models_loaded_total``, ``seconds_total``)
-        under ``previous.<name>``."""
+        under ``previous.<name>``.
+
+        runs: the experiment's task runs as the caller searched them last (:meth:`task_runs`; the
+              sweep's end, after its last child run was written), filtered here to the parent's;
+              default: the parent's child runs searched here."""
         pid = parent_id or self.parent_id
         keys = {k for k in plan_keys if k}
-        runs = self._search(f"tags.`audit.role` = '{ROLE_TASK}' and tags.`mlflow.parentRunId` = '{pid}'")
+        if runs is None:
+            runs = self._search(f"tags.`audit.role` = '{ROLE_TASK}' and tags.`mlflow.parentRunId` = '{pid}'")
+        else:
+            runs = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == pid]
         out = {"child_runs": float(len(runs))}
         for st in ("FINISHED", "FAILED", "KILLED"):
             out[f"child_runs_{st.lower()}"] = float(sum(r.info.status == st for r in runs))
