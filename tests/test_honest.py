@@ -386,38 +386,51 @@ def test_causal_greedy_branches_follow_the_definition(gpt2):
 
 
 def test_greedy_branches_in_pieces_equal_one_call_and_only_unended_words_go_on(gpt2, monkeypatch):
-    """The greedy continuation runs one token for every branch, then the rest only for branches whose
-    first word has not ended: the words and log-probabilities of one ``model.generate`` call each."""
+    """The greedy branches: each prompt run once for its k branches, one token for every branch,
+    then the rest only for branches whose first word has not ended; or (a model without
+    ``position_ids``) each branch run from its start, in the same pieces; or (settings that forbid
+    pieces) one ``model.generate`` call per branch: the same words, log-probabilities to 1e-5."""
     from audit.backends import hf_generate
 
     model, tok = gpt2.handle.model, gpt2.handle.tokenizer
     templates = distinct_templates(load_test("en/honest").table)["template"]
     prompts = list(templates.str.split("[M]").str[0].str.strip())[:60]
     calls = []
-    greedy, words_of = hf_generate._greedy, hf_generate._greedy_words
 
-    def counted(model, seqs, n, **kw):
-        calls.append(("one call", n, len(seqs)))
-        return greedy(model, seqs, n, **kw)
+    def counted(name):
+        fn = getattr(hf_generate, name)
 
-    def counted_words(model, seqs, n, **kw):
-        calls.append(("pieces", n, len(seqs)))
-        return words_of(model, seqs, n, **kw)
+        def wrapper(model, seqs, *a, **kw):
+            calls.append((name, a[0] if name != "_greedy_branches" else a[1], len(seqs)))
+            return fn(model, seqs, *a, **kw)
+        monkeypatch.setattr(hf_generate, name, wrapper)
 
-    monkeypatch.setattr(hf_generate, "_greedy", counted)
-    monkeypatch.setattr(hf_generate, "_greedy_words", counted_words)
-    assert hf_generate.piecewise_greedy(model)
-    words, lp = causal_first_words(model, tok, prompts, 20, batch_size=64)
-    pieces = list(calls)
-    monkeypatch.setattr(hf_generate, "piecewise_greedy", lambda m: False)
-    calls.clear()
-    words1, lp1 = causal_first_words(model, tok, prompts, 20, batch_size=64)
-    assert words == words1 and np.array_equal(lp, lp1)
-    assert {(w, n) for w, n, _ in calls} == {("one call", 7)} and sum(r for *_, r in calls) == 60 * 20
-    assert {(w, n) for w, n, _ in pieces} == {("pieces", 7), ("one call", 6)}, {(w, n) for w, n, _ in pieces}
-    first = sum(r for w, _, r in pieces if w == "pieces")
-    rest = sum(r for w, _, r in pieces if w == "one call")
-    assert first == 60 * 20 and 0 < rest < first / 2, pieces
+    for name in ("_greedy", "_greedy_words", "_greedy_branches"):
+        counted(name)
+    assert hf_generate.shared_prompt_pass(model) and hf_generate.piecewise_greedy(model)
+    runs = {}
+    for mode in ("shared", "pieces", "one call"):
+        if mode == "pieces":
+            monkeypatch.setattr(hf_generate, "shared_prompt_pass", lambda m: False)
+        if mode == "one call":
+            monkeypatch.setattr(hf_generate, "piecewise_greedy", lambda m: False)
+        calls.clear()
+        runs[mode] = (*causal_first_words(model, tok, prompts, 20, batch_size=64), list(calls))
+    words, lp, shared = runs["shared"]
+    for mode in ("pieces", "one call"):
+        assert runs[mode][0] == words, mode
+        np.testing.assert_allclose(runs[mode][1], lp, atol=1e-5)
+    # shared: 64 // 20 = 3 prompts a batch, each run once for its branches (max_new_tokens 8), the
+    # few words that go on regrouped for the 6 tokens after the second
+    assert {(w, n) for w, n, _ in shared} == {("_greedy_branches", 8), ("_greedy", 6)}, shared
+    assert sum(r for w, _, r in shared if w == "_greedy_branches") == 60
+    assert 0 < sum(r for w, _, r in shared if w == "_greedy") < 60 * 20 / 2
+    pieces = runs["pieces"][2]
+    assert {(w, n) for w, n, _ in pieces} == {("_greedy_words", 7), ("_greedy", 6)}, pieces
+    assert sum(r for w, _, r in pieces if w == "_greedy_words") == 60 * 20
+    assert 0 < sum(r for w, _, r in pieces if w == "_greedy") < 60 * 20 / 2
+    one = runs["one call"][2]
+    assert {(w, n) for w, n, _ in one} == {("_greedy", 7)} and sum(r for *_, r in one) == 60 * 20
 
 
 def test_greedy_words_go_on_with_the_kv_cache_of_the_rows_left(gpt2):

@@ -40,8 +40,9 @@ Sampled text (:func:`causal_samples`, HONEST's ``official`` protocol)
     that makes the draw.
 
 Both run batched: templates sorted by length and padded under an attention mask (right padding for
-the masked LM and the causal first token, left padding with the model's KV cache for the greedy
-continuation; sampled continuations re-run the unfinished sequences step by step).
+the masked LM and the sampled first token, left padding with the model's KV cache for the greedy
+branches, each prompt run once for its ``k`` branches; sampled continuations re-run the unfinished
+sequences step by step).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from audit.backends.batching import default_batch_size, inference, pad_batch, run_batched
+from audit.backends.batching import default_batch_size, inference, pad_batch, positions, run_batched
 from audit.backends.hf_scoring import (
     causal_prefix_id,
     causal_start_id,
@@ -353,28 +354,34 @@ def _greedy_words(model: Any, seqs: list[list[int]], max_new_tokens: int, *, pad
     """Greedy continuation of the branches of :func:`causal_first_words` that stops where their word
     has ended: one greedy token after every sequence (``model.generate``, as :func:`_greedy`), then
     up to ``max_new_tokens - 1`` more only for the sequences ``i`` whose tokens so far have not
-    ``ended(i, tokens)`` (nor reached EOS). Returns ``(tokens, deferred)``.
+    ``ended(i, tokens)`` (nor reached EOS). Returns ``(tokens, deferred)`` (:func:`_go_on`)."""
+    ids, att, *_ = pad_batch(seqs, pad, "left")
+    return _go_on(model, ids.to(dev), att.to(dev), None, max_new_tokens, pad=pad, eos=eos, dev=dev, ended=ended)
 
-    Where more than half of the sequences go on, they go on here, on the first call's KV cache
-    (its rows of those sequences). Where at most half do (most branches end their word on that
-    one token: the tiny GPT-2 on the English HONEST templates, 12,993 of 14,480), they are
-    ``deferred``: they have their one token, and the caller continues them all together for
-    ``max_new_tokens - 1`` tokens with :func:`_greedy`, in full batches (a tiny model pays per
-    call and step, not per row). Either way each sequence's tokens are those of one call, up to
-    where its word ended (:func:`piecewise_greedy`: the caller's check of the model's settings)."""
+
+def _go_on(model: Any, ids: Any, att: Any, cache: Any, max_new_tokens: int, *, pad: int, eos: int | None, dev: Any,
+           ended: Any) -> tuple[list[list[int]], list[int]]:
+    """The greedy steps of :func:`_greedy_words` on a left-padded batch (``ids``, ``att``), from
+    ``cache`` (the KV cache of all but the last column) or from the start (``None``).
+
+    Where more than half of the sequences go on after the first token, they go on here, on that
+    call's KV cache (its rows of those sequences). Where at most half do (most branches end their
+    word on that one token: the tiny GPT-2 on the English HONEST templates, 12,993 of 14,480), they
+    are ``deferred``: they have their one token, and the caller continues them all together for
+    ``max_new_tokens - 1`` tokens with :func:`_greedy`, in full batches (a tiny model pays per call
+    and step, not per row). Either way each sequence's tokens are those of one call, up to where
+    its word ended (:func:`piecewise_greedy`: the caller's check of the model's settings)."""
     import torch
     from transformers.utils import logging as hf_logging
 
-    ids, att, *_ = pad_batch(seqs, pad, "left")
-    ids, att = ids.to(dev), att.to(dev)
     L = ids.shape[1]
     greedy = _greedy_search(pad, eos)
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # generate's padding advice: the attention mask is passed
     try:
         with inference():
-            first = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=1, return_dict_in_generate=True,
-                                   **greedy)
+            first = model.generate(input_ids=ids, attention_mask=att, past_key_values=cache, max_new_tokens=1,
+                                   return_dict_in_generate=True, **greedy)
             res = [row[L:].tolist() for row in first.sequences.cpu()]
             live = [i for i, t in enumerate(res) if (eos is None or t[-1] != eos) and not ended(i, t)]
             if not live or max_new_tokens < 2 or 2 * len(live) <= len(res):
@@ -394,6 +401,58 @@ def _greedy_words(model: Any, seqs: list[list[int]], max_new_tokens: int, *, pad
     for i, row in zip(live, more.cpu()):
         res[i] = row[L:].tolist()
     return res, []
+
+
+def shared_prompt_pass(model: Any) -> bool:
+    """Whether :func:`_greedy_branches` may run the prompts once for all their branches: greedy
+    search in pieces is allowed (:func:`piecewise_greedy`), the model takes ``position_ids`` (the
+    positions of a left-padded prompt) and its cache can be repeated per branch."""
+    import inspect
+
+    return piecewise_greedy(model) and "position_ids" in inspect.signature(model.forward).parameters
+
+
+def _greedy_branches(model: Any, prefixes: list[list[int]], k: int, max_new_tokens: int, *, pad: int,
+                     eos: int | None, dev: Any, ended: Any) -> list[tuple[Any, list[int], list[list[int]], list[bool]]]:
+    """The ``k`` greedy branches of each prompt with the prompts run once: per prompt ``(log-probs of
+    the first token, the k first tokens, each branch's tokens after its first, whether that branch
+    is deferred)``.
+
+    The prompts run once, left-padded (positions from the attention mask, as ``generate`` gives
+    them), keeping their KV cache; the first token's log-probabilities are read at the last
+    column; the cache is repeated for the ``k`` branches, which then go on as in
+    :func:`_greedy_words` from that cache (:func:`_go_on`: the branch token is the only new
+    column), instead of each branch running its prompt again."""
+    import inspect
+
+    import torch
+
+    ids, att, *_ = pad_batch(prefixes, pad, "left")
+    ids, att = ids.to(dev), att.to(dev)
+    last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    with inference():
+        out = model(input_ids=ids, attention_mask=att, position_ids=positions(att), use_cache=True, **last)
+        logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # the LM head at the last column only
+        top = torch.sort(-logp, dim=-1, stable=True).indices[:, :k]  # ties: the lower id first
+        cache = out.past_key_values
+        if hasattr(cache, "batch_repeat_interleave"):
+            cache.batch_repeat_interleave(k)
+        else:
+            cache = None  # a cache that cannot be repeated: each branch runs its prompt
+        seq = torch.cat([ids.repeat_interleave(k, dim=0), top.reshape(-1, 1)], dim=1)
+        mask = torch.cat([att.repeat_interleave(k, dim=0), att.new_ones((len(prefixes) * k, 1))], dim=1)
+    flat = top.reshape(-1).tolist()
+    if max_new_tokens > 1:
+        more, deferred = _go_on(model, seq, mask, cache, max_new_tokens - 1, pad=pad, eos=eos, dev=dev,
+                                ended=lambda i, t: flat[i] == eos or ended(i, [flat[i]] + t))
+    else:
+        more, deferred = [[] for _ in flat], []
+    later = set(deferred)
+    logp = logp.cpu()
+    return [(logp[i], flat[i * k:(i + 1) * k],
+             [[] if flat[b] == eos else more[b] for b in range(i * k, (i + 1) * k)],
+             [b in later and flat[b] != eos for b in range(i * k, (i + 1) * k)])
+            for i in range(len(prefixes))]
 
 
 def causal_generate_until(model: Any, tokenizer: Any, prompts: Sequence[str], *, until: Sequence[str] = (),
@@ -498,9 +557,13 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
 
     Greedy branches are continued with ``model.generate`` (greedy search, KV cache, left padding)
     for ``max_new_tokens - 1`` further tokens: first one token for every branch, then the rest
-    only for the branches whose first word has not ended yet (:func:`_greedy_words`, where
-    :func:`piecewise_greedy` says that gives the tokens of one call; else in one call). Sampled
-    ones step by step (see the module docstring for the random numbers).
+    only for the branches whose first word has not ended yet, where :func:`piecewise_greedy` says
+    that gives the tokens of one call (else one call per branch). Each prompt then runs once for
+    its ``k`` branches (:func:`_greedy_branches`: its KV cache repeated per branch, ``bs // k``
+    prompts a batch; the first token's log-probabilities read there, from the left-padded prompt,
+    equal to the right-padded pass to float rounding), or, for a model without ``position_ids``,
+    each branch from its start (:func:`_greedy_words`). Sampled ones step by step (see the module
+    docstring for the random numbers).
     """
     import torch
 
@@ -521,6 +584,10 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
     def word_ended(tokens: list[int]) -> bool:
         return first_word(tokenizer.decode(tokens, skip_special_tokens=True))[1]
 
+    def branches(batch: list[list[int]]) -> list[Any]:
+        return _greedy_branches(model, batch, k, max_new_tokens, pad=pad, eos=eos, dev=dev,
+                                ended=lambda i, tokens: word_ended(tokens))
+
     def greedy_more(batch: list[list[int]]) -> list[tuple[list[int], bool]]:
         """Greedy tokens after each sequence until its word has ended (:func:`_greedy_words`),
         each with whether it was deferred."""
@@ -535,6 +602,25 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
     def greedy_rest(batch: list[list[int]]) -> list[list[int]]:
         return _greedy(model, batch, max_new_tokens - 2, pad=pad, eos=eos, dev=dev)
 
+    gen: list[list[int]] = []
+    owner: list[int] = []
+    score = np.zeros(n * k, dtype=np.float64)
+    if decoding == "greedy" and shared_prompt_pass(model):
+        # the prompts run once for their k branches (a batch of bs // k prompts holds bs branches)
+        later = []
+        for i, (row, toks, more, deferred) in enumerate(_batched(branches, prefixes, max(1, bs // k), dev)):
+            for j, t in enumerate(toks):
+                b = len(gen)
+                gen.append([int(t)] + more[j])
+                owner.append(i)
+                score[b] = float(row[t])
+                if deferred[j]:
+                    later.append(b)
+        for b, extra in zip(later, batched(greedy_rest, [prefixes[owner[b]] + gen[b] for b in later])):
+            gen[b] += extra
+        words = [first_word(tokenizer.decode(_until_eos(g, eos), skip_special_tokens=True))[0] for g in gen]
+        return [words[i * k:(i + 1) * k] for i in range(n)], score.reshape(n, k)
+
     first = batched(next_logp, prefixes)
     if decoding == "sample":
         uniforms = _uniforms(seed, n, k, max_new_tokens)
@@ -542,9 +628,6 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
     def draw(row: Any, u: float) -> int:
         return _draw(row.double().exp().numpy(), u)
 
-    gen: list[list[int]] = []
-    owner: list[int] = []
-    score = np.zeros(n * k, dtype=np.float64)
     for i in range(n):
         row = first[i]
         if decoding == "greedy":
