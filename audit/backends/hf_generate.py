@@ -47,6 +47,7 @@ sequences step by step).
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Sequence
 
@@ -403,33 +404,38 @@ def _go_on(model: Any, ids: Any, att: Any, cache: Any, max_new_tokens: int, *, p
     return res, []
 
 
+@functools.cache
+def _forward_params(forward: Any) -> frozenset[str]:
+    """The parameter names of a model class's ``forward`` (read once per class)."""
+    import inspect
+
+    return frozenset(inspect.signature(forward).parameters)
+
+
 def shared_prompt_pass(model: Any) -> bool:
     """Whether :func:`_greedy_branches` may run the prompts once for all their branches: greedy
     search in pieces is allowed (:func:`piecewise_greedy`), the model takes ``position_ids`` (the
     positions of a left-padded prompt) and its cache can be repeated per branch."""
-    import inspect
-
-    return piecewise_greedy(model) and "position_ids" in inspect.signature(model.forward).parameters
+    return piecewise_greedy(model) and "position_ids" in _forward_params(type(model).forward)
 
 
 def _greedy_branches(model: Any, prefixes: list[list[int]], k: int, max_new_tokens: int, *, pad: int,
                      eos: int | None, dev: Any, ended: Any) -> list[tuple[Any, list[int], list[list[int]], list[bool]]]:
     """The ``k`` greedy branches of each prompt with the prompts run once: per prompt ``(log-probs of
     the first token, the k first tokens, each branch's tokens after its first, whether that branch
-    is deferred)``.
+    is deferred)``. ``ended(tokens)``: whether a branch's tokens (its first one included) have
+    ended its word.
 
     The prompts run once, left-padded (positions from the attention mask, as ``generate`` gives
     them), keeping their KV cache; the first token's log-probabilities are read at the last
     column; the cache is repeated for the ``k`` branches, which then go on as in
     :func:`_greedy_words` from that cache (:func:`_go_on`: the branch token is the only new
     column), instead of each branch running its prompt again."""
-    import inspect
-
     import torch
 
     ids, att, *_ = pad_batch(prefixes, pad, "left")
     ids, att = ids.to(dev), att.to(dev)
-    last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    last = {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(type(model).forward) else {}
     with inference():
         out = model(input_ids=ids, attention_mask=att, position_ids=positions(att), use_cache=True, **last)
         logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # the LM head at the last column only
@@ -444,7 +450,7 @@ def _greedy_branches(model: Any, prefixes: list[list[int]], k: int, max_new_toke
     flat = top.reshape(-1).tolist()
     if max_new_tokens > 1:
         more, deferred = _go_on(model, seq, mask, cache, max_new_tokens - 1, pad=pad, eos=eos, dev=dev,
-                                ended=lambda i, t: flat[i] == eos or ended(i, [flat[i]] + t))
+                                ended=lambda i, t: flat[i] == eos or ended([flat[i]] + t))
     else:
         more, deferred = [[] for _ in flat], []
     later = set(deferred)
@@ -585,8 +591,7 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
         return first_word(tokenizer.decode(tokens, skip_special_tokens=True))[1]
 
     def branches(batch: list[list[int]]) -> list[Any]:
-        return _greedy_branches(model, batch, k, max_new_tokens, pad=pad, eos=eos, dev=dev,
-                                ended=lambda i, tokens: word_ended(tokens))
+        return _greedy_branches(model, batch, k, max_new_tokens, pad=pad, eos=eos, dev=dev, ended=word_ended)
 
     def greedy_more(batch: list[list[int]]) -> list[tuple[list[int], bool]]:
         """Greedy tokens after each sequence until its word has ended (:func:`_greedy_words`),
@@ -596,30 +601,65 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
         later = set(deferred)
         return [(t, i in later) for i, t in enumerate(toks)]
 
-    def greedy_all(batch: list[list[int]]) -> list[list[int]]:
-        return _greedy(model, batch, max_new_tokens - 1, pad=pad, eos=eos, dev=dev)
+    def greedy_all(batch: list[list[int]]) -> list[tuple[list[int], bool]]:
+        """``max_new_tokens - 1`` greedy tokens after each sequence in one call (:func:`_greedy`)."""
+        return [(t, False) for t in _greedy(model, batch, max_new_tokens - 1, pad=pad, eos=eos, dev=dev)]
 
     def greedy_rest(batch: list[list[int]]) -> list[list[int]]:
         return _greedy(model, batch, max_new_tokens - 2, pad=pad, eos=eos, dev=dev)
 
+    def draw(row: Any, u: float) -> int:
+        return _draw(row.double().exp().numpy(), u)
+
     gen: list[list[int]] = []
     owner: list[int] = []
     score = np.zeros(n * k, dtype=np.float64)
+    later: list[int] = []  # greedy branches whose word goes on after their second token: continued together
     if decoding == "greedy" and shared_prompt_pass(model):
         # the prompts run once for their k branches (a batch of bs // k prompts holds bs branches)
-        later = []
         for i, (row, toks, more, deferred) in enumerate(_batched(branches, prefixes, max(1, bs // k), dev)):
             for j, t in enumerate(toks):
-                b = len(gen)
+                if deferred[j]:
+                    later.append(len(gen))
+                score[len(gen)] = float(row[t])
                 gen.append([int(t)] + more[j])
                 owner.append(i)
-                score[b] = float(row[t])
-                if deferred[j]:
+    else:
+        first = batched(next_logp, prefixes)
+        if decoding == "sample":
+            uniforms = _uniforms(seed, n, k, max_new_tokens)
+        for i in range(n):
+            row = first[i]
+            if decoding == "greedy":
+                toks = torch.sort(-row, stable=True).indices[:k].tolist()
+            else:
+                toks = [draw(row, u) for u in uniforms[i][:, 0]]
+            for j, t in enumerate(toks):
+                gen.append([int(t)])
+                owner.append(i)
+                score[i * k + j] = float(row[t])
+        if max_new_tokens > 1 and decoding == "greedy":
+            live = [b for b in range(n * k) if eos is None or gen[b][-1] != eos]
+            grow = greedy_more if piecewise_greedy(model) else greedy_all
+            for b, (extra, deferred) in zip(live, batched(grow, [prefixes[owner[b]] + gen[b] for b in live])):
+                gen[b] += extra
+                if deferred:
                     later.append(b)
-        for b, extra in zip(later, batched(greedy_rest, [prefixes[owner[b]] + gen[b] for b in later])):
-            gen[b] += extra
-        words = [first_word(tokenizer.decode(_until_eos(g, eos), skip_special_tokens=True))[0] for g in gen]
-        return [words[i * k:(i + 1) * k] for i in range(n)], score.reshape(n, k)
+        elif max_new_tokens > 1:
+            done = [eos is not None and g[-1] == eos for g in gen]
+            for step in range(1, max_new_tokens):
+                live = [b for b in range(n * k) if not done[b] and not word_ended(gen[b])]
+                if not live:
+                    break
+                lp = batched(next_logp, [prefixes[owner[b]] + gen[b] for b in live])
+                for r, b in enumerate(live):
+                    t = draw(lp[r], uniforms[owner[b]][b - owner[b] * k, step])
+                    gen[b].append(t)
+                    done[b] = eos is not None and t == eos
+    for b, extra in zip(later, batched(greedy_rest, [prefixes[owner[b]] + gen[b] for b in later])):
+        gen[b] += extra
+    words = [first_word(tokenizer.decode(_until_eos(g, eos), skip_special_tokens=True))[0] for g in gen]
+    return [words[i * k:(i + 1) * k] for i in range(n)], score.reshape(n, k)
 
     first = batched(next_logp, prefixes)
     if decoding == "sample":
