@@ -681,7 +681,8 @@ class Tracker:
 
         runs: the experiment's task runs (:meth:`task_runs`) when the caller has searched them
               already (the sweep's end passes the same list to :meth:`log_adjusted` and
-              :meth:`sweep_totals`); default: searched here. The search costs about 2.3 ms of CPU per run in a SQLite store."""
+              :meth:`sweep_totals`); default: searched here. The search costs about 2.3 ms of CPU
+              per run in a SQLite store."""
         wanted = set(k for k in keys if k)
         best: dict[str, Any] = {}
         for r in (self.task_runs() if runs is None else runs):

@@ -130,8 +130,9 @@ print("RESULT " + json.dumps({"exit": out.exit_code, "stuck": out.stuck, "failed
 def _sweep_beside_another_job(tmp_path, mode: str, *, timeout: float, hold: float, cpus: int,
                               grace: float = 30.0) -> tuple[dict, str]:
     """Run a sweep beside another job (``mode``: ``busy`` or ``reservation``) with
-    ``ray.pending_timeout_s`` = ``timeout`` and :data:`jobs.contention.CONTENTION_GRACE_S` =
-    ``grace`` (the product's is 30 s; the looks at the cluster come every min(grace, timeout) / 2)."""
+    ``ray.pending_timeout_s`` = ``timeout`` and the grace period = ``grace`` (set on ``jobs.pool``,
+    which imports :data:`jobs.contention.CONTENTION_GRACE_S` by name and reads its own copy; the
+    product's is 30 s; the looks at the cluster come every min(grace, timeout) / 2)."""
     import json
     import os
     import subprocess
