@@ -465,18 +465,19 @@ def test_greedy_in_pieces_only_under_settings_that_allow_it(gpt2):
     from audit.backends.hf_generate import piecewise_greedy
 
     model = gpt2.handle.model
+
+    def with_setting(setting):
+        m = copy.copy(model)
+        m.generation_config = copy.deepcopy(model.generation_config)
+        m.generation_config.update(**setting)
+        return m
+
     assert piecewise_greedy(model)
     for setting in ({"repetition_penalty": 1.3}, {"no_repeat_ngram_size": 2}):
-        m = copy.copy(model)
-        m.generation_config = copy.deepcopy(model.generation_config)
-        m.generation_config.update(**setting)
-        assert piecewise_greedy(m), setting
+        assert piecewise_greedy(with_setting(setting)), setting
     for setting in ({"min_new_tokens": 2}, {"begin_suppress_tokens": [5]}, {"forced_eos_token_id": 0},
                     {"stop_strings": ["."]}, {"exponential_decay_length_penalty": (2, 1.5)}):
-        m = copy.copy(model)
-        m.generation_config = copy.deepcopy(model.generation_config)
-        m.generation_config.update(**setting)
-        assert not piecewise_greedy(m), setting
+        assert not piecewise_greedy(with_setting(setting)), setting
 
     class Wrapped:  # a wrapper with a generate of its own (Self-Debias's) keeps one call
         generation_config = model.generation_config
