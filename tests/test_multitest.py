@@ -39,6 +39,11 @@ def test_bh_on_known_inputs_and_scipy():
     np.testing.assert_allclose(benjamini_hochberg([0.01, 0.04, 0.03, 0.005]), [0.02, 0.04, 0.04, 0.02])
     p = np.random.default_rng(0).uniform(size=50) ** 3
     np.testing.assert_allclose(benjamini_hochberg(p), false_discovery_control(p, method="bh"), rtol=1e-15)
+    # scipy's arithmetic step for step (audit.multitest): equal to the last bit, ties and ones included
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 3, 10, 57, 200):
+        q = np.round(rng.uniform(size=n) ** 3, int(rng.integers(1, 4)))
+        np.testing.assert_array_equal(benjamini_hochberg(q), false_discovery_control(q, method="bh"))
 
 
 @settings(max_examples=60, deadline=None)

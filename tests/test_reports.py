@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -74,6 +77,22 @@ def test_write_reports_files(df, tmp_path):
     for png in tmp_path.glob("plots/*.png"):
         data = png.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_the_report_step_loads_neither_scipy_nor_sklearn(tmp_path):
+    """A sweep's driver ends with the adjusted p-values, the report files and the summary; none of
+    them imports scipy or sklearn (``scipy.stats`` for Benjamini-Hochberg alone cost every driver
+    ~1.1 CPU-seconds; audit.multitest). In a fresh process, so that no other test's imports count."""
+    code = ("import sys; from jobs import report; from tests.test_reports import ROWS; "
+            "df = report.adjust_pvalues(report.results_frame(ROWS)); "
+            f"report.write_reports(df, {str(tmp_path)!r}); report.summary_table(df); "
+            "assert {'p_holm', 'p_bh'} <= set(df.columns) and df['p_bh'].notna().sum() == 4, df; "
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'sklearn'})))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == [], f"the report step loads {p.stdout.strip()}"
+    assert (tmp_path / "plots" / "effects_weat_en.png").is_file()
 
 
 def test_summary_lists_counts_and_failure_reasons(df):
