@@ -254,12 +254,78 @@ LONG_NAME = "a-very-long-model-name/with-an-org-prefix-and-revision-0123456789"
 @pytest.mark.parametrize("n_models", [3, 50])
 def test_forest_plots_keep_every_label_inside_the_figure_and_apart(tmp_path, layouts_checked, n_models):
     """:func:`_check_forest_layout` on a long model name, a title wrapped over lines, one row of
-    panels and two (the 192-model sweep: the test above)."""
+    panels and two (the 192-model sweep: the test above); no warning either: the heat maps make
+    room for the long name (with 3 models its one-test maps collapsed, matplotlib's
+    "constrained_layout not applied", the name and the footnote cut off)."""
     df = _synthetic_sweep(n_models)
     df.loc[df["model"] == "tiny-1", "model"] = LONG_NAME
     order = [LONG_NAME if i == 1 else f"tiny-{i}" for i in range(n_models)]
-    written = report.write_reports(df, tmp_path, model_order=order, mitigations={})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        written = report.write_reports(df, tmp_path, model_order=order, mitigations={})
+    assert [str(w.message) for w in caught] == []
     assert len(layouts_checked) == sum(1 for p in written if p.suffix == ".png" and "heatmap" not in p.name)
+
+
+@pytest.fixture
+def figures_closed(monkeypatch):
+    """The figures the plotting functions close (``plt.close(fig)``), kept open for inspection."""
+    import matplotlib.pyplot as plt
+
+    seen = []
+    close = plt.close
+
+    def keep(fig=None):
+        seen.append(fig)
+
+    monkeypatch.setattr(plt, "close", keep)
+    yield seen
+    for fig in seen:
+        close(fig)
+
+
+def _texts_outside(fig) -> list[str]:
+    """The visible texts of ``fig`` (titles, tick labels, legend entries) that reach past its edges."""
+    from matplotlib.text import Text
+
+    r = fig.canvas.get_renderer()
+    box = fig.bbox
+    out = []
+    for t in fig.findobj(Text):
+        if t.get_visible() and t.get_text().strip() and t.get_figure(root=True) is fig:
+            b = t.get_window_extent(r)
+            if b.x0 < -0.5 or b.y0 < -0.5 or b.x1 > box.x1 + 0.5 or b.y1 > box.y1 + 0.5:
+                out.append(t.get_text())
+    return out
+
+
+@pytest.mark.unit
+def test_before_after_and_comparison_plots_make_room_for_long_names(tmp_path, figures_closed):
+    """A before/after plot of a debiased copy with a long name, and the watcher's comparison of two
+    revisions of a long-named model on a long-named test: no warning, every text inside the figure
+    and the legend beside the axes. Before, the before/after axes collapsed (matplotlib's
+    "constrained_layout not applied"), and the comparison's title ran past both edges and its
+    legend sat on the data and the axis label."""
+    ba = pd.DataFrame([{"model": LONG_NAME + "-hard-debiased", "metric": "weat", "language": "en",
+                        "test": "en/weat7", "value_before": 0.5, "value_after": 0.1}])
+    table = pd.DataFrame([{"status": "compared", "baseline": "v1", "language": "en",
+                           "test": "a-long-test-name_revised_variant", "metric": "crows_pairs_causal",
+                           "value_a": 0.5, "value_b": 0.6, "ci_a_low": 0.4, "ci_a_high": 0.6, "ci_b_low": 0.5,
+                           "ci_b_high": 0.7, "regression": True}])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report._plot_before_after(ba, "weat", "en", tmp_path / "ba.png")
+        report.plot_comparison(table, tmp_path / "cmp.png", title=f"weat: {LONG_NAME} against its baseline release",
+                               new_label=LONG_NAME, baseline_label=lambda b: f"baseline {LONG_NAME}")
+    assert [str(w.message) for w in caught] == []
+    assert len(figures_closed) == 2
+    r = figures_closed[0].canvas.get_renderer()
+    for fig in figures_closed:
+        fig.canvas.draw()
+        assert _texts_outside(fig) == []
+        ax, legend = fig.axes[0], fig.axes[0].get_legend()
+        assert legend.get_window_extent(r).x0 >= ax.get_window_extent(r).x1  # beside the data, not on it
+    assert (tmp_path / "ba.png").is_file() and (tmp_path / "cmp.png").is_file()
 
 
 @pytest.mark.unit
