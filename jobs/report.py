@@ -300,14 +300,27 @@ def _figure_digest(*inputs) -> str:
 def _drawn(path: Path, digest: str) -> bool:
     """``path`` is a plot file already drawn from the inputs of ``digest`` (its PNG text chunk,
     :func:`_save`): a report rebuilt over unchanged results (a resumed sweep, a re-run with
-    nothing new) keeps the file instead of drawing it again."""
+    nothing new) keeps the file instead of drawing it again.
+
+    Read without decoding the pixels: the text chunks :func:`_save` writes come before the image
+    data, where ``Image.open`` reads them (``im.info``; ``im.text`` decoded the whole image first:
+    0.46 against 0.025 CPU-seconds for the 130 plots of the eight-language smoke sweep), and a file
+    that does not end with PNG's closing ``IEND`` chunk (cut short while written) is drawn again."""
     from PIL import Image
 
     try:
+        with open(path, "rb") as f:
+            f.seek(-len(_PNG_END), 2)
+            if f.read() != _PNG_END:
+                return False
         with Image.open(path) as im:
-            return getattr(im, "text", {}).get(_DIGEST_KEY) == digest
+            return im.format == "PNG" and im.info.get(_DIGEST_KEY) == digest
     except (OSError, ValueError, SyntaxError):  # missing, cut short or not a PNG: drawn again
         return False
+
+
+#: The last 12 bytes of every whole PNG file: the empty ``IEND`` chunk and its CRC.
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 
 
 def _save(fig, path: Path, digest: str) -> None:
