@@ -564,11 +564,7 @@ def plot_comparison(table: pd.DataFrame, path: Path, *, title: str, new_label: s
     test, metric) row of a comparison table (:mod:`audit.regression`, with each side's own
     interval ``ci_a_low`` ... ``ci_b_high``), the baseline's headline (grey) and the new
     revision's (blue; red where the row is flagged a regression), each with its interval."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     ok = table[table["status"] == "compared"]
     base_col = ok["baseline"] if "baseline" in ok.columns else pd.Series([""] * len(ok), index=ok.index)
     names = ok["language"].astype(str) + "/" + ok["test"].astype(str)
@@ -935,11 +931,7 @@ def before_after_latex(ba: pd.DataFrame, metric: str, language: str, *, digits: 
 def _plot_before_after(ba: pd.DataFrame, metric: str, language: str, path: Path) -> None:
     """Per test: the original's value (grey) and each debiased copy's (colour), joined by an
     arrow from before to after."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     sub = ba[(ba["metric"] == metric) & (ba["language"] == language)]
     tests = sorted(dict.fromkeys(sub["test"]), key=natural_key)
     models = list(dict.fromkeys(sub["model"]))
