@@ -74,6 +74,34 @@ def pytest_configure(config):
     os.environ["RAY_AUTH_MODE"] = "disabled"
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(config, "workerinput"):
+        config.pluginmanager.register(_GroupIds(), "biasaudit-xdist-group-ids")
+
+
+class _GroupIds:
+    """The group suffix of ``--dist loadgroup`` where pytest-xdist's own no longer takes (a worker
+    only; after every other ``pytest_collection_modifyitems``).
+
+    pytest-xdist 3.8 marks a grouped test by appending ``@<group>`` to its node id, by writing the
+    item's ``_nodeid``; pytest 9.2 keeps node ids structured (``item._id``) and ``nodeid`` no longer
+    reads ``_nodeid``, so the suffix never reached the controller and every test was a work unit of
+    its own (pytest-xdist issue 1386): the groups of :func:`_schedule_for_workers` did nothing, a
+    module's fixture was built on both workers (``test_compare_runs``'s store, 4.1 and 3.9 s) and
+    so was the session's ``ray start`` head. Here the structured id gets the suffix wherever the
+    node id lacks it; with a pytest or pytest-xdist where the suffix takes, nothing changes."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        if not config.getvalue("loadgroup"):
+            return
+        for item in items:
+            names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                            for m in item.iter_markers("xdist_group")})
+            suffix = "@" + "_".join(names)
+            if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
+                from _pytest.nodeid import NodeId
+
+                item._id = NodeId.parse(item.nodeid + suffix)
 
 
 def pytest_sessionstart(session):

@@ -128,3 +128,43 @@ def test_auto_workers_where_they_fit(monkeypatch, args, cpus, gib, env, workers)
         monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", env)
     config = types.SimpleNamespace(rootpath=REPO, args=args, invocation_params=types.SimpleNamespace(dir=REPO))
     assert conftest.pytest_xdist_auto_num_workers(config) == workers
+
+
+def test_a_module_fixture_is_built_once_on_one_of_two_workers(suite, monkeypatch):
+    """On two pytest-xdist workers (``--dist loadgroup``, ``pyproject.toml``) the tests that share a
+    module-scoped fixture run on one worker, which builds it once (tests/conftest.py,
+    ``_schedule_for_workers``); the other tests go to either. With pytest 9.2, pytest-xdist's group
+    suffix did not take (pytest-xdist issue 1386; ``_GroupIds``): the module's tests went to both
+    workers and each built the fixture."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-n 2")
+    built = suite.path / "built.txt"
+    suite.makepyfile(test_g=f"""
+        import os
+        import time
+
+        import pytest
+
+        pytestmark = pytest.mark.unit
+
+        @pytest.fixture(scope="module")
+        def shared():
+            with open({str(built)!r}, "a") as f:
+                f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+            return 1
+
+        @pytest.mark.parametrize("i", range(6))
+        def test_uses_it(shared, i):
+            time.sleep(0.05)
+            print("ran on", os.environ["PYTEST_XDIST_WORKER"])
+            assert shared == 1
+
+        @pytest.mark.parametrize("i", range(6))
+        def test_alone(i):
+            time.sleep(0.05)
+        """)
+    r = suite.runpytest_subprocess("-v")
+    r.assert_outcomes(passed=12)
+    assert len(built.read_text().split()) == 1  # one worker, one build
+    grouped = [ln for ln in r.outlines if "test_uses_it" in ln and "PASSED" in ln]
+    assert len(grouped) == 6 and all(ln.endswith("@test_g") or "@test_g " in ln for ln in grouped), grouped
+    assert len({ln.split("]")[0] for ln in grouped}) == 1, grouped  # [gw0] or [gw1], the same for all six
