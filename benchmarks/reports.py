@@ -39,14 +39,19 @@ def _constrained(fig, **_):
     fig.set_layout_engine("constrained")
 
 
+def _time_module(df: pd.DataFrame, mod) -> float:
+    """CPU seconds of ``mod.write_reports`` (a ``jobs.report`` module) on ``df``, into a temporary folder."""
+    with tempfile.TemporaryDirectory() as d:
+        t = time.process_time()
+        mod.write_reports(df, d, mitigations={})
+        return time.process_time() - t
+
+
 def _time(df: pd.DataFrame, layout) -> float:
     ours = report._forest_layout
     report._forest_layout = layout or ours
     try:
-        with tempfile.TemporaryDirectory() as d:
-            t = time.process_time()
-            report.write_reports(df, d)
-            return time.process_time() - t
+        return _time_module(df, report)
     finally:
         report._forest_layout = ours
 
@@ -66,13 +71,6 @@ def _report_at(rev: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def _time_module(df: pd.DataFrame, mod) -> float:
-    with tempfile.TemporaryDirectory() as d:
-        t = time.process_time()
-        mod.write_reports(df, d, mitigations={})
-        return time.process_time() - t
 
 
 def main() -> int:

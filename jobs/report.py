@@ -313,8 +313,9 @@ def _drawn(path: Path, digest: str) -> bool:
             f.seek(-len(_PNG_END), 2)
             if f.read() != _PNG_END:
                 return False
-        with Image.open(path) as im:
-            return im.format == "PNG" and im.info.get(_DIGEST_KEY) == digest
+            f.seek(0)
+            with Image.open(f) as im:
+                return im.format == "PNG" and im.info.get(_DIGEST_KEY) == digest
     except (OSError, ValueError, SyntaxError):  # missing, cut short or not a PNG: drawn again
         return False
 
