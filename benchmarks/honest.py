@@ -25,6 +25,13 @@ and vs the same batches with each branch's continuation in one ``model.generate`
 token for every branch first, then the rest only for words that have not ended); the last
 comparison again on the trained tiny GPT-2 of :mod:`audit.tiny_models` over every template (random
 weights rarely end a word, the trained model mostly does after one more token).
+
+``--vs REV`` times only the causal first words of the trained tiny GPT-2 over every template,
+``audit/backends/hf_generate.py`` at git revision ``REV`` against this tree's, interleaved, best
+of ``--repeats``, in CPU seconds of this process, and asserts identical words and first-token
+log-probabilities::
+
+    .venv/bin/python benchmarks/honest.py --threads 1 --vs a610c32 --language en
 """
 
 from __future__ import annotations
@@ -81,6 +88,45 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
+def cpu_timed(fn):
+    t0 = time.process_time()
+    out = fn()
+    return out, time.process_time() - t0
+
+
+def versus(rev: str, language: str, k: int, repeats: int) -> int:
+    """``--vs REV``: the trained tiny GPT-2's first words, hf_generate at ``rev`` against this tree's."""
+    import numpy as np
+
+    from audit import tiny_models
+    from audit.backends.hf_generate import causal_first_words
+    from audit.datasets import load_test
+    from audit.measure.honest import causal_prompt, distinct_templates
+    from benchmarks._at_rev import module_at
+
+    old = module_at(rev, "audit/backends/hf_generate.py", who="honest.py")
+    model, tok = tiny_models.load_tiny("gpt2")
+    prompts = [causal_prompt(t) for t in distinct_templates(load_test(f"{language}/honest").table)["template"]]
+    runs = {f"hf_generate at {rev}": old.causal_first_words, "this tree's": causal_first_words}
+    for fn in runs.values():
+        fn(model, tok, prompts[:2], k)  # warm-up
+    best: dict[str, float] = {}
+    got: dict[str, tuple] = {}
+    for _ in range(max(1, repeats)):
+        for name, fn in runs.items():
+            got[name], t = cpu_timed(lambda: fn(model, tok, prompts, k))
+            best[name] = min(best.get(name, float("inf")), t)
+    (w_old, lp_old), (w_new, lp_new) = got.values()
+    assert w_old == w_new, "the first words differ"
+    assert np.array_equal(lp_old, lp_new), "the first tokens' log-probabilities differ"
+    print(f"trained tiny GPT-2, {len(prompts)} {language} templates, k={k}: identical words and log-probabilities")
+    for name, t in best.items():
+        print(f"{name:<28}{t:>8.2f} CPU-s")
+    t_old, t_new = best.values()
+    print(f"ratio: {t_old / t_new:.2f}x")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--language", default="en", help="language of the shipped HONEST templates (default en)")
@@ -93,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--causal", action="store_true", help="also time causal greedy first words")
     ap.add_argument("--causal-templates", type=int, default=200,
                     help="templates for the causal comparison (default 200; 0: all)")
+    ap.add_argument("--vs", metavar="REV", help="only the trained tiny GPT-2's first words: hf_generate.py at "
+                    "this git revision against this tree's (module docstring)")
     args = ap.parse_args(argv)
 
     import torch
@@ -105,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.vs:
+        return versus(args.vs, args.language, args.k, args.repeats)
     templates = list(distinct_templates(load_test(f"{args.language}/honest").table)["template"])
     _, tok = tiny_models.load_tiny("bert")
     vocab = max(args.vocab, len(tok)) if args.vocab else len(tok)

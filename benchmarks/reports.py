@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd  # noqa: E402
 
+from benchmarks._at_rev import module_at  # noqa: E402
 from jobs import report  # noqa: E402
 
 
@@ -56,23 +57,6 @@ def _time(df: pd.DataFrame, layout) -> float:
         report._forest_layout = ours
 
 
-def _report_at(rev: str):
-    """``jobs/report.py`` as it was at git revision ``rev``, imported as a module of its own."""
-    import importlib.util
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-    r = subprocess.run(["git", "show", f"{rev}:jobs/report.py"], cwd=root, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"reports.py: --vs {rev}: {r.stderr.strip() or 'git show failed'}")
-    path = Path(tempfile.mkdtemp()) / "report_at_rev.py"
-    path.write_text(r.stdout, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("jobs._report_at_rev", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default="out/default/reports/results.parquet",
@@ -93,7 +77,7 @@ def main() -> int:
     else:
         df = pd.read_parquet(a.results)
     if a.vs:
-        old = _report_at(a.vs)
+        old = module_at(a.vs, "jobs/report.py", who="reports.py")
         names = (f"jobs/report.py at {a.vs}", "this tree's")
         times: dict[str, list[float]] = {n: [] for n in names}
         for mod in (old, report):  # first figures and fonts, in both, before timing

@@ -47,7 +47,6 @@ family's ``chat_template`` parameter asks for it (:mod:`audit.backends.chat`), e
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -59,7 +58,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from audit.backends import chat, hf_embed, hf_generate, hf_scoring
-from audit.backends.batching import AUTO_BATCH_CPU, AUTO_BATCH_CUDA, default_batch_size, run_batched
+from audit.backends.batching import AUTO_BATCH_CPU, AUTO_BATCH_CUDA, default_batch_size, run_batched, transformers_quiet
 from audit.errors import ModelError, ParameterError, UnsafeModelError
 from audit.outputs import write_text_atomic
 from audit.provenance import canonical_dtype
@@ -811,22 +810,6 @@ def _pick_dtype(dtype: str | None) -> Any:
     return getattr(torch, canonical_dtype(dtype))  # float32 on every device unless asked
 
 
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    from transformers.utils import logging as tlog
-
-    old = tlog.get_verbosity()
-    bars = tlog.is_progress_bar_enabled()
-    tlog.set_verbosity_error()
-    tlog.disable_progress_bar()  # "Loading weights" bars would clutter one-line error output
-    try:
-        yield
-    finally:
-        tlog.set_verbosity(old)
-        if bars:
-            tlog.enable_progress_bar()
-
-
 def _refuse_remote_code(ref: str, e: Exception, trust_remote_code: bool) -> None:
     """Raise :class:`UnsafeModelError` when Transformers refused a model for its own code."""
     if not trust_remote_code and isinstance(e, ValueError) and "custom code" in str(e):
@@ -971,7 +954,7 @@ def load_hf_model(
     auto_name, backend, head = KINDS[kind]
     auto_cls = getattr(transformers, auto_name)
     try:
-        with _quiet_transformers():
+        with transformers_quiet(progress_bars=False):  # "Loading weights" bars would clutter one-line errors
             tokenizer = transformers.AutoTokenizer.from_pretrained(src, **load_kw)
     except Exception as e:
         _refuse_remote_code(ref, e, trust_remote_code)
@@ -982,7 +965,7 @@ def load_hf_model(
             "(tokenizer.json) is required for character offsets"
         )
     try:
-        with _quiet_transformers():
+        with transformers_quiet(progress_bars=False):
             placement = {"device_map": device_map} if device_map is not None else {}
             model, info = auto_cls.from_pretrained(
                 src, use_safetensors=use_safe, dtype=torch_dtype, output_loading_info=True,

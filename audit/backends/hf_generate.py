@@ -53,7 +53,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from audit.backends.batching import default_batch_size, inference, pad_batch, positions, run_batched
+from audit.backends.batching import (
+    default_batch_size,
+    inference,
+    pad_batch,
+    positions,
+    run_batched,
+    transformers_quiet,
+)
 from audit.backends.hf_scoring import (
     causal_prefix_id,
     causal_start_id,
@@ -223,9 +230,11 @@ def _until_eos(tokens: list[int], eos: int | None) -> list[int]:
 
 
 def _batched(fn: Any, seqs: list[list[int]], bs: int, dev: Any) -> list[Any]:
-    """``fn`` over ``seqs`` in batches sorted by length (longest first), results in input order."""
+    """``fn`` over ``seqs`` in batches sorted by length (longest first), results in input order;
+    transformers' advice below ERROR left out once for all the batches (:func:`transformers_quiet`)."""
     order = sorted(range(len(seqs)), key=lambda i: (-len(seqs[i]), i))
-    res = run_batched(lambda batch: fn([seqs[i] for i in batch]), order, bs, device=dev)
+    with transformers_quiet():
+        res = run_batched(lambda batch: fn([seqs[i] for i in batch]), order, bs, device=dev)
     out: list[Any] = [None] * len(seqs)
     for i, v in zip(order, res):
         out[i] = v
@@ -329,13 +338,10 @@ def _greedy(model: Any, seqs: list[list[int]], max_new_tokens: int, *, pad: int,
     sampler's draw, :func:`_sample_batch`): a fresh ``GenerationConfig``, so the model's settings
     (repetition penalties and the like) stay out."""
     from transformers import GenerationConfig, LogitsProcessorList
-    from transformers.utils import logging as hf_logging
 
     ids, att, *_ = pad_batch(seqs, pad, "left")
     L = ids.shape[1]
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # generate's padding advice: the attention mask is passed
-    try:
+    with transformers_quiet():  # generate's padding advice: the attention mask is passed
         with inference():
             if processors:
                 config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
@@ -345,8 +351,6 @@ def _greedy(model: Any, seqs: list[list[int]], max_new_tokens: int, *, pad: int,
             else:
                 out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), max_new_tokens=max_new_tokens,
                                      **_greedy_search(pad, eos))
-    finally:
-        hf_logging.set_verbosity(level)
     return [row[L:].tolist() for row in out.cpu()]
 
 
@@ -373,13 +377,10 @@ def _go_on(model: Any, ids: Any, att: Any, cache: Any, max_new_tokens: int, *, p
     and step, not per row). Either way each sequence's tokens are those of one call, up to where
     its word ended (:func:`piecewise_greedy`: the caller's check of the model's settings)."""
     import torch
-    from transformers.utils import logging as hf_logging
 
     L = ids.shape[1]
     greedy = _greedy_search(pad, eos)
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # generate's padding advice: the attention mask is passed
-    try:
+    with transformers_quiet():  # generate's padding advice: the attention mask is passed
         with inference():
             first = model.generate(input_ids=ids, attention_mask=att, past_key_values=cache, max_new_tokens=1,
                                    return_dict_in_generate=True, **greedy)
@@ -397,8 +398,6 @@ def _go_on(model: Any, ids: Any, att: Any, cache: Any, max_new_tokens: int, *, p
             more = model.generate(input_ids=first.sequences[pick], past_key_values=cache,
                                   attention_mask=torch.cat([att[pick], att.new_ones((len(live), 1))], dim=1),
                                   max_new_tokens=max_new_tokens - 1, **greedy)
-    finally:
-        hf_logging.set_verbosity(level)
     for i, row in zip(live, more.cpu()):
         res[i] = row[L:].tolist()
     return res, []
@@ -587,8 +586,12 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
     def next_logp(batch: list[list[int]]) -> list[Any]:
         return _next_logp(model, pad, dev, batch)
 
+    @functools.lru_cache(maxsize=None)
+    def text(tokens: tuple[int, ...]) -> str:  # branches often share their tokens: each decoded once
+        return tokenizer.decode(list(tokens), skip_special_tokens=True)
+
     def word_ended(tokens: list[int]) -> bool:
-        return first_word(tokenizer.decode(tokens, skip_special_tokens=True))[1]
+        return first_word(text(tuple(tokens)))[1]
 
     def branches(batch: list[list[int]]) -> list[Any]:
         return _greedy_branches(model, batch, k, max_new_tokens, pad=pad, eos=eos, dev=dev, ended=word_ended)
@@ -658,5 +661,5 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
                     done[b] = eos is not None and t == eos
     for b, extra in zip(later, batched(greedy_rest, [prefixes[owner[b]] + gen[b] for b in later])):
         gen[b] += extra
-    words = [first_word(tokenizer.decode(_until_eos(g, eos), skip_special_tokens=True))[0] for g in gen]
+    words = [first_word(text(tuple(_until_eos(g, eos))))[0] for g in gen]
     return [words[i * k:(i + 1) * k] for i in range(n)], score.reshape(n, k)
