@@ -433,6 +433,30 @@ def test_greedy_branches_in_pieces_equal_one_call_and_only_unended_words_go_on(g
     assert {(w, n) for w, n, _ in one} == {("_greedy", 7)} and sum(r for *_, r in one) == 60 * 20
 
 
+@pytest.mark.unit
+def test_greedy_branches_set_the_log_level_once_per_batch_loop_and_restore_it(gpt2, monkeypatch):
+    """transformers' log level is set to ERROR once around each batch loop of generate calls (the
+    branches, the deferred rest), not around every call (setting a level clears every logger's
+    cached level: it cost a twentieth of a HONEST task), and the caller's level comes back."""
+    from transformers.utils import logging as tlog
+
+    model, tok = gpt2.handle.model, gpt2.handle.tokenizer
+    templates = distinct_templates(load_test("en/honest").table)["template"]
+    prompts = list(templates.str.split("[M]").str[0].str.strip())[:40]
+    levels = []
+    real = tlog.set_verbosity
+    monkeypatch.setattr(tlog, "set_verbosity", lambda v: (levels.append(v), real(v))[1])
+    before = tlog.get_verbosity()
+    try:
+        tlog.set_verbosity(tlog.INFO)
+        levels.clear()
+        causal_first_words(model, tok, prompts, 20, batch_size=16)  # 40 batches of branches
+        assert tlog.get_verbosity() == tlog.INFO
+    finally:
+        real(before)
+    assert levels == [tlog.ERROR, tlog.INFO] * 2, levels
+
+
 def test_greedy_words_go_on_with_the_kv_cache_of_the_rows_left(gpt2):
     """Where more than half of the sequences go on, they go on from the first token's KV cache (its
     rows of them): their tokens are those of one ``generate`` call; the others keep one token."""
