@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
@@ -25,5 +26,6 @@ def module_at(rev: str, path: str, *, who: str) -> ModuleType:
     file.write_text(r.stdout, encoding="utf-8")
     spec = importlib.util.spec_from_file_location(f"{name.rsplit('.', 1)[0]}._at_rev", file)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # where dataclasses and pickling look the module up
     spec.loader.exec_module(mod)
     return mod

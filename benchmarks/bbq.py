@@ -1,7 +1,7 @@
 """Benchmark: BBQ option scoring on a whole data set, batched vs lm-evaluation-harness's per-request loop.
 
 Run: ``.venv/bin/python benchmarks/bbq.py [--language es] [--items N] [--threads T] [--skip-batch-1]
-[--device cpu|cuda]`` (the whole EsBBQ set, 27,320 items x 3 options = 81,960 requests; about ten
+[--device cpu|cuda] [--vs REV]`` (the whole EsBBQ set, 27,320 items x 3 options = 81,960 requests; about ten
 minutes on 2 cores, most of it the harness at batch size 1). ``--device cuda``: the model (float32)
 on the GPU for every method; the log-likelihoods are then held to 1e-4 + 1e-5 x |value|.
 
@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                          "hidden 512, 4 layers, a 32000-row head (compute-bound; use --items)")
     ap.add_argument("--skip-batch-1", action="store_true", help="leave out the harness at batch size 1")
     ap.add_argument("--chunk", type=int, default=1000, help="items per chunk of the interleaved timing (default 1000)")
+    ap.add_argument("--vs", metavar="REV", help="also time continuation_loglik of audit/backends/hf_scoring.py "
+                    "at this git revision (the baseline of a change), interleaved with the others")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the model runs, for every method")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall (default): elapsed time; cpu: this process's CPU time (time.process_time), "
@@ -112,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
           f"longest sampled request {longest} tokens")
 
     methods = {"batched": lambda rq: continuation_loglik(model, tok, rq, batch_size=args.batch_size)[0]}
+    if args.vs:
+        from benchmarks._at_rev import module_at
+
+        old = module_at(args.vs, "audit/backends/hf_scoring.py", who="bbq.py")
+        methods[f"batched at {args.vs}"] = lambda rq: old.continuation_loglik(model, tok, rq, batch_size=args.batch_size)[0]
     for bs in ((32,) if args.skip_batch_1 else (32, 1)):
         lm = harness_lm(model, tok, batch_size=bs)
         methods[f"harness, batch {bs}"] = (lambda lm_: lambda rq: np.array([r[0] for r in loglikelihood(lm_, rq)]))(lm)
@@ -141,13 +148,16 @@ def main(argv: list[str] | None = None) -> int:
             "the harness and the batched scores disagree"
     t_ours = times["batched"]
     rows = list(times.items())
-    print(f"{'method':<20}{'time (s)':>10}{'requests/s':>12}")
+    print(f"{'method':<24}{'time (s)':>10}{'requests/s':>12}")
     for name, t in rows:
-        print(f"{name:<20}{t:>10.1f}{len(reqs) / t:>12.0f}")
+        print(f"{name:<24}{t:>10.2f}{len(reqs) / t:>12.0f}")
     t32 = dict(rows)["harness, batch 32"]
     r32 = t32 / t_ours
     print(f"speed-up: {r32:.1f}x vs the harness at batch 32 (goal >= 3x: {'met' if r32 >= 3 else 'NOT met'})"
           + (f", {dict(rows)['harness, batch 1'] / t_ours:.1f}x vs batch 1" if not args.skip_batch_1 else ""))
+    if args.vs:
+        t_old = dict(rows)[f"batched at {args.vs}"]
+        print(f"this tree vs {args.vs}: {t_old / t_ours:.2f}x ({t32 / t_old:.1f}x the harness at batch 32 there)")
     return 0
 
 

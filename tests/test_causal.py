@@ -548,6 +548,54 @@ def test_shared_prefixes_give_the_same_numbers(causal, family):
     np.testing.assert_allclose(auto, [float(v.sum()) for v in plain], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_right_padded_batches_run_without_the_mask_with_the_same_numbers(causal, family, monkeypatch):
+    """Right-padded scoring batches (the plain pass, and the contexts of the shared-prefix pass)
+    run without attention mask and position ids once :func:`right_padding_unmasked` has found that
+    the same for the model; every token's log-probability equals the unpadded one-sequence pass."""
+    from audit.backends import hf_scoring as lm_scoring
+
+    hm = causal[family]
+    model, tok = hm.model, hm.tokenizer
+    base = getattr(model, model.base_model_prefix)
+    masks: list[bool] = []
+    forward = type(base).forward
+    monkeypatch.setattr(type(base), "forward",
+                        lambda self, *a, **k: masks.append(k.get("attention_mask") is None) or forward(self, *a, **k))
+    reqs = [("", "she likes art."), ("", "The poor are really ignorant about how to handle the money."),
+            ("he is", " a doctor."), ("he is", " kind"), ("Bij het woord kunst denk ik aan", " de zee")]
+    seqs = lm_scoring.encode_requests(tok, reqs)
+    for share in (False, True):
+        masks.clear()
+        got = lm_scoring.causal_token_logprobs(model, seqs, share_prefixes=share, batch_size=8)
+        for (ids, n_ctx), g in zip(seqs, got):
+            np.testing.assert_allclose(g, ref_token_logprobs(model, ids)[n_ctx - 1:].double().numpy(), atol=1e-5, rtol=0)
+        assert lm_scoring._UNMASKED_OK.get(model) is True
+        assert True in masks, masks  # a padded pass ran without its mask
+
+
+def test_a_model_whose_attention_reads_the_mask_keeps_it():
+    """A model that attends to the padding once the mask is gone (here the tiny Llama with its
+    attention made bidirectional, where only the mask keeps it causal) fails the check and keeps
+    the mask: its numbers are those of the masked pass."""
+    from audit.backends import hf_scoring as lm_scoring
+    from audit.backends.batching import pad_batch, positions
+
+    hm = load_hf_model(tiny_models.tiny_model_dir("llama"), kind="causal")  # a private copy
+    model, tok = hm.model, hm.tokenizer
+    for m in model.modules():
+        if hasattr(m, "is_causal"):
+            m.is_causal = False  # transformers: no mask -> no causal kernel either
+    seqs = lm_scoring.encode_requests(tok, [("", "she likes art."), ("", "The poor are really ignorant about money.")])
+    ids, att, *_ = pad_batch([s for s, _ in seqs], lm_scoring.pad_token_id(tok), "right")
+    assert not lm_scoring.right_padding_unmasked(model, ids, att, positions(att))
+    got = lm_scoring.causal_token_logprobs(model, seqs, batch_size=8, pad_id=lm_scoring.pad_token_id(tok))
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=ids, attention_mask=att, position_ids=positions(att)).logits.float(), -1)
+    for r, ((s, n_ctx), g) in enumerate(zip(seqs, got)):
+        np.testing.assert_allclose(g, [lp[r, t - 1, s[t]].item() for t in range(n_ctx, len(s))], atol=1e-6, rtol=0)
+
+
 def test_shared_prefixes_fall_back_when_unverified(causal, monkeypatch):
     """A model whose cached pass was not verified runs every sequence the plain way."""
     from audit.backends import hf_scoring as lm_scoring

@@ -74,7 +74,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from audit.backends.batching import PADDING_SIDES, inference, pad_batch, positions, run_batched
-from audit.backends.hf_scoring import causal_start_id
+from audit.backends.hf_scoring import causal_start_id, right_padding_unmasked
 from audit.backends.table import pooling_of
 from audit.errors import DataError, ModelError, ParameterError
 
@@ -273,7 +273,9 @@ def embed_sentences(m: Any, sentences: list[str], *, method: str | None = "cls",
         which also halves it on CUDA out-of-memory).
     padding_side : {"right", "left"}
         Where batches are padded; ``"left"`` only for causal LMs (position ids from the attention
-        mask). Results are the same either way up to float rounding.
+        mask). Results are the same either way up to float rounding. A causal LM's right-padded
+        batches run without the mask where :func:`audit.backends.hf_scoring.right_padding_unmasked`
+        allows (the padding's states get zero weight).
 
     Returns
     -------
@@ -338,9 +340,13 @@ def embed_sentences(m: Any, sentences: list[str], *, method: str | None = "cls",
         if want_tt:
             inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
         if with_pos:
-            inputs["position_ids"] = positions(mask).to(m.device)
+            inputs["position_ids"] = positions(inputs["attention_mask"])
         if causal:
             inputs["use_cache"] = False
+            if padding_side == "right" and right_padding_unmasked(m.model, inputs["input_ids"], inputs["attention_mask"],
+                                                                  inputs.get("position_ids")):
+                del inputs["attention_mask"]  # causal attention alone hides the padding (zero weight)
+                inputs.pop("position_ids", None)
         with inference():
             out = net(**inputs, output_hidden_states=True, return_dict=True)
             hs = out.hidden_states[layer].float()
