@@ -241,6 +241,28 @@ def _gather_chunked(rows_logits: Callable[[Any], Any], n_rows: int, targets: Any
     return torch.cat([o.cpu() for o in out]) if out else torch.zeros(0)
 
 
+def _close(got: Any, ref: Any, model: Any, tol: float) -> bool:
+    """Whether ``got`` equals ``ref`` (tensors) within ``tol`` x ``(1 + max |ref|)``, absolute; 5e-2
+    instead of ``tol`` for a model in half precision. The once-per-model checks of the shortcuts."""
+    import torch
+
+    if next(model.parameters()).dtype != torch.float32:
+        tol = 5e-2
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    got = got.to(ref.device)
+    return got.shape == ref.shape and np.isfinite(scale) and bool(
+        torch.allclose(got, ref, atol=tol * (1.0 + scale), rtol=0.0))
+
+
+def _remember(table: "weakref.WeakKeyDictionary[Any, bool]", model: Any, ok: bool) -> bool:
+    """``table[model] = ok`` (a model that cannot be weak-referenced is checked again next time)."""
+    try:
+        table[model] = ok
+    except TypeError:  # pragma: no cover - model not weak-referenceable
+        pass
+    return ok
+
+
 def split_verified(model: Any, input_ids: Any, attention_mask: Any, **kw: Any) -> tuple[Callable, Callable] | None:
     """The encoder/head split of ``model`` if it reproduces the full forward pass (checked once
     per model on the first batch: logits of up to 8 positions within 1e-3 relative in float32,
@@ -261,17 +283,8 @@ def split_verified(model: Any, input_ids: Any, attention_mask: Any, **kw: Any) -
         hid = encoder(input_ids[:1], att1, **one)
         got = head(hid[b.to(hid.device), p.to(hid.device)]).float()
         logits = model(input_ids=input_ids[:1], attention_mask=att1, **one).logits
-        ref = logits[b.to(logits.device), p.to(logits.device)].float()
-        got = got.to(ref.device)
-        tol = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
-        scale = float(ref.abs().max()) if ref.numel() else 0.0
-        ok = got.shape == ref.shape and np.isfinite(scale) and bool(
-            torch.allclose(got, ref, atol=tol * (1.0 + scale), rtol=0.0))
-    try:
-        _SPLIT_OK[model] = ok
-    except TypeError:  # pragma: no cover - model not weak-referenceable
-        pass
-    return split if ok else None
+        ok = _close(got, logits[b.to(logits.device), p.to(logits.device)].float(), model, 1e-3)
+    return split if _remember(_SPLIT_OK, model, ok) else None
 
 
 #: Per causal model: whether right-padded rows give the same scores without the attention mask
@@ -295,8 +308,6 @@ def right_padding_unmasked(model: Any, input_ids: Any, attention_mask: Any, posi
     with the most padding of its first padded batch: the logits at their tokens within 1e-4
     (float32; 5e-2 half precision) of ``(1 + max |logit|)``, else the mask stays (a model whose
     attention is not causal, or that reads the mask for more than attention)."""
-    import torch
-
     real = attention_mask.bool()
     if bool(real.all()):
         return True
@@ -307,15 +318,7 @@ def right_padding_unmasked(model: Any, input_ids: Any, attention_mask: Any, posi
     with inference():
         ref = model(input_ids=ids, attention_mask=att, use_cache=False, **pos).logits[real].float()
         got = model(input_ids=ids, use_cache=False).logits[real].float()
-    tol = 1e-4 if next(model.parameters()).dtype == torch.float32 else 5e-2
-    scale = float(ref.abs().max()) if ref.numel() else 0.0
-    ok = got.shape == ref.shape and np.isfinite(scale) and bool(
-        torch.allclose(got, ref, atol=tol * (1.0 + scale), rtol=0.0))
-    try:
-        _UNMASKED_OK[model] = ok
-    except TypeError:  # pragma: no cover - model not weak-referenceable
-        pass
-    return ok
+    return _remember(_UNMASKED_OK, model, _close(got, ref, model, 1e-4))
 
 
 def _target_logprobs(model: Any, input_ids: Any, attention_mask: Any, b_idx: Any, p_idx: Any,
@@ -902,7 +905,7 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
         torch.cuda.empty_cache()
         return None
     except (TypeError, ValueError, AttributeError, NotImplementedError, RuntimeError):
-        _remember(model, False)  # this model cannot run on a cache as done here: plain passes only
+        _remember(_SHARE_OK, model, False)  # this model cannot run on a cache as done here: plain passes only
         return None
     if model not in _SHARE_OK:
         i0 = groups[ctxs[0]][0]
@@ -911,19 +914,10 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
             ids = torch.tensor([s], device=dev)
             lp = torch.log_softmax(model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float(), -1)
             ref = np.array([float(lp[t - 1, s[t]]) for t in range(n_ctx, len(s))])
-        tol = 2e-4 if next(model.parameters()).dtype == torch.float32 else 5e-2
-        ok = ref.shape == out[i0].shape and bool(np.allclose(out[i0], ref, atol=tol * (1 + np.abs(ref).max()), rtol=0))
-        _remember(model, ok)
-        if not ok:
+        ok = _close(torch.from_numpy(out[i0]), torch.from_numpy(ref), model, 2e-4)
+        if not _remember(_SHARE_OK, model, ok):
             return None
     return out
-
-
-def _remember(model: Any, ok: bool) -> None:
-    try:
-        _SHARE_OK[model] = ok
-    except TypeError:  # pragma: no cover - model not weak-referenceable
-        pass
 
 
 def continuation_loglik(model: Any, tokenizer: Any, requests: Sequence[tuple[str, str]],
