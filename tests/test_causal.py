@@ -577,7 +577,7 @@ def test_right_padded_batches_run_without_the_mask_with_the_same_numbers(causal,
 def test_a_model_whose_attention_reads_the_mask_keeps_it():
     """A model that attends to the padding once the mask is gone (here the tiny Llama with its
     attention made bidirectional, where only the mask keeps it causal) fails the check and keeps
-    the mask: its numbers are those of the masked pass."""
+    the mask: its numbers are those of the masked pass. So does one that refuses to run without it."""
     from audit.backends import hf_scoring as lm_scoring
     from audit.backends.batching import pad_batch, positions
 
@@ -594,6 +594,18 @@ def test_a_model_whose_attention_reads_the_mask_keeps_it():
         lp = torch.log_softmax(model(input_ids=ids, attention_mask=att, position_ids=positions(att)).logits.float(), -1)
     for r, ((s, n_ctx), g) in enumerate(zip(seqs, got)):
         np.testing.assert_allclose(g, [lp[r, t - 1, s[t]].item() for t in range(n_ctx, len(s))], atol=1e-6, rtol=0)
+    # a model that cannot run without its mask keeps it too (no error from the check)
+    strict = load_hf_model(tiny_models.tiny_model_dir("llama"), kind="causal").model
+    forward = strict.forward
+
+    def needs_mask(*a, attention_mask=None, **k):
+        if attention_mask is None:
+            raise ValueError("this model needs its attention mask")
+        return forward(*a, attention_mask=attention_mask, **k)
+
+    strict.forward = needs_mask
+    assert not lm_scoring.right_padding_unmasked(strict, ids, att, positions(att))
+    assert lm_scoring._UNMASKED_OK[strict] is False
 
 
 def test_shared_prefixes_fall_back_when_unverified(causal, monkeypatch):
