@@ -574,6 +574,30 @@ def test_right_padded_batches_run_without_the_mask_with_the_same_numbers(causal,
         assert True in masks, masks  # a padded pass ran without its mask
 
 
+def test_shared_prefixes_under_a_sliding_window_keep_the_contexts_left_padded():
+    """A model with a sliding window counts it in cache positions: contexts padded on the right
+    would put their padding between a context and its continuation and push the context's tokens
+    out of the continuation's window. Such a model keeps left-padded contexts, with the numbers of
+    the plain pass (the tiny Mistral with a window of 4 tokens, contexts of several lengths)."""
+    from audit.backends import hf_scoring as lm_scoring
+
+    hm = load_hf_model(tiny_models.tiny_model_dir("mistral"), kind="causal")  # a private copy
+    model, tok = hm.model, hm.tokenizer
+    model.config.sliding_window = 4
+    for m in model.modules():
+        if hasattr(m, "sliding_window"):
+            m.sliding_window = 4
+    assert not lm_scoring._full_attention_only(model)
+    reqs = [(ctx, c) for ctx in ("he is", "Bij het woord kunst denk ik aan", "The poor are really ignorant about how to")
+            for c in (" a doctor.", " handle the money they do have.")]
+    seqs = lm_scoring.encode_requests(tok, reqs)
+    plain = lm_scoring.causal_token_logprobs(model, seqs, share_prefixes=False, batch_size=8)
+    shared = lm_scoring.causal_token_logprobs(model, seqs, share_prefixes=True, batch_size=8)
+    assert lm_scoring._SHARE_OK.get(model) is True
+    for (ids, n_ctx), a, b in zip(seqs, plain, shared):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)
+
+
 def test_a_model_whose_attention_reads_the_mask_keeps_it():
     """A model that attends to the padding once the mask is gone (here the tiny Llama with its
     attention made bidirectional, where only the mask keeps it causal) fails the check and keeps

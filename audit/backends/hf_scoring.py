@@ -731,8 +731,8 @@ def causal_token_logprobs(model: Any, sequences: Sequence[tuple[Sequence[int], i
     cumsum(mask) - 1`` passed explicitly (so left padding does not shift the positions of rotary
     or learned position embeddings; models whose forward takes no ``position_ids``, e.g. ALiBi
     models, derive them from the mask). Right-padded batches run without the mask and the
-    position ids where :func:`right_padding_unmasked` found that the same for this model. The LM head runs only on the positions that predict a
-    scored token (see :func:`_target_logprobs`).
+    position ids where :func:`right_padding_unmasked` found that the same for this model. The LM
+    head runs only on the positions that predict a scored token (see :func:`_target_logprobs`).
 
     Shared contexts (``share_prefixes``): sequences with the same context of two or more tokens
     (LPBS: one target prefix for every attribute; BBQ: one passage for every answer option) can
@@ -823,20 +823,35 @@ def _prefix_groups(uniq: list[tuple[tuple[int, ...], int]]) -> dict[tuple[int, .
     return {c: g for c, g in by_ctx.items() if len(g) >= 2}
 
 
+def _full_attention_only(model: Any) -> bool:
+    """Whether every attention layer of ``model`` sees the whole cache: no sliding window, chunked
+    attention or other layer type in its config. Windows are counted in cache positions, so a
+    context padded on the right would move its own tokens away from its continuation's."""
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "sliding_window", None) is not None or getattr(cfg, "attention_chunk_size", None):
+        return False
+    types = getattr(cfg, "layer_types", None)
+    return not types or all(t == "full_attention" for t in types)
+
+
 def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
                             groups: dict[tuple[int, ...], list[int]], batch_size: int, dev: Any,
                             pad_id: int) -> dict[int, np.ndarray] | None:
     """Per-token log-probabilities of the sequences in ``groups``, each context run once.
 
-    Contexts (batched, right-padded: without the mask where :func:`right_padding_unmasked` allows,
-    so the longest pass takes the causal attention kernel: EsBBQ's first 2000 items on the tiny
-    Llama, ``benchmarks/bbq.py --vs``, 1.14-1.19x, the contexts' attention 1.10 → 0.78 CPU-s) run through the base model with a key/value cache; the head on each context's last state
-    scores the first continuation token. The continuations (minus their last token) then run on
-    copies of the cache expanded to one row per continuation (``Cache.reorder_cache``), attention
-    mask = context mask (its padding, between the context and the continuation, masked) +
-    continuation mask, positions continuing the context's; the head scores the following tokens. The same
+    Contexts (batched) run through the base model with a key/value cache; the head on each
+    context's last state scores the first continuation token. The continuations (minus their last
+    token) then run on copies of the cache expanded to one row per continuation
+    (``Cache.reorder_cache``), attention mask = context mask + continuation mask, positions
+    continuing the context's; the head scores the following tokens. Contexts are padded on the
+    right (the padding then sits between a context and its continuation, masked) and run without
+    the mask where :func:`right_padding_unmasked` allows, so the longest pass takes the causal
+    attention kernel (EsBBQ's first 2000 items on the tiny Llama, ``benchmarks/bbq.py --vs``:
+    1.14-1.19x; the contexts' attention 1.10 → 0.78 CPU-s); on the left, under the mask, for a model
+    with windowed attention layers (:func:`_full_attention_only`). The same
     numbers as one pass per sequence, up to float rounding: checked once per model against the
-    plain pass on the first group (2e-4 absolute in float32, 5e-2 in half precision) -- a model
+    plain pass on two sequences, one of the first batch's longest context and one of its shortest
+    (2e-4 absolute in float32, 5e-2 in half precision) -- a model
     that disagrees or cannot (no cache, no position ids, no verified head split) returns
     ``None`` and everything runs the plain way.
     """
@@ -851,6 +866,7 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
     if base is None or not _accepts(base.forward, "past_key_values") or not _accepts(base.forward, "position_ids"):
         return None
     ctxs = sorted(groups, key=lambda c: (-len(c), c))
+    side = "right" if _full_attention_only(model) else "left"
     out: dict[int, np.ndarray] = {}
     head = None
     cfg = getattr(model, "config", None)
@@ -858,21 +874,22 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
     try:
         for a in range(0, len(ctxs), batch_size):
             cb = ctxs[a: a + batch_size]
-            ids, att, _, _, lens = pad_batch(cb, pad_id, "right")
+            ids, att, _, _, lens = pad_batch(cb, pad_id, side)
             ids, att = ids.to(dev), att.to(dev)
             pos = positions(att)
+            ends = torch.from_numpy(lens).to(dev)  # each context's length: its continuation's first position
             with inference():
                 if head is None:
                     split = split_verified(model, ids, att, position_ids=pos, use_cache=False)
                     if split is None:
                         return None
                     head = split[1]
-                if right_padding_unmasked(model, ids, att, pos):
+                if side == "right" and right_padding_unmasked(model, ids, att, pos):
                     o = base(input_ids=ids, use_cache=True)
                 else:
                     o = base(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True)
-                ends = torch.from_numpy(lens).to(dev)  # each context's length: its last state, then
-                last = o.last_hidden_state[torch.arange(len(cb), device=dev), ends - 1]  # its next position
+                col = ends - 1 if side == "right" else torch.full_like(ends, ids.shape[1] - 1)
+                last = o.last_hidden_state[torch.arange(len(cb), device=dev), col]
                 cache = o.past_key_values
                 members = [(r, i) for r, c in enumerate(cb) for i in groups[c]]
                 # first continuation token: from the context's last state
@@ -917,13 +934,16 @@ def _shared_prefix_logprobs(model: Any, uniq: list[tuple[tuple[int, ...], int]],
         _remember(_SHARE_OK, model, False)  # this model cannot run on a cache as done here: plain passes only
         return None
     if model not in _SHARE_OK:
-        i0 = groups[ctxs[0]][0]
-        s, n_ctx = uniq[i0]
-        with inference():
-            ids = torch.tensor([s], device=dev)
-            lp = torch.log_softmax(model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float(), -1)
-            ref = np.array([float(lp[t - 1, s[t]]) for t in range(n_ctx, len(s))])
-        ok = _close(torch.from_numpy(out[i0]), torch.from_numpy(ref), model, 2e-4)
+        ok = True
+        # a continuation of the first batch's longest context and one of its shortest (the row
+        # with the most padding, where the padding could matter)
+        for i0 in sorted({groups[ctxs[0]][0], groups[ctxs[:batch_size][-1]][-1]}):
+            s, n_ctx = uniq[i0]
+            with inference():
+                ids = torch.tensor([s], device=dev)
+                lp = torch.log_softmax(model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float(), -1)
+                ref = np.array([float(lp[t - 1, s[t]]) for t in range(n_ctx, len(s))])
+            ok = ok and _close(torch.from_numpy(out[i0]), torch.from_numpy(ref), model, 2e-4)
         if not _remember(_SHARE_OK, model, ok):
             return None
     return out
