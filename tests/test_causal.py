@@ -613,6 +613,9 @@ def test_a_model_whose_attention_reads_the_mask_keeps_it():
     seqs = lm_scoring.encode_requests(tok, [("", "she likes art."), ("", "The poor are really ignorant about money.")])
     ids, att, *_ = pad_batch([s for s, _ in seqs], lm_scoring.pad_token_id(tok), "right")
     assert not lm_scoring.right_padding_unmasked(model, ids, att, positions(att))
+    whole = att.bool().all(1)
+    assert whole.sum() == 1  # the longer sentence's row has no padding: it keeps the mask too
+    assert not lm_scoring.right_padding_unmasked(model, ids[whole], att[whole])
     got = lm_scoring.causal_token_logprobs(model, seqs, batch_size=8, pad_id=lm_scoring.pad_token_id(tok))
     with torch.no_grad():
         lp = torch.log_softmax(model(input_ids=ids, attention_mask=att, position_ids=positions(att)).logits.float(), -1)

@@ -304,18 +304,19 @@ def right_padding_unmasked(model: Any, input_ids: Any, attention_mask: Any, posi
     tokens' states equal to the bit. (Position ids must go too: from position ids that restart,
     transformers infers packed sequences and builds the mask again.)
 
-    A batch without padding needs no check. Otherwise checked once per model, on the four rows
+    A batch without padding needs no check (a model that failed it keeps its mask there too).
+    Otherwise checked once per model, on the four rows
     with the most padding of its first padded batch: the logits at their tokens within 1e-4
     (float32; 5e-2 half precision) of ``(1 + max |logit|)``, else the mask stays (a model whose
     attention is not causal, or that reads the mask for more than attention; also one that cannot
     run without it)."""
     import torch
 
+    if model in _UNMASKED_OK:
+        return _UNMASKED_OK[model]
     real = attention_mask.bool()
     if bool(real.all()):
         return True
-    if model in _UNMASKED_OK:
-        return _UNMASKED_OK[model]
     ids, att, real = input_ids[-4:], attention_mask[-4:], real[-4:]
     pos = {} if position_ids is None else {"position_ids": position_ids[-4:]}
     kw = {"use_cache": False} if _accepts(model.forward, "use_cache") else {}
