@@ -21,10 +21,10 @@ def module_at(rev: str, path: str, *, who: str) -> ModuleType:
     r = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{who}: --vs {rev}: {r.stderr.strip() or 'git show failed'}")
-    name = path.removesuffix(".py").replace("/", ".")
-    file = Path(tempfile.mkdtemp()) / f"{name.rsplit('.', 1)[-1]}_at_rev.py"
+    name = path.removesuffix(".py").replace("/", ".") + "_at_rev"  # one name per module, beside it
+    file = Path(tempfile.mkdtemp()) / f"{name.rsplit('.', 1)[-1]}.py"
     file.write_text(r.stdout, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(f"{name.rsplit('.', 1)[0]}._at_rev", file)
+    spec = importlib.util.spec_from_file_location(name, file)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # where dataclasses and pickling look the module up
     spec.loader.exec_module(mod)

@@ -82,16 +82,10 @@ def _one_generate_call():
         hf_generate.piecewise_greedy = saved
 
 
-def timed(fn):
-    t0 = time.perf_counter()
+def timed(fn, clock=time.perf_counter):
+    t0 = clock()
     out = fn()
-    return out, time.perf_counter() - t0
-
-
-def cpu_timed(fn):
-    t0 = time.process_time()
-    out = fn()
-    return out, time.process_time() - t0
+    return out, clock() - t0
 
 
 def versus(rev: str, language: str, k: int, repeats: int) -> int:
@@ -114,7 +108,7 @@ def versus(rev: str, language: str, k: int, repeats: int) -> int:
     got: dict[str, tuple] = {}
     for _ in range(max(1, repeats)):
         for name, fn in runs.items():
-            got[name], t = cpu_timed(lambda: fn(model, tok, prompts, k))
+            got[name], t = timed(lambda: fn(model, tok, prompts, k), clock=time.process_time)
             best[name] = min(best.get(name, float("inf")), t)
     (w_old, lp_old), (w_new, lp_new) = got.values()
     assert w_old == w_new, "the first words differ"
