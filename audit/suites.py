@@ -8,6 +8,7 @@ Detection Framework's WEAT ``.txt`` format, and the registry of the tests shippe
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -115,10 +116,27 @@ class TableTest:
     licence: str = ""
     source: str = ""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
+    #: ``digest()`` once computed (the table is never changed in place once read: readers build a
+    #: new frame, the families derive theirs).
+    _memo: dict[str, str] = dataclasses.field(default_factory=dict, init=False, repr=False, hash=False,
+                                              compare=False)
 
     def digest(self) -> str:
-        """``sha256:<hex>`` of the table's content (:func:`_table_digest`)."""
-        return _table_digest(self.table)
+        """``sha256:<hex>`` of the table's content (:func:`_table_digest`), computed once per object:
+        EsBBQ's 27,000 items take 0.44 CPU-s, and a sweep's statistics workers asked for it on every
+        task's result. The driver computes it before the test travels to the workers
+        (:func:`jobs.plan.attach_keys`), so they receive it with the test."""
+        d = self._memo.get("digest")
+        if d is None:
+            d = self._memo["digest"] = _table_digest(self.table)
+        return d
+
+    def copy(self) -> "TableTest":
+        """The same test with a table (and ``extra``) of its own: what a cache of parsed files hands
+        out, so that no caller can change another's table. The digest memo is shared: the same content."""
+        new = dataclasses.replace(self, table=self.table.copy(), extra=copy.deepcopy(self.extra))
+        object.__setattr__(new, "_memo", self._memo)
+        return new
 
 
 @dataclasses.dataclass(frozen=True)

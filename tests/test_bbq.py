@@ -132,6 +132,40 @@ def test_bad_bbq_rows_name_file_line_field(tmp_path, over, msg):
         read_bbq(p, language="en")
 
 
+def test_a_bbq_file_is_parsed_once_per_content_and_each_caller_gets_its_own_table(tmp_path, monkeypatch):
+    """``read_bbq`` keeps what it parsed (``audit.datasets._common.parsed_once``): the same file read
+    again is not parsed again, each caller gets a table of its own (a change to one is not seen by
+    the next), and a file rewritten in place with the same size and modification time (one tick of
+    the file system's clock) is parsed again. The digest is computed once for the content."""
+    import audit.suites
+    from audit.datasets import bbq as bbq_data
+
+    parsed, hashed = [], []
+    item, table_digest = bbq_data._item, audit.suites._table_digest
+    monkeypatch.setattr(bbq_data, "_item", lambda *a: parsed.append(1) or item(*a))
+    monkeypatch.setattr(audit.suites, "_table_digest", lambda t: hashed.append(1) or table_digest(t))
+    p = tmp_path / "x.jsonl"
+    p.write_text(_bbq_line() + "\n" + _bbq_line(example_id=1) + "\n", encoding="utf-8")
+    a = read_bbq(p, language="en")
+    assert len(parsed) == 2
+    b = read_bbq(p, language="en")
+    assert len(parsed) == 2 and a.table is not b.table
+    pd.testing.assert_frame_equal(a.table, b.table)
+    a.table.loc[0, "context"] = "changed"
+    assert read_bbq(p, language="en").table.loc[0, "context"] == "I saw a grandson and their grandfather."
+    d = b.digest()
+    assert b.digest() == d and read_bbq(p, language="en").digest() == d and len(hashed) == 1
+    assert read_bbq(p, language="en", name="other").name == "other" and len(parsed) == 4  # other arguments
+    st = p.stat()
+    p.write_text(_bbq_line(context="I saw a grandson and their grandmother.") + "\n" + _bbq_line(example_id=1)
+                 + "\n", encoding="utf-8")
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert p.stat().st_size == st.st_size and p.stat().st_mtime_ns == st.st_mtime_ns
+    c = read_bbq(p, language="en")
+    assert len(parsed) == 6 and c.table.loc[0, "context"] == "I saw a grandson and their grandmother."
+    assert c.digest() != d
+
+
 def test_bad_bbq_files(tmp_path):
     p = tmp_path / "x.jsonl"
     p.write_text(_bbq_line() + "\n{not json\n", encoding="utf-8")

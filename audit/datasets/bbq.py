@@ -69,7 +69,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from audit.datasets._common import _check_language, _read_text
+from audit.datasets._common import _check_language, _read_text, parsed_once
 from audit.errors import DataError, ParameterError
 from audit.suites import MultipleChoice
 
@@ -382,6 +382,15 @@ def read_bbq(path: str | os.PathLike, *, name: str | None = None, language: str,
         files = [p]
     else:
         raise DataError(f"{p}: no such file or folder (BBQ-family data)")
+    return parsed_once("bbq", (str(p), name, language, provenance, licence, description), files,
+                       lambda: _read_files(p, files, name=name, language=language, provenance=provenance,
+                                           licence=licence, description=description),
+                       copy=MultipleChoice.copy)
+
+
+def _read_files(p: Path, files: list[Path], *, name: str | None, language: str, provenance: str, licence: str,
+                description: str) -> MultipleChoice:
+    """:func:`read_bbq` of the ``files`` found at ``p`` (parsed once per process and content)."""
     layout = None
     rows: list[dict[str, Any]] = []
     seen: dict[str, str] = {}

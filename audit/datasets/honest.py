@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import functools
 import hashlib
 import io
 import os
@@ -45,7 +44,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from audit.datasets._common import _check_language, _read_text, data_root
+from audit.datasets._common import _check_language, _read_text, data_root, parsed_once
 from audit.errors import DataError, ParameterError
 from audit.suites import CompletionTemplates
 
@@ -194,17 +193,16 @@ def hurtlex_path(language: str, path: str | os.PathLike | None = None) -> Path:
 
 
 def load_hurtlex(language: str, path: str | os.PathLike | None = None) -> Lexicon:
-    """Read the HurtLex lexicon of ``language`` (:func:`hurtlex_path`); cached per file content.
+    """Read the HurtLex lexicon of ``language`` (:func:`hurtlex_path`); parsed once per process and file content
+    (:func:`audit.datasets._common.parsed_once`).
 
     Raises :class:`DataError` for a missing file (naming what to pass) or a file without the
     ``lemma``, ``category``, ``level`` columns."""
     p = hurtlex_path(language, path)
-    st = p.stat()
-    return _read_hurtlex(str(p.resolve()), st.st_size, st.st_mtime_ns, language)
+    return parsed_once("hurtlex", (language,), [p], lambda: _read_hurtlex(str(p.resolve()), language))
 
 
-@functools.lru_cache(maxsize=16)
-def _read_hurtlex(path: str, size: int, mtime: int, language: str) -> Lexicon:
+def _read_hurtlex(path: str, language: str) -> Lexicon:
     raw = Path(path).read_bytes()
     try:
         text = raw.decode("utf-8")

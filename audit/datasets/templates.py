@@ -23,6 +23,7 @@ from audit.datasets._common import (
     _typename,
     _where,
     datasets_root,
+    parsed_once,
 )
 from audit.errors import DataError, ParameterError, suggest
 from audit.suites import WordTest
@@ -282,25 +283,21 @@ def parse_templates(data: Any, source: str | Path = "") -> TemplateSet:
                        vowels=vowels)
 
 
-_TEMPLATE_CACHE: dict[tuple[str, int, int], TemplateSet] = {}
-
-
 def load_templates(language: str, root: str | Path | None = None) -> TemplateSet:
-    """The SEAT templates of a language, from ``<root>/<language>/templates.yaml`` (cached by
-    path, size and modification time)."""
+    """The SEAT templates of a language, from ``<root>/<language>/templates.yaml`` (parsed once per
+    process and file content: :func:`audit.datasets._common.parsed_once`)."""
     language = _check_language(language, "load_templates", "language (argument)")
     path = (Path(root) if root is not None else datasets_root()) / language / f"{_TEMPLATE_FILE}.yaml"
     if not path.is_file():
         raise DataError(f"no SEAT templates for language {language!r}: {path} does not exist; give the "
                         "test a templates.seat field or add that file")
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _TEMPLATE_CACHE:
+    def parse() -> TemplateSet:
         ts = parse_templates(_load_yaml(path), source=path)
         if ts.language != language:
             raise DataError(f"{path}: field language is {ts.language!r}, expected {language!r}")
-        _TEMPLATE_CACHE[key] = ts
-    return _TEMPLATE_CACHE[key]
+        return ts
+
+    return parsed_once("templates", (language,), [path], parse)
 
 
 _ES_ENDINGS = ("s", "sh", "ch", "x", "z")
