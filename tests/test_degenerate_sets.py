@@ -90,7 +90,7 @@ metrics: [weat]
 models:
   - ref: "{tmp_path / 'ok.vec'}"
     name: ok
-ray: {{batch_size: 1, actor_num_cpus: 0.5, stats_num_cpus: 0.5, max_restarts: 2, max_task_retries: 3}}
+ray: {{batch_size: 1, actor_num_cpus: 0.5, stats_num_cpus: 1, max_restarts: 2, max_task_retries: 3}}
 """
     (tmp_path / "s.yaml").write_text(spec_text)
     out = run_sweep(load_spec(tmp_path / "s.yaml"), progress=False)

@@ -115,8 +115,9 @@ def write_spec(path: Path, name: str, models: list[dict], out: Path, uri: str | 
         "metrics": [{"name": "seat", "tests": ["weat7"]},
                     {"name": "crows_pairs", "params": {"limit": 8}, "tests": ["crows_pairs"]}],
         "models": models,
-        # 2 workers on 2 CPUs: fewer processes importing torch at once than the pool's default 3
-        "ray": {"actor_num_cpus": 0.5, "stats_num_cpus": 0.5, "batch_size": 4, "max_workers": 2,
+        # 2 workers on 2 CPUs: fewer processes importing torch at once than the pool's default 3; a whole CPU
+        # per statistics task: fewer statistics worker processes (jobs/specs/smoke.yaml)
+        "ray": {"actor_num_cpus": 0.5, "stats_num_cpus": 1, "batch_size": 4, "max_workers": 2,
                 "pending_timeout_s": 300},
     }
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")

@@ -340,7 +340,7 @@ metrics: [weat, {{name: seat, tests: [weat7]}}]
 models:
   - {{name: ft, build: {{kind: fasttext, dim: 8, epoch: 1}}}}
   - {{name: bert, ref: "{bert}", backend: hf-mlm}}
-ray: {{num_cpus: 2, actor_num_cpus: 0.5, stats_num_cpus: 0.5}}
+ray: {{num_cpus: 2, actor_num_cpus: 0.5, stats_num_cpus: 1}}
 """)
     spec = load_spec(spec_path)
     if ray.is_initialized():

@@ -49,7 +49,7 @@ tests: [{", ".join(tests)}]
 metrics: {metrics}
 models:
 {models}
-ray: {{batch_size: 1, actor_num_cpus: 0.5, stats_num_cpus: 0.5, max_restarts: 2, max_task_retries: 3}}
+ray: {{batch_size: 1, actor_num_cpus: 0.5, stats_num_cpus: 1, max_restarts: 2, max_task_retries: 3}}
 """
     p = tmp_path / f"{name}.yaml"
     p.write_text(text, encoding="utf-8")

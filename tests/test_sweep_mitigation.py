@@ -187,7 +187,7 @@ models:
     name: glove20k
     params: {{casefold: true}}
     mitigation: {{method: hard_debias, definitions: en/gender, params: {{n_components: 10}}}}
-ray: {{batch_size: 2, actor_num_cpus: 0.5, stats_num_cpus: 0.5}}
+ray: {{batch_size: 2, actor_num_cpus: 0.5, stats_num_cpus: 1}}
 """
     p = tmp_path / "mitsweep.yaml"
     p.write_text(text, encoding="utf-8")

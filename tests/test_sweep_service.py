@@ -33,7 +33,7 @@ def write_vec(path: Path, seed: int, tests=TESTS, dim: int = 8) -> Path:
 
 
 def write_spec(tmp_path: Path, name: str, models: str, *, tests=TESTS, out: Path | None = None,
-               ray: str = "num_cpus: 2, actor_num_cpus: 0.5, stats_num_cpus: 0.5, batch_size: 1") -> Path:
+               ray: str = "num_cpus: 2, actor_num_cpus: 0.5, stats_num_cpus: 1, batch_size: 1") -> Path:
     p = tmp_path / f"{name}.yaml"
     p.write_text(f"""
 name: {name}
