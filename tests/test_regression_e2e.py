@@ -55,7 +55,7 @@ def watch_spec(tmp_path: Path, root: Path, tracking: dict | None = None, **regre
         "backoff": {"initial": 0.1, "retries": 0, "jitter": 0},
         "audit": {"spec": "jobs/specs/smoke.yaml",
                   "overrides": {"tests": ["weat1", "weat7"], "metrics": ["weat"], "permutations": 300, "n_bootstrap": 100,
-                                "ray": {"num_cpus": 2, "actor_num_cpus": 0.25, "stats_num_cpus": 0.25}},
+                                "ray": {"num_cpus": 2, "actor_num_cpus": 0.25, "stats_num_cpus": 1}},
                   "model": {"languages": ["en"]}},
         "watch": [{"local": str(root), "file": "vectors.vec"}],
         "regression": {"metrics": ["weat"], "min_increase": 0.2, "alpha": 0.05, "n_bootstrap": 200,

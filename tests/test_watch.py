@@ -78,7 +78,7 @@ def write_watch(tmp_path: Path, watch: list, name: str = "w", **extra) -> Path:
         "backoff": {"initial": 0.5, "factor": 2, "max": 30, "retries": 2, "jitter": 0},
         "audit": {"spec": "jobs/specs/smoke.yaml",
                   "overrides": {"tests": ["weat1"], "metrics": ["weat"], "permutations": 200, "n_bootstrap": 0,
-                                "ray": {"num_cpus": 1, "actor_num_cpus": 0.25, "stats_num_cpus": 0.25}},
+                                "ray": {"num_cpus": 1, "actor_num_cpus": 0.25, "stats_num_cpus": 0.75}},
                   "model": {"languages": ["en"]}},
         "watch": watch,
         **extra,
