@@ -131,7 +131,7 @@ class TableTest:
             d = self._memo["digest"] = _table_digest(self.table)
         return d
 
-    def copy(self) -> "TableTest":
+    def copy(self) -> TableTest:
         """The same test with a table (and ``extra``) of its own: what a cache of parsed files hands
         out, so that no caller can change another's table. The digest memo is shared: the same content."""
         new = dataclasses.replace(self, table=self.table.copy(), extra=copy.deepcopy(self.extra))

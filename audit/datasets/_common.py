@@ -34,8 +34,9 @@ _T = TypeVar("_T")
 #: Most values :func:`parsed_once` keeps per kind of file in one process (EsBBQ's 27,000 items take
 #: about 25 MB as a table).
 PARSED_KEEP = 8
-_PARSED: dict[str, "collections.OrderedDict[tuple, Any]"] = {}
+_PARSED: dict[str, collections.OrderedDict[tuple, Any]] = {}
 _PARSED_LOCK = threading.Lock()
+_MISSING = object()
 
 
 def _contents_key(files: Sequence[Path]) -> tuple[tuple[str, str], ...] | None:
@@ -74,9 +75,6 @@ def parsed_once(kind: str, args: tuple, files: Sequence[Path], parse: Callable[[
             while len(table) > PARSED_KEEP:
                 table.popitem(last=False)
     return copy(value) if copy is not None else value
-
-
-_MISSING = object()
 
 
 # ======================================================================================

@@ -291,6 +291,7 @@ def load_templates(language: str, root: str | Path | None = None) -> TemplateSet
     if not path.is_file():
         raise DataError(f"no SEAT templates for language {language!r}: {path} does not exist; give the "
                         "test a templates.seat field or add that file")
+
     def parse() -> TemplateSet:
         ts = parse_templates(_load_yaml(path), source=path)
         if ts.language != language:
