@@ -129,6 +129,39 @@ def test_crows_pairs_with_a_language_is_that_languages_set():
         ds.load_test("crows_pairs", language="de")
 
 
+def test_a_yaml_file_is_parsed_once_per_content_and_each_caller_gets_its_own_copy(tmp_path, monkeypatch):
+    """``_load_yaml`` keeps what it parsed (``audit.datasets._common.parsed_once``, kind ``yaml``):
+    the registry read again parses no file again; a caller that changes its document does not
+    change the next caller's; a file rewritten in place with the same size and modification time is
+    parsed again; a malformed file still fails with its line, every time."""
+    import os
+
+    from audit.datasets import _common
+
+    parsed = []
+    parse = _common._parse_yaml
+    monkeypatch.setattr(_common, "_parse_yaml", lambda path: parsed.append(Path(path).name) or parse(path))
+    monkeypatch.setattr(_common, "_PARSED", {})  # this process's earlier reads do not count
+    before = catalog.list_tests()
+    n = len(parsed)
+    assert n >= 100  # every registered file of the datasets folder
+    assert catalog.list_tests().equals(before) and len(parsed) == n
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump({"name": "t", "seed": 1, "words": ["a", "b"]}), encoding="utf-8")
+    a = _common._load_yaml(p)
+    a["words"].append("changed")
+    assert _common._load_yaml(p) == {"name": "t", "seed": 1, "words": ["a", "b"]} and parsed[n:] == ["t.yaml"]
+    st = p.stat()
+    p.write_text(yaml.safe_dump({"name": "t", "seed": 2, "words": ["a", "b"]}), encoding="utf-8")
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert p.stat().st_size == st.st_size and p.stat().st_mtime_ns == st.st_mtime_ns
+    assert _common._load_yaml(p)["seed"] == 2 and parsed[n:] == ["t.yaml", "t.yaml"]
+    p.write_text("name: t\nwords: [a,\n  b: c\n", encoding="utf-8")
+    for _ in range(2):
+        with pytest.raises(DataError, match=r"t.yaml: malformed YAML at line 4, column 1"):
+            _common._load_yaml(p)
+
+
 def test_every_shipped_file_loads_and_is_clean_utf8_nfc():
     root = ds.datasets_root()
     every = sorted(f for lang in ds.SUPPORTED_LANGUAGES for f in (root / lang).glob("*.yaml"))
