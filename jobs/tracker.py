@@ -433,10 +433,18 @@ class Tracker:
         """Every parent (sweep) run of the experiment."""
         return self._search(f"tags.`audit.role` = '{ROLE_SWEEP}'")
 
-    def finished_keys(self) -> dict[str, str]:
-        """``audit.key`` (and ``audit.plan_key``) -> run id of every FINISHED child run."""
+    def finished_keys(self, runs: Iterable[Any] | None = None) -> dict[str, str]:
+        """``audit.key`` (and ``audit.plan_key``) -> run id of every FINISHED child run (the first
+        in the search's order where two runs have a key).
+
+        runs: the experiment's task runs (:meth:`task_runs`) when the caller has searched them
+              already; default: the FINISHED ones searched here."""
+        if runs is None:
+            runs = self._search(f"tags.`audit.role` = '{ROLE_TASK}' and attributes.status = 'FINISHED'")
+        else:
+            runs = [r for r in runs if r.info.status == "FINISHED"]
         out: dict[str, str] = {}
-        for r in self._search(f"tags.`audit.role` = '{ROLE_TASK}' and attributes.status = 'FINISHED'"):
+        for r in runs:
             for tag in ("audit.key", "audit.plan_key"):
                 k = r.data.tags.get(tag)
                 if k:
@@ -663,9 +671,11 @@ class Tracker:
             reaped.append(r.info.run_id)
         return reaped
 
-    def runs_by_record(self) -> dict[str, Any]:
-        """``audit.record`` -> run, for every child run that has the tag."""
-        return {r.data.tags["audit.record"]: r for r in self.task_runs() if r.data.tags.get("audit.record")}
+    def runs_by_record(self, runs: Iterable[Any] | None = None) -> dict[str, Any]:
+        """``audit.record`` -> run, for every child run that has the tag (of ``runs``, the
+        experiment's task runs when the caller has searched them; default: searched here)."""
+        return {r.data.tags["audit.record"]: r for r in (self.task_runs() if runs is None else runs)
+                if r.data.tags.get("audit.record")}
 
     def find_parent(self, sweep_id: str):
         """The oldest parent run of ``sweep_id`` (``None`` if none)."""

@@ -268,8 +268,9 @@ def sync_records(wal: WriteAheadLog, tracker: Tracker, *, spec_text: str | None 
         out.reaped = len(tracker.reap_stale_runs())
         if not pending:
             return out
-        by_record = tracker.runs_by_record()
-        finished = tracker.finished_keys()
+        runs = tracker.task_runs()  # one search for both tables
+        by_record = tracker.runs_by_record(runs)
+        finished = tracker.finished_keys(runs)
     except TrackingUnavailable:
         raise
     except Exception as e:  # noqa: BLE001

@@ -265,7 +265,15 @@ def test_mlflow_server_down_results_kept_then_synced_once(tmp_path, fresh_ray, c
 
         # the server is back (same store): sync uploads the four pending results, once
         server.start()
-        assert cli.main(argv) == 0
+        searches = []
+        search = Tracker._search
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Tracker, "_search", lambda self, f: searches.append(f) or search(self, f))
+            assert cli.main(argv) == 0
+        # the task runs searched once for both tables of the upload (jobs.wal.sync_records), besides
+        # the search for half-written runs
+        assert [f for f in searches if "'task'" in f] == [
+            "tags.`audit.role` = 'task' and attributes.status = 'RUNNING'", "tags.`audit.role` = 'task'"], searches
         printed = capsys.readouterr().out
         assert "4 pending record(s)" in printed and "4 uploaded" in printed and "0 still pending" in printed
         tr = Tracker(server.uri, "faults")
