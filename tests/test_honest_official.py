@@ -14,14 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-import torch  # noqa: E402
-
-from audit import runner, tiny_models  # noqa: E402
-from audit.datasets import load_test  # noqa: E402
-from audit.errors import ParameterError  # noqa: E402
+from audit import runner, tiny_models
+from audit.datasets import load_test
+from audit.errors import ParameterError
 
 DATA = Path(os.environ.get("BIASAUDIT_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 HURTLEX = DATA / "hurtlex"

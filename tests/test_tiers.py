@@ -107,6 +107,37 @@ def test_a_missing_test_dependency_stops_the_suite_with_one_line(suite):
                             "no-such-package-xq==1.0 is not installed*"])
 
 
+def import_skips(path: Path) -> list[str]:
+    """The places in the test module ``path`` that would skip, or quietly do less, where an import
+    fails: ``pytest.importorskip(...)`` and ``except ImportError``/``ModuleNotFoundError``. Every
+    package a test imports is a pinned dependency or a ``[test]`` extra, whose absence stops the
+    suite (``missing_test_dependencies``), and the project's own modules are always there."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text("utf-8"), str(path))):
+        if isinstance(node, ast.Call) and (getattr(node.func, "attr", None) == "importorskip"
+                                           or getattr(node.func, "id", None) == "importorskip"):
+            found.append(f"{path.name}:{node.lineno}: importorskip")
+        if isinstance(node, ast.ExceptHandler) and node.type is not None:
+            names = [n for n in ast.walk(node.type) if isinstance(n, (ast.Name, ast.Attribute))]
+            if any(getattr(n, "id", getattr(n, "attr", None)) in ("ImportError", "ModuleNotFoundError")
+                   for n in names):
+                found.append(f"{path.name}:{node.lineno}: except ImportError")
+    return found
+
+
+def test_no_test_skips_or_does_less_when_an_import_fails(tmp_path):
+    """A missing or broken dependency fails the suite (issue 19: an ``importorskip`` of pinned
+    packages turned a broken install into skipped tests); the rule catches both forms."""
+    tests = sorted((REPO / "tests").glob("test_*.py")) + [REPO / "tests" / "conftest.py"]
+    assert [hit for p in tests for hit in import_skips(p)] == []
+    bad = tmp_path / "test_bad.py"
+    bad.write_text("import pytest\ntorch = pytest.importorskip('torch')\ntry:\n    import audit.stats\n"
+                   "except (ModuleNotFoundError, OSError):\n    pass\n", "utf-8")
+    assert import_skips(bad) == ["test_bad.py:2: importorskip", "test_bad.py:5: except ImportError"]
+
+
 @pytest.mark.parametrize("args,cpus,gib,env,workers", [
     (["tests"], 2, 21.0, None, 2),                       # the whole suite (or a tier: -m unit) on this machine
     (["tests"], 2, 12.0, None, 0),                       # too little memory: one process
