@@ -71,7 +71,7 @@ from actors.stats import AnalyseRequest, TaskOutcome, stats_task
 from audit.errors import AuditError
 from audit.schema import validate
 from audit.signals import raise_pending
-from jobs.contention import CONTENTION_GRACE_S, classify_wait, cluster_snapshot, worst
+from jobs.contention import CONTENTION_GRACE_S, classify_wait, cluster_snapshot, fits, worst
 from jobs.prefetch import Prefetcher, hub_snapshot
 from jobs.progress import Progress
 from jobs.spec import RaySpec
@@ -115,10 +115,6 @@ class SchedulingError(AuditError):
 def shape(res: dict[str, float]) -> str:
     """``{'CPU': 2.0, 'GPU': 1.0}`` without zero entries (``{}`` for nothing)."""
     return "{" + ", ".join(f"'{k}': {float(v):g}" for k, v in sorted(res.items()) if v) + "}"
-
-
-def fits(need: dict[str, float], have: dict[str, float]) -> bool:
-    return all(have.get(k, 0.0) + 1e-9 >= v for k, v in need.items() if v)
 
 
 def in_ray_job() -> dict[str, Any] | None:

@@ -27,7 +27,7 @@ The pieces (all public):
 ``PlainValues``                           (names, derived names, lists of strings, plain JSON values)
 ``mapping`` ``given``                     a mapping with string keys; a value that is set and not blank
 ``steps(ctx, path, v, model, key, what)`` a step or a list of steps, each validated as ``model``
-``first_line(exc)``                       the first line of an exception's message
+``first_line(exc)``                       the first line of an exception's message (:func:`audit.retry.first_line`)
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from pydantic import AfterValidator, BeforeValidator, Field
 
 from audit import schema
 from audit.errors import DataError, ParameterError, suggest  # noqa: F401 (suggest: re-exported)
+from audit.retry import first_line  # noqa: F401 (re-exported: one rule, audit.retry)
 from jobs.uris import tracking_uri_problem
 
 # --------------------------------------------------------------------------------------
@@ -71,13 +72,6 @@ class Ctx:
     def param(self, path: str, msg: str) -> ParameterError:
         """A field whose value is not allowed (out of range, unknown name)."""
         return ParameterError(self._msg(path, msg))
-
-
-def first_line(e: BaseException) -> str:
-    """The first line of an exception's message (its class name when the message is empty):
-    libraries' multi-line errors stay one line in the decision log and the failure list."""
-    s = str(e).strip()
-    return s.splitlines()[0] if s else type(e).__name__
 
 
 # --------------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ import dataclasses
 from pathlib import Path
 
 from audit.errors import AuditError
+from audit.retry import first_line
 from jobs.tracker import STATE_TAG, STUCK, STUCK_EXIT_CODE, STUCK_REASON_TAG, search_all
 from jobs.uris import redact_uri
-from jobs.validators import first_line
 from jobs.watch.backoff import SourceUnavailable
 from jobs.watch.sweeps import REPO_TAG, REVISION_TAG, SOURCE_TAG, WHEN_TAG
 

@@ -53,10 +53,10 @@ import pandas as pd
 
 from audit import regression as core
 from audit.errors import AuditError
+from audit.retry import first_line
 from jobs.compare_runs import compare_parents
 from jobs.report import plot_comparison
 from jobs.uris import redact_uri
-from jobs.validators import first_line
 from jobs.watch.index import (
     REGRESSION_BASELINE_TAG,
     REGRESSION_TAG,

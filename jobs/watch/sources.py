@@ -14,8 +14,8 @@ from audit.backends import table as backend_table
 from audit.backends.hf import dir_digest
 from audit.backends.static import content_digest
 from audit.errors import AuditError, ModelError
+from audit.retry import first_line
 from jobs.resolve import model_kind, probe_revision
-from jobs.validators import first_line
 from jobs.watch.backoff import SourceUnavailable
 from jobs.watch.spec import WatchEntry
 from jobs.watch.sweeps import Release, safe_name

@@ -6,7 +6,7 @@ import dataclasses
 import os
 from typing import Any, Mapping, Protocol
 
-from jobs.validators import first_line
+from audit.retry import first_line
 
 #: Ray job states in which a job holds (or waits for) cluster resources.
 ACTIVE_STATES = ("PENDING", "RUNNING")
