@@ -154,6 +154,7 @@ __all__ = [
     "label_swap_test",
     "check_convention",
     "check_seed",
+    "check_int_seed",
     "check_ddof",
     "resolve_permutations",
     "swap_extreme",
@@ -327,10 +328,22 @@ def check_seed(seed: Any, name: str = "seed") -> int | np.random.SeedSequence | 
     :class:`numpy.random.SeedSequence` (a task's stream), or an integer ``>= 0`` of any size
     (``SeedSequence`` takes them all; libraries that need 32 bits get them through
     :func:`stream_seeds`). Anything else is a ParameterError naming ``name``."""
-    if seed is None or isinstance(seed, np.random.SeedSequence):
+    if isinstance(seed, np.random.SeedSequence):
         return seed
+    return check_int_seed(seed, name, allow_none=True)
+
+
+def check_int_seed(seed: Any, name: str = "seed", *, allow_none: bool = False) -> int | None:
+    """:func:`check_seed`'s rule where a procedure needs the integer itself (it derives its
+    streams from it, or records it): a non-negative integer of any size (``bool`` is not one),
+    ``None`` only where ``allow_none`` (a seed is then drawn by the caller), never a
+    ``SeedSequence``; one wording."""
+    if seed is None and allow_none:
+        return None
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ParameterError(f"{name}={seed!r}: expected a non-negative integer or None")
+        # one line: numpy writes a SeedSequence's repr over several
+        shown = f"SeedSequence(entropy={seed.entropy})" if isinstance(seed, np.random.SeedSequence) else repr(seed)
+        raise ParameterError(f"{name}={shown}: expected a non-negative integer" + (" or None" if allow_none else ""))
     return int(seed)
 
 
@@ -349,9 +362,7 @@ def stream(seed: int, name: str) -> np.random.SeedSequence:
     ``SeedSequence(seed).spawn(n)[i]`` with ``i = STREAMS.index(name)`` (module docstring)."""
     if name not in STREAMS:
         raise ParameterError(f"unknown random stream {name!r}; streams: {', '.join(STREAMS)}")
-    s = check_seed(seed)
-    if not isinstance(s, int):
-        raise ParameterError(f"seed={seed!r}: a task's streams derive from a non-negative integer seed")
+    s = check_int_seed(seed)  # a task's streams derive from its integer seed
     return np.random.SeedSequence(s, spawn_key=(STREAMS.index(name),))
 
 

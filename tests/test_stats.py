@@ -567,6 +567,26 @@ def test_more_permutations_than_partitions_runs_the_exact_test_at_once():
     assert stats.resolve_permutations(12_870, 16, 8)[:2] == ("exact", 12_870)
 
 
+def test_procedures_that_need_the_integer_seed_refuse_alike():
+    """Where a procedure needs the seed's integer (a task's streams, the corpus builder, sampled
+    generation, BBQ's bootstrap, where ``None`` draws one), :func:`audit.stats.check_int_seed`
+    refuses with one wording
+    (before: four hand-written checks, three wordings, and ``numpy`` integers of any kind)."""
+    from audit.datasets import corpus_from_tests
+
+    big = 2**40
+    assert stats.check_int_seed(big) == big and stats.check_int_seed(np.int64(3)) == 3
+    assert stats.check_int_seed(None, allow_none=True) is None
+    for bad in (-1, 1.5, True, "1", None, np.random.SeedSequence(1)):
+        with pytest.raises(ParameterError, match=r"^seed=.*: expected a non-negative integer$"):
+            stats.stream(bad, "permutation")
+        with pytest.raises(ParameterError, match=r"^seed=.*: expected a non-negative integer$"):
+            corpus_from_tests(["fr"], seed=bad)
+    with pytest.raises(ParameterError, match=r"^seed=.*: expected a non-negative integer or None$"):
+        stats.check_int_seed(np.random.SeedSequence(1), allow_none=True)
+    assert stats.stream(big, "permutation").entropy == big
+
+
 def test_one_seed_rule_for_every_random_procedure():
     """stats and the WEFE-family metrics accept the same seeds (before: any int >= 0 in
     stats, only < 2**32 in RNSB and Cramér's V)."""

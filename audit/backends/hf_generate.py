@@ -72,6 +72,7 @@ from audit.backends.hf_scoring import (
     split_verified,
 )
 from audit.errors import DataError, ModelError, ParameterError
+from audit.stats import check_int_seed
 
 __all__ = ["DECODINGS", "first_word", "check_k", "mlm_topk", "causal_first_words", "causal_generate_until",
            "causal_samples", "sampling_probs"]
@@ -189,8 +190,8 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
 def _check_generation(max_new_tokens: Any, seed: Any, sampled: bool) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ParameterError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
-    if sampled and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise ParameterError(f"seed: must be a non-negative integer, got {seed!r}")
+    if sampled:
+        check_int_seed(seed)
 
 
 def _prompt_ids(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int,

@@ -101,8 +101,9 @@ def corpus_from_tests(languages: Iterable[str] | None = None, *, seed: int, sent
 
     import numpy as np
 
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
+    from audit.stats import check_int_seed
+
+    check_int_seed(seed)
     if (isinstance(sentences_per_word, bool) or not isinstance(sentences_per_word, (int, np.integer))
             or sentences_per_word < 1):
         raise ParameterError(f"sentences_per_word must be a positive integer, got {sentences_per_word!r}")

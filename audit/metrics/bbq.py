@@ -74,7 +74,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from audit.stats import check_bootstrap, check_seed
+from audit.stats import check_bootstrap, check_int_seed
 from audit.errors import DataError, ParameterError
 from audit.result import MetricOutput
 
@@ -316,7 +316,7 @@ def checked_table(table: pd.DataFrame, need: Sequence[str], what: str, n_bootstr
                   seed: Any) -> tuple[pd.DataFrame, int, float, int]:
     """The checks every BBQ analysis starts with: the table has the ``need`` columns and at least
     one row (a :class:`DataError` naming ``what``), the bootstrap parameters and the seed are
-    valid (:func:`audit.stats.check_bootstrap`, :func:`audit.stats.check_seed`; an integer or
+    valid (:func:`audit.stats.check_bootstrap`, :func:`audit.stats.check_int_seed`; an integer or
     None). Returns the table with a fresh index, ``n_bootstrap``, ``confidence`` and the seed
     used (drawn and recorded when ``seed`` is None)."""
     missing = [c for c in need if c not in getattr(table, "columns", ())]
@@ -325,8 +325,7 @@ def checked_table(table: pd.DataFrame, need: Sequence[str], what: str, n_bootstr
     if len(table) == 0:
         raise DataError(f"{what} is empty (no items)")
     n_bootstrap, confidence = check_bootstrap(n_bootstrap, confidence)
-    if isinstance(check_seed(seed), np.random.SeedSequence):
-        raise ParameterError("seed: expected a non-negative integer or None, got a SeedSequence")
+    check_int_seed(seed, allow_none=True)
     seed_used = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2 ** 63))
     return table.reset_index(drop=True), n_bootstrap, confidence, seed_used
 
