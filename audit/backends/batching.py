@@ -19,6 +19,7 @@ __all__ = [
     "SCORE_BATCH_CUDA",
     "PADDING_SIDES",
     "Padded",
+    "check_batch_size",
     "default_batch_size",
     "fill_batch",
     "inference",
@@ -164,6 +165,14 @@ def fill_batch(lengths: Sequence[int] | None, i: int, size: int) -> int:
     return n
 
 
+def check_batch_size(batch_size: Any) -> int | None:
+    """The one rule of a ``batch_size`` argument: a positive integer, or ``None`` (the default of
+    the operation: :func:`default_batch_size`, or a token budget)."""
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ParameterError(f"batch_size: must be a positive integer or None, got {batch_size!r}")
+    return batch_size
+
+
 def run_batched(fn: Callable[[list], Sequence], items: list, batch_size: int | None, *,
                 device: Any, lengths: Sequence[int] | None = None) -> list:
     """Apply ``fn`` to consecutive batches of ``items`` and concatenate the per-item results.
@@ -180,10 +189,9 @@ def run_batched(fn: Callable[[list], Sequence], items: list, batch_size: int | N
     """
     import torch
 
+    batch_size = check_batch_size(batch_size)
     if batch_size is None:
         batch_size = default_batch_size(device)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ParameterError(f"batch_size: must be a positive integer or None, got {batch_size!r}")
     if lengths is not None and len(lengths) != len(items):
         raise ValueError(f"run_batched: {len(lengths)} lengths for {len(items)} items")
     out: list = []

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from audit.backends.batching import check_batch_size
 from audit.backends.hf import dir_digest
 from audit.backends.hf_embed import MODEL_METHOD
 from audit.errors import DataError, ModelError, ParameterError
@@ -110,9 +111,7 @@ class STModel:
                                  f"(layer -1), not {layer!r}")
         if padding_side != "right":
             raise ParameterError(f"padding_side: {padding_side!r}; sentence-transformers pads on the right")
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size < 1):
-            raise ParameterError(f"batch_size: must be a positive integer or None, got {batch_size!r}")
+        check_batch_size(batch_size)
         if isinstance(sentences, str) or not all(isinstance(s, str) and s.strip() for s in sentences):
             raise DataError("sentences: expected a list of non-empty strings")
         sentences = list(sentences)

@@ -15,6 +15,7 @@ from audit.datasets._common import (
 from audit.datasets.registry import _scan, read_registered, stub_of
 from audit.datasets.templates import LPBS_USE, lpbs_items, seat_items
 from audit.errors import DataError, ParameterError
+from audit.stats import check_int_seed
 from audit.suites import WordTest
 
 # ======================================================================================
@@ -100,8 +101,6 @@ def corpus_from_tests(languages: Iterable[str] | None = None, *, seed: int, sent
     import zlib
 
     import numpy as np
-
-    from audit.stats import check_int_seed
 
     check_int_seed(seed)
     if (isinstance(sentences_per_word, bool) or not isinstance(sentences_per_word, (int, np.integer))

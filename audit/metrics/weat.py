@@ -72,6 +72,7 @@ from audit.stats import (
     fresh_seed,
     percentile_interval,
     DEFAULT_P_CONVENTION,
+    check_alternative,
     check_bootstrap,
     check_ddof,
     permutation_test,
@@ -329,8 +330,7 @@ def weat(
     B = as_vectors(B, "B", nonzero=True)
     check_same_dim([("X", X), ("Y", Y), ("A", A), ("B", B)])
     ddof = check_ddof(ddof, X.shape[0] + Y.shape[0])
-    if alternative not in ("greater", "less", "two-sided"):
-        raise ParameterError(f"alternative must be 'greater', 'less' or 'two-sided', got {alternative!r}")
+    check_alternative(alternative)
     check_bootstrap(n_bootstrap, confidence)
     if ci_method not in CI_METHODS:
         raise ParameterError(f"ci_method must be one of {', '.join(map(repr, CI_METHODS))}, got {ci_method!r}")
