@@ -41,6 +41,7 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from audit import catalog, registry, runner
+from audit import schema
 from audit.errors import AuditError, DataError, ParameterError
 from audit.measure.words import paired_role
 from audit.multitest import METHODS, adjust_rows
@@ -310,11 +311,8 @@ def flag_regressions(df: pd.DataFrame, *, min_increase: float = 0.0, alpha: floa
     min_increase`` and the adjusted p-value (``adjust_method``: ``holm`` or ``bh``) ``<= alpha``."""
     if adjust_method not in METHODS:
         raise ParameterError(f"unknown p-value adjustment {adjust_method!r}; methods: {', '.join(METHODS)}")
-    for v, name in ((min_increase, "min_increase"), (alpha, "alpha")):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ParameterError(f"{name} must be a finite number >= 0, got {v!r}")
-    if not 0 < alpha <= 1:
-        raise ParameterError(f"alpha must be in (0, 1], got {alpha!r}")
+    min_increase = schema.number(min_increase, "min_increase", 0.0)
+    alpha = schema.number(alpha, "alpha", 0.0, strict=True, maximum=1.0, inclusive=True)
     df = df.copy()
     p = pd.to_numeric(df[METHODS[adjust_method]], errors="coerce")
     d = pd.to_numeric(df["delta_abs"], errors="coerce")

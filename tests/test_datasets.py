@@ -846,7 +846,7 @@ def test_corpus_from_tests_covers_every_word_and_is_seeded():
 def test_corpus_from_tests_errors(tmp_path):
     with pytest.raises(ParameterError, match=r"^seed=None: expected a non-negative integer$"):
         ds.corpus_from_tests(["fr"], seed=None)
-    with pytest.raises(ParameterError, match="sentences_per_word must be a positive integer, got 0"):
+    with pytest.raises(ParameterError, match=r"^sentences_per_word: must be >= 1, got 0$"):
         ds.corpus_from_tests(["fr"], seed=0, sentences_per_word=0)
     with pytest.raises(DataError, match="language 'xx' is not supported"):
         ds.corpus_from_tests(["xx"], seed=0)

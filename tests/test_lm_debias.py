@@ -140,7 +140,7 @@ def test_inlp_features_equal_bias_bench_on_a_tiny_bert():
     ours = mean_last_hidden(model, tok, sents)
     m, f, n = ref._extract_gender_features(model.base_model, tok, sents[:3], sents[3:6], sents[6:])
     assert np.abs(ours - np.concatenate([m, f, n])).max() < 1e-6
-    with pytest.raises(ParameterError, match="n_classifiers must be a positive integer"):
+    with pytest.raises(ParameterError, match=r"^n_classifiers: must be >= 1, got 0$"):
         inlp_projection(ours, np.arange(8) % 2, ours, np.arange(8) % 2, n_classifiers=0)
 
 

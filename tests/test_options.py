@@ -82,7 +82,7 @@ def test_option_items_are_checked_before_scoring():
     test = OptionItems(name="t", language="en", table=table, source="t.jsonl", n_options=2)
     with pytest.raises(DataError, match=r"^t.jsonl: item 1: field gold: must be an option index 0..1, got 2$"):
         FAMILY.measure(model, test, None, mp, {})
-    with pytest.raises(ParameterError, match=r"^limit: must be a positive integer \(items\), got 'x'$"):
+    with pytest.raises(ParameterError, match=r"^limit: expected an integer, got 'x'$"):
         FAMILY.measure(model, test, None, {**mp, "limit": "x"}, {})
     with pytest.raises(DataError, match=r"^t.jsonl: the test's table lacks column\(s\) option1$"):
         FAMILY.measure(model, OptionItems(name="t", language="en", table=table.drop(columns="option1"),

@@ -174,7 +174,7 @@ def test_regression_rule():
     assert regression.exit_status(flagged, fail_on_regression=True) == regression.EXIT_REGRESSION
     assert regression.exit_status(flagged, fail_on_regression=False) == regression.EXIT_INCOMPLETE
     assert regression.exit_status(flagged[:4], fail_on_regression=False) == regression.EXIT_OK
-    with pytest.raises(ParameterError, match="alpha must be in"):
+    with pytest.raises(ParameterError, match=r"^alpha: must be > 0, got 0$"):
         regression.flag_regressions(df, alpha=0)
     with pytest.raises(ParameterError, match="unknown p-value adjustment"):
         regression.flag_regressions(df, adjust_method="bonferroni")

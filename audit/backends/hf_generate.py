@@ -53,6 +53,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from audit import schema
 from audit.backends.batching import (
     default_batch_size,
     inference,
@@ -98,9 +99,8 @@ def first_word(text: str) -> tuple[str, bool]:
 
 
 def check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ParameterError(f"k: the number of completions must be a positive integer, got {k!r}")
-    return int(k)
+    """``k``, the number of completions: an integer >= 1 (:func:`audit.schema.integer`)."""
+    return schema.integer(k, "k", 1)
 
 
 # --------------------------------------------------------------------------- masked LMs
@@ -188,8 +188,7 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
 
 
 def _check_generation(max_new_tokens: Any, seed: Any, sampled: bool) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ParameterError(f"max_new_tokens: must be a positive integer, got {max_new_tokens!r}")
+    schema.integer(max_new_tokens, "max_new_tokens", 1)
     if sampled:
         check_int_seed(seed)
 
@@ -523,10 +522,8 @@ def causal_samples(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *
     """
     k = check_k(k)
     _check_generation(max_new_tokens, seed, True)
-    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
-        raise ParameterError(f"top_k: must be a non-negative integer (0: no top-k), got {top_k!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        raise ParameterError(f"top_p: must be a number in (0, 1], got {top_p!r}")
+    schema.integer(top_k, "top_k", 0)  # 0: no top-k
+    schema.number(top_p, "top_p", 0.0, strict=True, maximum=1.0, inclusive=True)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
         raise ParameterError(f"temperature: must be a positive number, got {temperature!r}")
     prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)

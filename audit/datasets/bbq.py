@@ -69,6 +69,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from audit import schema
 from audit.datasets._common import _check_language, _read_text, parsed_once
 from audit.errors import DataError, ParameterError
 from audit.suites import MultipleChoice
@@ -435,9 +436,7 @@ def select_items(table: pd.DataFrame, categories: Sequence[str] | str | None = N
             raise ParameterError(f"categories: unknown category {unknown[0]!r}; this test has: {', '.join(known)}")
         table = table[table["category"].isin(list(categories))]
     if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ParameterError(f"limit: must be a positive integer (items per category and context condition), "
-                                 f"got {limit!r}")
+        limit = schema.integer(limit, "limit", 1)  # items per category and context condition
         table = table.groupby(["category", "context_condition"], sort=False, group_keys=False).head(limit)
         table = table.sort_index()
     if len(table) == 0:

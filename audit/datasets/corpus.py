@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from audit import schema
 from audit.datasets._common import (
     _TEMPLATE_FILE,
     SUPPORTED_LANGUAGES,
@@ -14,7 +15,7 @@ from audit.datasets._common import (
 )
 from audit.datasets.registry import _scan, read_registered, stub_of
 from audit.datasets.templates import LPBS_USE, lpbs_items, seat_items
-from audit.errors import DataError, ParameterError
+from audit.errors import DataError
 from audit.stats import check_int_seed
 from audit.suites import WordTest
 
@@ -103,9 +104,7 @@ def corpus_from_tests(languages: Iterable[str] | None = None, *, seed: int, sent
     import numpy as np
 
     check_int_seed(seed)
-    if (isinstance(sentences_per_word, bool) or not isinstance(sentences_per_word, (int, np.integer))
-            or sentences_per_word < 1):
-        raise ParameterError(f"sentences_per_word must be a positive integer, got {sentences_per_word!r}")
+    sentences_per_word = schema.integer(sentences_per_word, "sentences_per_word", 1)
     base = Path(root) if root is not None else datasets_root()
     qualified, _ = _scan(base)
     # word tests only: stubs (sentence pairs, templates, question answering, data elsewhere) give no words

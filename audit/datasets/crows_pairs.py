@@ -32,6 +32,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from audit import schema
 from audit.errors import DataError, ParameterError
 from audit.suites import SentencePairs
 
@@ -232,9 +233,7 @@ def select_pairs(df: pd.DataFrame, bias_types: Sequence[str] | None, limit: int 
                                  f"known: {', '.join(known)}")
         df = df[df["bias_type"].isin(list(bias_types))]
     if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
-            raise ParameterError(f"limit: must be a positive integer, got {limit!r}")
-        df = df.head(int(limit))
+        df = df.head(schema.integer(limit, "limit", 1))
     return df.reset_index(drop=True)
 
 

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from audit import schema
 from audit.backends.batching import inference
 from audit.backends.hf_scoring import model_device
 from audit.errors import ParameterError
@@ -83,8 +84,7 @@ def inlp_projection(X_train: np.ndarray, Y_train: np.ndarray, X_dev: np.ndarray,
     their dev accuracies (see the module docstring)."""
     from sklearn.svm import LinearSVC
 
-    if not isinstance(n_classifiers, int) or n_classifiers < 1:
-        raise ParameterError(f"n_classifiers must be a positive integer, got {n_classifiers!r}")
+    n_classifiers = schema.integer(n_classifiers, "n_classifiers", 1)
     X_train = np.asarray(X_train, dtype=np.float64)
     X_dev = np.asarray(X_dev, dtype=np.float64)
     if not (np.isfinite(X_train).all() and np.isfinite(X_dev).all()):

@@ -41,6 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from audit import schema
 from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
 from audit.backends.hf_scoring import START_MODES, check_start
 from audit.entries import Family, Measurement, Metric
@@ -154,8 +155,7 @@ def measure_option_items(model, test, metric: Metric, mp: Mapping[str, Any], ap:
     if not isinstance(mp["delimiter"], str):
         raise ParameterError(f"delimiter: must be a string, got {mp['delimiter']!r}")
     limit = mp["limit"]
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ParameterError(f"limit: must be a positive integer (items), got {limit!r}")
+    limit = None if limit is None else schema.integer(limit, "limit", 1)  # items
     k = int(test.n_options)
     cols = [f"option{j}" for j in range(k)]
     missing = [c for c in ("item", "context", *cols, "gold") if c not in t.columns]

@@ -127,12 +127,7 @@ def cramers_v(
     if classifier not in ("svm", "logistic"):
         raise ParameterError(f"classifier must be 'svm' or 'logistic', got {classifier!r}")
     n_cases = schema.integer(n_cases, "n_cases", 1)
-    if (
-        isinstance(train_fraction, bool)
-        or not isinstance(train_fraction, (int, float, np.floating))
-        or not 0.0 < float(train_fraction) <= 1.0
-    ):
-        raise ParameterError(f"train_fraction must be a number in (0, 1], got {train_fraction!r}")
+    train_fraction = schema.number(train_fraction, "train_fraction", 0.0, strict=True, maximum=1.0, inclusive=True)
     seed = check_seed(seed)
     P = _class_sets(protected, "protected")
     S = _class_sets(stereotyped, "stereotyped")

