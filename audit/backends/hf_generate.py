@@ -524,8 +524,7 @@ def causal_samples(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *
     _check_generation(max_new_tokens, seed, True)
     schema.integer(top_k, "top_k", 0)  # 0: no top-k
     schema.number(top_p, "top_p", 0.0, strict=True, maximum=1.0, inclusive=True)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ParameterError(f"temperature: must be a positive number, got {temperature!r}")
+    schema.number(temperature, "temperature", 0.0, strict=True)
     prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
     dev, pad, eos, bs = _settings(model, tokenizer, device, batch_size)
     n = len(prefixes)
