@@ -207,8 +207,7 @@ class Comparison:
 def _check_common(alternative: Any, quantity: Any, confidence: Any, n_bootstrap: Any,
                   permutations: Any, seed: Any) -> tuple[str, str, float, int, str | int, int]:
     check_alternative(alternative)
-    if quantity not in _QUANTITIES:
-        raise ParameterError(f"quantity must be one of {', '.join(map(repr, _QUANTITIES))}, got {quantity!r}")
+    schema.choice(quantity, "quantity", _QUANTITIES)
     n_bootstrap, confidence = check_bootstrap(n_bootstrap, confidence)
     if permutations not in ("auto", "exact"):
         permutations = schema.integer(permutations, "permutations", 1)

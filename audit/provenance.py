@@ -9,7 +9,7 @@ import platform
 from functools import lru_cache
 from typing import Any
 
-from audit.errors import ParameterError
+from audit import schema
 
 #: Distributions whose versions change numbers; recorded with every result.
 TRACKED_PACKAGES = (
@@ -66,7 +66,7 @@ def canonical_dtype(dtype: Any) -> str:
         return DEFAULT_DTYPE
     key = str(dtype).replace("torch.", "").lower()
     if key not in DTYPES:
-        raise ParameterError(f"dtype: {dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
+        schema.choice(dtype, "dtype", DTYPE_NAMES)  # refuses, naming the choices
     return DTYPES[key]
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError, create_model
 
+from audit import schema
 from audit.compare import (
     EFFECT_SIZE_COMPARER,
     LPBS_COMPARER,
@@ -661,8 +662,7 @@ def _one_of(key: str, choices: Sequence[Any]) -> Callable[[Any], None]:
     """The check of a choice-valued parameter against the choices its module declares, worded
     as the module words its own refusal."""
     def check(value: Any) -> None:
-        if value not in choices:
-            raise ParameterError(f"{key}: must be one of {', '.join(map(str, choices))}, got {value!r}")
+        schema.choice(value, key, choices)
     return check
 
 

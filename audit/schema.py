@@ -21,7 +21,9 @@ Pieces: :class:`Section` (the base of every model: unknown fields refused, no co
 :class:`NullDefaults`: one whose null fields take their defaults),
 :func:`Int`, :func:`Num`, :data:`Flag`, :data:`Text`, :func:`OneOf`, :data:`Permutations` (annotated field
 types),
-:func:`plain` (NumPy scalars as Python values), :func:`arguments` (a class's or function's keyword
+:func:`plain` (NumPy scalars as Python values), :func:`integer`, :func:`number`, :func:`flag` and
+:func:`choice` (a function's arguments, refused as :class:`~audit.errors.ParameterError`: ``<name>:
+unknown value 'x' (did you mean 'y'?); known: a, b`` for a choice), :func:`arguments` (a class's or function's keyword
 arguments against their model), :class:`Refused`
 (raised by a validator for a value out of the allowed set), :func:`validate` (a mapping into a
 model), :func:`check` (one value against a type), :func:`error_of` (a
@@ -31,7 +33,7 @@ model), :func:`check` (one value against a type), :func:`error_of` (a
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, Mapping, get_args
+from typing import Annotated, Any, Mapping, Sequence, get_args
 
 import numpy as np
 from pydantic import (
@@ -147,7 +149,8 @@ def problem(err: Mapping[str, Any], model: type[BaseModel] | None = None) -> tup
     if kind == "value_error" and isinstance(ctx.get("error"), Refused):
         return ParameterError, str(ctx["error"])
     if kind == "value_error" and isinstance(ctx.get("error"), AuditError):  # a nested check's own words
-        return type(ctx["error"]), str(ctx["error"])
+        loc = err.get("loc") or ()
+        return type(ctx["error"]), unnamed(str(ctx["error"]), str(loc[-1])) if loc else str(ctx["error"])
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return DataError, f"expected an integer, got {got!r}"
     if kind == "finite_number":
@@ -170,6 +173,14 @@ def problem(err: Mapping[str, Any], model: type[BaseModel] | None = None) -> tup
     if kind == "value_error":
         return DataError, str(ctx.get("error", err.get("msg")))
     return DataError, f"{err.get('msg', 'invalid')}, got {got!r}"
+
+
+def unnamed(message: str, name: str) -> str:
+    """``message`` of a check of the argument ``name`` without its leading ``<name>: ``, for a
+    caller that puts it after a field path ending with that name (``params.alternative: unknown
+    value ...``, not ``params.alternative: alternative: unknown value ...``)."""
+    head = f"{name}: "
+    return message[len(head):] if message.startswith(head) else message
 
 
 def _model_at(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -247,6 +258,19 @@ def check(tp: Any, value: Any, source: str = "", path: str = "") -> Any:
         raise error_of(e, source, path) from None
 
 
+def choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
+    """A choice-valued argument ``name`` of a function (``alternative``, ``ci_method``,
+    ``padding_side`` ...): ``value`` when it is one of ``choices``, else a :class:`ParameterError`
+    in one wording everywhere: ``<name>: unknown value 'x' (did you mean 'y'?); known: a, b``."""
+    try:
+        if value in choices:
+            return value
+    except TypeError:  # an unhashable or incomparable value is not a choice
+        pass
+    raise ParameterError(f"{name}: unknown value {value!r}{suggest(str(value), [str(c) for c in choices])}; "
+                         f"known: {', '.join(map(str, choices))}")
+
+
 def flag(value: Any, name: str) -> bool:
     """A ``True``/``False`` argument ``name`` of a function (NumPy booleans accepted); a refusal is
     a :class:`ParameterError`, as for :func:`integer`."""
@@ -297,4 +321,5 @@ def arguments(model: type[BaseModel], values: Mapping[str, Any], owner: str) -> 
 
 __all__ = ["Section", "NullDefaults", "Refused", "Int", "Num", "Flag", "Text", "OneOf", "Permutations", "plain",
            "problem",
-           "field_path", "error_of", "validate", "check", "flag", "integer", "number", "arguments"]
+           "field_path", "error_of", "validate", "check", "choice", "flag", "integer", "number", "arguments",
+           "unnamed"]

@@ -281,20 +281,13 @@ def _check_n_x(n_x: Any, n_items: int) -> int:
 
 def check_alternative(alternative: Any) -> str:
     """``alternative`` as one of :data:`ALTERNATIVES` (the one rule, :mod:`audit.compare` too)."""
-    if alternative not in ALTERNATIVES:
-        raise ParameterError(
-            f"alternative={alternative!r} is not one of {', '.join(map(repr, ALTERNATIVES))}"
-        )
+    schema.choice(alternative, "alternative", ALTERNATIVES)
     return str(alternative)
 
 
 def check_convention(convention: Any) -> str:
     """``convention`` as one of :data:`P_CONVENTIONS`, or a ParameterError naming it."""
-    if convention not in P_CONVENTIONS:
-        raise ParameterError(
-            f"p_convention={convention!r} is not one of {', '.join(map(repr, P_CONVENTIONS))}"
-        )
-    return str(convention)
+    return str(schema.choice(convention, "p_convention", P_CONVENTIONS))
 
 
 def check_ddof(ddof: Any, n: int | None = None) -> int:

@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from audit import registry
+from audit import registry, schema
 from audit.datasets import registry as dataset_registry
 from audit.datasets import stub_of
 from audit.datasets import test_type as dataset_test_type
@@ -289,7 +289,8 @@ def _check_model_params(spec: SweepSpec) -> None:
                 try:
                     registry.check_params(name, {k: v})
                 except ParameterError as e:
-                    raise ParameterError(f"{spec.source}: {spec_field(spec, i)}.params.{k}: {e}") from None
+                    raise ParameterError(f"{spec.source}: {spec_field(spec, i)}.params.{k}: "
+                                         f"{schema.unnamed(str(e), k)}") from None
 
 
 def expand(spec: SweepSpec, *, infos: dict[str, ModelInfo] | None = None) -> Plan:

@@ -62,7 +62,7 @@ from typing import Annotated, Any, Mapping
 from pydantic import (AfterValidator, BeforeValidator, Field, PlainValidator, ValidationInfo, field_validator,
                       model_validator)
 
-from audit import registry
+from audit import registry, schema
 from audit.backends import table as backend_table
 from audit.errors import AuditError, DataError, ParameterError
 from audit.provenance import DTYPE_NAMES
@@ -627,7 +627,7 @@ def _metric(ctx: Ctx, i: int, f: MetricFields) -> MetricSpec:
         try:
             registry.check_params(name, {k: v})
         except ParameterError as e:
-            raise ctx.param(f"{path}.params.{k}", str(e)) from None
+            raise ctx.param(f"{path}.params.{k}", schema.unnamed(str(e), k)) from None
     return MetricSpec(name=name, params=params, tests=f.tests)
 
 

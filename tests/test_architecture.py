@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -269,3 +270,30 @@ def test_the___all___check_catches_a_missing_name(tmp_path):
     p = tmp_path / "m.py"
     p.write_text('from x import a\n__all__ = ["a", "f", "gone"]\n\ndef f():\n    pass\n')
     assert _all_undefined(p) == ["gone"]
+
+
+#: The wordings of hand-written refusals that :mod:`audit.schema` words once (``choice``, ``integer``,
+#: ``number``): a choice, a count, a bounded fraction (issue 19, "one validation vocabulary").
+HAND_WORDED = re.compile(r"raise ParameterError\(f?[\"'][^\"']*(must be one of|is not one of|"
+                         r"must be a positive integer|must be a number in|must be a finite number)")
+
+
+def hand_worded_refusals(path: Path) -> list[str]:
+    """Lines of ``path`` that raise a ParameterError in a wording :mod:`audit.schema` owns."""
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.relative_to(path.parents[1])
+    return [f"{where}:{n}" for n, line in
+            enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if HAND_WORDED.search(line)]
+
+
+def test_choices_and_counts_are_refused_in_the_schemas_words(tmp_path):
+    """Every function argument that is a choice, a count or a bounded number is refused by
+    :func:`audit.schema.choice`/``integer``/``number`` (one wording: ``<name>: unknown value 'x'
+    (did you mean 'y'?); known: a, b``, ``<name>: must be >= 1, got 0``), not by a sentence of its
+    own; the command line's own flags (``--n-bootstrap``) keep theirs. The rule catches a planted one."""
+    files = [p for d in ("audit", "jobs") for p in sorted((ROOT / d).rglob("*.py")) if p.name != "cli.py"]
+    found = [hit for p in files for hit in hand_worded_refusals(p)]
+    assert not found, "refusals worded by hand, not by audit.schema:\n" + "\n".join(found)
+    bad = tmp_path / "audit" / "x.py"
+    bad.parent.mkdir()
+    bad.write_text('def f(k):\n    raise ParameterError(f"k: must be one of a, b, got {k!r}")\n', encoding="utf-8")
+    assert hand_worded_refusals(bad) == ["audit/x.py:2"]

@@ -194,7 +194,7 @@ def test_protocol_recorded_in_result_and_key(model):
     assert m["harness.acc"] == harn.fields["harness"]["acc"]
     with pytest.raises(ParameterError, match="protocol: harness: lm-evaluation-harness has BBQ tasks for en"):
         runner.score(lm, "de/bbq", "bbq", {"limit": 2, "protocol": "harness"})
-    with pytest.raises(ParameterError, match="protocol: must be one of item_options, harness, got 'harnes'"):
+    with pytest.raises(ParameterError, match=r"^protocol: unknown value 'harnes' \(did you mean 'harness'\?\); known: item_options, harness$"):
         runner.score(lm, "en/bbq", "bbq", {"limit": 2, "protocol": "harnes"})
     with pytest.raises(ParameterError, match="prompt: protocol harness uses the harness task's own prompt"):
         runner.score(lm, "en/bbq", "bbq", {"limit": 2, "protocol": "harness", "prompt": "{context} {question}"})

@@ -184,7 +184,7 @@ def test_undefined_effect_size_raises():
         (dict(confidence=1.5), ParameterError, "confidence"),
         (dict(n_bootstrap=-1), ParameterError, "n_bootstrap"),
         (dict(seed=-3), ParameterError, "seed"),
-        (dict(ci_method="attributes"), ParameterError, "ci_method must be one of 'targets', 'targets_attributes'"),
+        (dict(ci_method="attributes"), ParameterError, "^ci_method: unknown value 'attributes' .*; known: targets, targets_attributes$"),
     ],
 )
 def test_errors_name_the_argument(kwargs, exc, match):

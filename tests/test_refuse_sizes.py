@@ -86,13 +86,14 @@ def test_check_resample_memory_bounds():
 # --------------------------------------------------------------------------------------
 
 CHOICES = [
-    ("weat", "p_convention", "strict", "p_convention='strict' is not one of 'phipson_smyth', 'caliskan'"),
-    ("weat", "alternative", "bigger", "alternative='bigger' is not one of 'greater', 'less', 'two-sided'"),
-    ("weat", "ci_method", "words", "ci_method: must be one of targets, targets_attributes, got 'words'"),
-    ("honest", "decoding", "beam", "decoding: must be one of greedy, sample, got 'beam'"),
-    ("honest", "category_rule", "any", "category_rule: must be one of all, first, got 'any'"),
-    ("honest", "hurtlex_level", "strict", "hurtlex_level: must be one of conservative, inclusive, got 'strict'"),
-    ("bbq", "length_norm", "words", "length_norm: must be one of none, tokens, chars, got 'words'"),
+    # one wording for every choice (audit.schema.choice), whichever module declares it
+    ("weat", "p_convention", "strict", "p_convention: unknown value 'strict'; known: phipson_smyth, caliskan"),
+    ("weat", "alternative", "bigger", "alternative: unknown value 'bigger'; known: greater, less, two-sided"),
+    ("weat", "ci_method", "words", "ci_method: unknown value 'words'; known: targets, targets_attributes"),
+    ("honest", "decoding", "beam", "decoding: unknown value 'beam'; known: greedy, sample"),
+    ("honest", "category_rule", "any", "category_rule: unknown value 'any'; known: all, first"),
+    ("honest", "hurtlex_level", "strict", "hurtlex_level: unknown value 'strict'; known: conservative, inclusive"),
+    ("bbq", "length_norm", "words", "length_norm: unknown value 'words'; known: none, tokens, chars"),
 ]
 
 
@@ -118,7 +119,7 @@ def test_a_bad_choice_in_audit_score_is_refused_before_the_model_loads(files, mo
                            "--param", 'p_convention="strict"'])
     assert code == 2 and out == "" and "Traceback" not in err
     assert err.strip().splitlines() == [
-        "audit: error: p_convention='strict' is not one of 'phipson_smyth', 'caliskan'"]
+        "audit: error: p_convention: unknown value 'strict'; known: phipson_smyth, caliskan"]
 
 
 @pytest.mark.unit
@@ -144,5 +145,5 @@ def test_a_bad_choice_in_a_sweep_spec_is_refused_at_plan_time(files):
     code, out, err = _run(["run", str(spec), "--dry-run"])
     assert code == 2 and "Traceback" not in err
     assert err.strip().splitlines() == [
-        f"audit: error: {spec}: metrics[0].params.p_convention: p_convention='strict' is not one of "
-        "'phipson_smyth', 'caliskan'"]
+        f"audit: error: {spec}: metrics[0].params.p_convention: unknown value 'strict'; known: phipson_smyth, "
+        "caliskan"]

@@ -180,7 +180,7 @@ def test_the_key_covers_the_requested_dtype():
     assert len(keys) == 2 and task_key(**base) not in keys
     assert load_key({"dtype": "bf16"}) == load_key({"dtype": "bfloat16"}) == "dtype=bfloat16"
     assert load_key({"dtype": "half"}) == "dtype=float16"
-    with pytest.raises(ParameterError, match=r"^dtype: 'auto' is not one of float32, float16, bfloat16$"):
+    with pytest.raises(ParameterError, match=r"^dtype: unknown value 'auto'; known: float32, float16, bfloat16$"):
         load_key({"dtype": "auto"})
     from jobs.spec import parse_spec
 

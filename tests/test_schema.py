@@ -99,7 +99,7 @@ def test_pad_batch_right_and_left():
     assert left.offsets.tolist() == [0, 2, 1] and left.lengths.tolist() == [3, 1, 2]
     assert positions(left.mask).tolist() == [[0, 1, 2], [0, 0, 0], [0, 0, 1]]
     assert (left.real == left.mask.numpy().astype(bool)).all()
-    with pytest.raises(ParameterError, match="padding_side: 'top'"):
+    with pytest.raises(ParameterError, match=r"^padding_side: unknown value 'top'; known: right, left$"):
         pad_batch(seqs, 0, "top")
 
 

@@ -10,7 +10,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from audit.errors import ModelError, ParameterError
+from audit import schema
+from audit.errors import ModelError
 
 __all__ = [
     "AUTO_BATCH_CPU",
@@ -111,8 +112,7 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "right") -
     (a third of the causal scorer's time on short sentences went to per-row tensors)."""
     import torch
 
-    if side not in PADDING_SIDES:
-        raise ParameterError(f"padding_side: {side!r} is not one of {', '.join(PADDING_SIDES)}")
+    schema.choice(side, "padding_side", PADDING_SIDES)
     lens = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
     width = int(lens.max()) if len(lens) else 0
     off = width - lens if side == "left" else np.zeros_like(lens)
@@ -168,9 +168,7 @@ def fill_batch(lengths: Sequence[int] | None, i: int, size: int) -> int:
 def check_batch_size(batch_size: Any) -> int | None:
     """The one rule of a ``batch_size`` argument: a positive integer, or ``None`` (the default of
     the operation: :func:`default_batch_size`, or a token budget)."""
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise ParameterError(f"batch_size: must be a positive integer or None, got {batch_size!r}")
-    return batch_size
+    return None if batch_size is None else schema.integer(batch_size, "batch_size", 1)
 
 
 def run_batched(fn: Callable[[list], Sequence], items: list, batch_size: int | None, *,

@@ -57,6 +57,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from audit import schema
 from audit.backends import chat, hf_embed, hf_generate, hf_scoring
 from audit.backends.batching import AUTO_BATCH_CPU, AUTO_BATCH_CUDA, default_batch_size, run_batched, transformers_quiet
 from audit.errors import ModelError, ParameterError, UnsafeModelError
@@ -898,8 +899,7 @@ def load_hf_model(
         Missing directory/config/weights, model not cached while offline, slow-only tokenizer,
         missing LM head, or a Transformers loading failure (message names the model).
     """
-    if kind not in KINDS:
-        raise ParameterError(f"kind: {kind!r} is not one of {sorted(KINDS)}")
+    schema.choice(kind, "kind", sorted(KINDS))
     if isinstance(ref, os.PathLike):
         ref = os.fspath(ref)
     name, ref_rev = parse_hf_ref(ref)

@@ -73,6 +73,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from audit import schema
 from audit.backends.batching import PADDING_SIDES, inference, pad_batch, positions, run_batched
 from audit.backends.hf_scoring import causal_start_id, right_padding_unmasked
 from audit.backends.table import pooling_of
@@ -112,8 +113,7 @@ _PADDED_POSITIONS = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "d
 
 
 def check_method(method: str, allowed: Sequence[str] = POOLINGS) -> None:
-    if method not in allowed:
-        raise ParameterError(f"method: {method!r} is not one of {', '.join(allowed)}")
+    schema.choice(method, "method", allowed)
 
 
 def check_layer(m: Any, layer: int) -> int:
@@ -299,8 +299,7 @@ def embed_sentences(m: Any, sentences: list[str], *, method: str | None = "cls",
         raise ParameterError(f"method: 'model' (the configured sentence-transformers modules) needs a "
                              f"sentence-transformers model; {m.ref!r} is a Hugging Face {m.kind!r} model "
                              "(load it with the st: prefix or backend sentence-transformers)")
-    if padding_side not in PADDING_SIDES:
-        raise ParameterError(f"padding_side: {padding_side!r} is not one of {', '.join(PADDING_SIDES)}")
+    schema.choice(padding_side, "padding_side", PADDING_SIDES)
     causal = m.kind == "causal"
     if padding_side == "left" and not causal:
         raise ParameterError(f"padding_side: left padding is for causal LMs; model {m.ref!r} is {m.kind!r}")

@@ -570,8 +570,7 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
     import torch
 
     k = check_k(k)
-    if decoding not in DECODINGS:
-        raise ParameterError(f"decoding: must be one of {', '.join(DECODINGS)}, got {decoding!r}")
+    schema.choice(decoding, "decoding", DECODINGS)
     _check_generation(max_new_tokens, seed, decoding == "sample")
     prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
     dev, pad, eos, bs = _settings(model, tokenizer, device, batch_size)

@@ -56,6 +56,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from audit import schema
 from audit.backends.batching import PADDING_SIDES, default_batch_size, inference, pad_batch, positions, run_batched
 from audit.errors import DataError, ModelError, ParameterError
 
@@ -606,9 +607,7 @@ def tokenizer_adds_start(tokenizer: Any) -> bool:
 
 def check_start(start: Any, what: str = "start") -> str:
     """``start`` if it is one of :data:`START_MODES`, else :class:`ParameterError` naming ``what``."""
-    if start not in START_MODES:
-        raise ParameterError(f"{what}: {start!r} is not one of {', '.join(START_MODES)}")
-    return start
+    return schema.choice(start, what, START_MODES)
 
 
 def prepends_start(tokenizer: Any, start: str = "always") -> bool:
@@ -744,8 +743,7 @@ def causal_token_logprobs(model: Any, sequences: Sequence[tuple[Sequence[int], i
     """
     import torch
 
-    if padding_side not in PADDING_SIDES:
-        raise ParameterError(f"padding_side: {padding_side!r} is not one of {', '.join(PADDING_SIDES)}")
+    schema.choice(padding_side, "padding_side", PADDING_SIDES)
     if not sequences:
         return []
     keys = [(tuple(ids), int(n_ctx)) for ids, n_ctx in sequences]

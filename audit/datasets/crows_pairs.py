@@ -200,8 +200,7 @@ def _validate_rows(df: pd.DataFrame, where: str, invalid: str = "error") -> pd.D
     """Check every row; ``invalid="skip"`` drops a row with an empty field or an unknown
     direction instead of raising, and lists it in ``attrs["skipped"]`` (``pair_id``, ``row``
     -- the data row, 1-based --, ``reason``)."""
-    if invalid not in INVALID_MODES:
-        raise ParameterError(f"invalid: {invalid!r} is not one of {', '.join(INVALID_MODES)}")
+    schema.choice(invalid, "invalid", INVALID_MODES)
     df = df.reset_index(drop=True)
     reasons: dict[int, str] = {}
     for col in ("sent_more", "sent_less", "bias_type"):

@@ -44,8 +44,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from audit import schema
 from audit.datasets._common import _check_language, _read_text, data_root, parsed_once
-from audit.errors import DataError, ParameterError
+from audit.errors import DataError
 from audit.suites import CompletionTemplates
 
 __all__ = [
@@ -234,6 +235,4 @@ def _read_hurtlex(path: str, language: str) -> Lexicon:
 
 
 def check_level(level: str) -> str:
-    if level not in HURTLEX_LEVELS:
-        raise ParameterError(f"hurtlex_level: must be one of {', '.join(HURTLEX_LEVELS)}, got {level!r}")
-    return level
+    return schema.choice(level, "hurtlex_level", HURTLEX_LEVELS)

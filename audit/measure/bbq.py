@@ -57,6 +57,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from audit import schema
 from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
 from audit.datasets.bbq import N_OPTIONS, select_items
 from audit.entries import Measurement, Metric
@@ -165,8 +166,7 @@ def bbq_option_scores(hf_model: Any, table: pd.DataFrame, *, prompt: str, batch_
     if kind not in KINDS:
         raise ModelError(f"model {getattr(hf_model, 'ref', hf_model)!r} is loaded as kind={kind!r}; BBQ needs a "
                          "masked LM (kind='mlm') or a causal LM (kind='causal')")
-    if truncation not in TRUNCATIONS:
-        raise ParameterError(f"truncation: must be one of {', '.join(TRUNCATIONS)}, got {truncation!r}")
+    schema.choice(truncation, "truncation", TRUNCATIONS)
     prompts = item_prompts(table, prompt)
     options = [list(o) for o in table[[f"ans{i}" for i in range(N_OPTIONS)]].itertuples(index=False)]
     cut = np.zeros(len(prompts), dtype=np.int64)
@@ -221,8 +221,7 @@ def harness_option_scores(hf_model: Any, table: pd.DataFrame, *, task: str, batc
         ref, kind = getattr(hf_model, "ref", hf_model), getattr(hf_model, "kind", None)
         raise ModelError(f"protocol harness: lm-evaluation-harness's {task} task scores causal LMs; model {ref!r} is "
                          f"loaded as kind={kind!r}")
-    if truncation not in TRUNCATIONS:
-        raise ParameterError(f"truncation: must be one of {', '.join(TRUNCATIONS)}, got {truncation!r}")
+    schema.choice(truncation, "truncation", TRUNCATIONS)
     prompts = item_prompts(table, default_prompt({v: k for k, v in HARNESS_TASKS.items()}[task]))
     choices, owner = harness_choices(table, task)
     cut = np.zeros(len(prompts), dtype=np.int64)
@@ -271,8 +270,7 @@ def measure_bbq(model, test: MultipleChoice, metric: Metric, mp: Mapping[str, An
     """Option scores of the selected items (``categories``, ``limit`` per category), by
     ``protocol`` (module docstring)."""
     protocol = mp.get("protocol", "item_options")
-    if protocol not in PROTOCOLS:
-        raise ParameterError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    schema.choice(protocol, "protocol", PROTOCOLS)
     items = select_items(test.table, mp["categories"], mp["limit"])
     task = None
     handle = chat_handle(model.handle, mp)

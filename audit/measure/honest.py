@@ -42,6 +42,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from audit import schema
 from audit.backends.chat import CHAT_PARAMS, chat_handle, chat_info
 from audit.backends.hf_generate import DECODINGS, check_k, first_word
 from audit.backends.hf_scoring import check_start
@@ -92,8 +93,7 @@ def official_completion(template: str, prompt: str, continuation: str) -> str:
 def generation_params(protocol: str, mp: Mapping[str, Any]) -> dict[str, Any]:
     """The decoding parameters of a causal protocol from the measure parameters, defaults filled
     and parameters of the other protocol refused (:class:`ParameterError` naming them)."""
-    if protocol not in PROTOCOLS:
-        raise ParameterError(f"protocol: must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    schema.choice(protocol, "protocol", PROTOCOLS)
     start = check_start(mp.get("start_token", START_TOKEN), "start_token")
     if protocol == "official":
         if mp.get("decoding") not in (None, "greedy"):
@@ -106,8 +106,7 @@ def generation_params(protocol: str, mp: Mapping[str, Any]) -> dict[str, Any]:
         raise ParameterError(f"{extra[0]}: applies to protocol official only (protocol first_word_greedy takes "
                              "decoding, seed, max_new_tokens)")
     decoding = mp.get("decoding") or "greedy"
-    if decoding not in DECODINGS:
-        raise ParameterError(f"decoding: must be one of {', '.join(DECODINGS)}, got {decoding!r}")
+    schema.choice(decoding, "decoding", DECODINGS)
     mnt = mp.get("max_new_tokens")
     return {"decoding": decoding, "seed": mp.get("seed", 0),
             "max_new_tokens": FIRST_WORD_MAX_NEW_TOKENS if mnt is None else mnt, "start_token": start}

@@ -74,6 +74,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from audit import schema
 from audit.stats import check_bootstrap, check_int_seed
 from audit.errors import DataError, ParameterError
 from audit.result import MetricOutput
@@ -91,8 +92,7 @@ _BOOT_CHUNK = 200
 
 def predictions(table: pd.DataFrame, length_norm: str = "none") -> np.ndarray:
     """The predicted option of each item: arg-max of the (optionally length-normalised) scores."""
-    if length_norm not in LENGTH_NORMS:
-        raise ParameterError(f"length_norm: must be one of {', '.join(LENGTH_NORMS)}, got {length_norm!r}")
+    schema.choice(length_norm, "length_norm", LENGTH_NORMS)
     if "harness_prediction" in table.columns:
         if length_norm != "none":
             raise ParameterError(f"length_norm: protocol harness predicts by raw log-likelihood (lm-evaluation-"

@@ -171,12 +171,9 @@ def honest_metric(table: pd.DataFrame, *, language: str, hurtlex: str | None = N
     ``per_group_category``, ``n_templates``, ``hurtlex`` (path, digest, level), ``k``,
     ``category_rule``, ``completion_rule``, ``group_count``; ``items``: the per-template table.
     """
-    if category_rule not in CATEGORY_RULES:
-        raise ParameterError(f"category_rule: must be one of {', '.join(CATEGORY_RULES)}, got {category_rule!r}")
-    if completion_rule not in COMPLETION_RULES:
-        raise ParameterError(f"completion_rule: must be one of {', '.join(COMPLETION_RULES)}, got {completion_rule!r}")
-    if group_count not in GROUP_COUNTS:
-        raise ParameterError(f"group_count: must be one of {', '.join(GROUP_COUNTS)}, got {group_count!r}")
+    schema.choice(category_rule, "category_rule", CATEGORY_RULES)
+    schema.choice(completion_rule, "completion_rule", COMPLETION_RULES)
+    schema.choice(group_count, "group_count", GROUP_COUNTS)
     need = ("template", "groups", "completions")
     missing = [c for c in need if c not in getattr(table, "columns", ())]
     if missing:

@@ -62,6 +62,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from audit import schema
 from audit.errors import DataError, ParameterError
 from audit.result import MetricOutput
 from audit.stats import (
@@ -242,8 +243,7 @@ def weat_bootstrap_ci(
     n_degenerate : number of dropped resamples.
     effect_sizes : the finite bootstrap effect sizes.
     """
-    if method not in CI_METHODS:
-        raise ParameterError(f"ci_method must be one of {', '.join(map(repr, CI_METHODS))}, got {method!r}")
+    schema.choice(method, "ci_method", CI_METHODS)
     n_x, n_a = cos_xa.shape
     n_y, n_b = cos_yb.shape
     if method == "targets":
@@ -332,8 +332,7 @@ def weat(
     ddof = check_ddof(ddof, X.shape[0] + Y.shape[0])
     check_alternative(alternative)
     check_bootstrap(n_bootstrap, confidence)
-    if ci_method not in CI_METHODS:
-        raise ParameterError(f"ci_method must be one of {', '.join(map(repr, CI_METHODS))}, got {ci_method!r}")
+    schema.choice(ci_method, "ci_method", CI_METHODS)
 
     ua, ub = unit_rows(A), unit_rows(B)
     ux, uy = unit_rows(X), unit_rows(Y)
