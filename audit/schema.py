@@ -258,17 +258,19 @@ def check(tp: Any, value: Any, source: str = "", path: str = "") -> Any:
         raise error_of(e, source, path) from None
 
 
-def choice(value: Any, name: str, choices: Sequence[Any]) -> Any:
+def choice(value: Any, name: str, choices: Sequence[Any], *, error: type[AuditError] = ParameterError) -> Any:
     """A choice-valued argument ``name`` of a function (``alternative``, ``ci_method``,
     ``padding_side`` ...): ``value`` when it is one of ``choices``, else a :class:`ParameterError`
-    in one wording everywhere: ``<name>: unknown value 'x' (did you mean 'y'?); known: a, b``."""
+    in one wording everywhere: ``<name>: unknown value 'x' (did you mean 'y'?); known: a, b``.
+    A data file's field (``error=DataError``) is refused in the same words, ``name`` being where
+    it is (``x.jsonl: line 2: field context_condition``)."""
     try:
         if value in choices:
             return value
     except TypeError:  # an unhashable or incomparable value is not a choice
         pass
-    raise ParameterError(f"{name}: unknown value {value!r}{suggest(str(value), [str(c) for c in choices])}; "
-                         f"known: {', '.join(map(str, choices))}")
+    raise error(f"{name}: unknown value {value!r}{suggest(str(value), [str(c) for c in choices])}; "
+                f"known: {', '.join(map(str, choices))}")
 
 
 def flag(value: Any, name: str) -> bool:

@@ -274,7 +274,7 @@ def test_the___all___check_catches_a_missing_name(tmp_path):
 
 #: The wordings of hand-written refusals that :mod:`audit.schema` words once (``choice``, ``integer``,
 #: ``number``): a choice, a count, a bounded fraction (issue 19, "one validation vocabulary").
-HAND_WORDED = re.compile(r"raise ParameterError\(f?[\"'][^\"']*(must be one of|is not one of|"
+HAND_WORDED = re.compile(r"raise (ParameterError|DataError)\(f?[\"'][^\"']*(must be one of|is not one of|"
                          r"must be a positive integer|must be a number in|must be a finite number)")
 
 

@@ -122,7 +122,7 @@ def _bbq_line(**over):
     ({"answer_info": {"ans0": ["a", "old"], "ans1": ["b", "nonOld"], "ans2": ["Unknown", "old"]}},
      r"line 2: field answer_info: no answer is the unknown answer"),
     ({"category": "Hair_colour"}, r"line 2: field category: unknown category 'Hair_colour'; known: Age, "),
-    ({"context_condition": "vague"}, r"line 2: field context_condition must be one of"),
+    ({"context_condition": "vague"}, r"line 2: field context_condition: unknown value 'vague'; known: "),
     ({"context": ""}, r"line 2: field context must be a non-empty string"),
 ])
 def test_bad_bbq_rows_name_file_line_field(tmp_path, over, msg):

@@ -470,7 +470,7 @@ def test_native_normalises_nfc_bom_crlf_and_whitespace(tmp_path):
     (lambda s: s + "templates:\n  lpbs: {singular: [TARGET is here.]}\n",
      "must contain TARGET and ATTRIBUTE exactly once each"),
     (lambda s: s + "forms:\n  flie: {plural: flies}\n", r"forms: word 'flie' is in no set of the test \(did you mean 'fly'\?\)"),
-    (lambda s: s + "forms:\n  fly: {kind: insect}\n", r"forms\.fly\.kind: 'insect' is not one of name, proper"),
+    (lambda s: s + "forms:\n  fly: {kind: insect}\n", r"forms\.fly\.kind: unknown value 'insect'; known: name, proper"),
     (lambda s: s + "metrics: [weat, weta]\n", "unknown metric 'weta'"),
     (lambda s: s + "metrics: [lpbs]\n", "'lpbs' does not fit this test's sets"),
     (lambda s: "- just\n- a list\n", "must hold a mapping"),

@@ -267,7 +267,7 @@ def _label(v: Any, where: str) -> int:
 def _mapped(v: Any, table: dict[str, str], where: str, key: str) -> str:
     s = str(v).strip()
     if s not in table:
-        raise DataError(f"{where}: field {key} must be one of {', '.join(sorted(set(table)))}, got {v!r}")
+        schema.choice(v, f"{where}: field {key}", sorted(set(table)), error=DataError)
     return table[s]
 
 

@@ -226,9 +226,7 @@ def _read_hurtlex(path: str, language: str) -> Lexicon:
         if len(r) <= max(ix):
             raise DataError(f"{path}: line {lineno}: {len(r)} fields, the header has {len(header)}")
         cat, lemma, level = (r[i] for i in ix)
-        if level not in HURTLEX_LEVELS:
-            raise DataError(f"{path}: line {lineno}: field level must be one of {', '.join(HURTLEX_LEVELS)}, "
-                            f"got {level!r}")
+        schema.choice(level, f"{path}: line {lineno}: field level", HURTLEX_LEVELS, error=DataError)
         data.append((lemma, cat, level))
     table = pd.DataFrame(data, columns=["lemma", "category", "level"])
     return Lexicon(language=language, path=path, digest="sha256:" + hashlib.sha256(raw).hexdigest(), table=table)

@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from audit import schema
 from audit.datasets._common import (
     _check_keys,
     _check_language,
@@ -148,8 +149,7 @@ def _parse_groups(value: Any, where: str) -> tuple[str, str]:
                         f"got {_typename(value)} {value!r}")
     _check_keys(value, GROUPS_FIELDS, where, "protected_groups")
     side = _text(value.get("side"), where, "protected_groups.side")
-    if side not in SIDES:
-        raise DataError(f"{where}: field protected_groups.side: {side!r} is not one of {', '.join(SIDES)}")
+    schema.choice(side, f"{where}: field protected_groups.side", SIDES, error=DataError)
     return side, _text(value.get("reason"), where, "protected_groups.reason")
 
 

@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from audit import schema
 from audit.datasets._common import (
     _TEMPLATE_FILE,
     _check_keys,
@@ -139,12 +140,9 @@ def _parse_form(word: str, entry: Any, where: str, field: str) -> dict[str, Any]
             out[k] = v
             continue
         v = _clean_entry(v, where, f"{field}.{k}")
-        if k == "kind" and v not in KINDS:
-            raise DataError(f"{where}: {field}.kind: {v!r} is not one of {', '.join(KINDS)}")
-        if k == "number" and v not in NUMBERS:
-            raise DataError(f"{where}: {field}.number: {v!r} is not one of {', '.join(NUMBERS)}")
-        if k == "gender" and v not in GENDERS:
-            raise DataError(f"{where}: {field}.gender: {v!r} is not one of {', '.join(GENDERS)}")
+        allowed = {"kind": KINDS, "number": NUMBERS, "gender": GENDERS}.get(k)
+        if allowed is not None:
+            schema.choice(v, f"{where}: {field}.{k}", allowed, error=DataError)
         out[k] = v
     if out.get("number") == "plural" and "plural" in out:
         raise DataError(f"{where}: {field}: a word whose number is plural gives its singular, not a plural")
