@@ -10,7 +10,8 @@ raises the wait to what it asks; when it asks for more than ``max`` seconds the 
 retried (it is re-raised at once: a task does not sleep for an hour on a rate limit).
 
 Transient (:func:`transient_reason`): HTTP 408, 425, 429 and every 5xx; connection errors and
-timeouts (``ConnectionError``, ``TimeoutError``, ``socket.gaierror`` and the transport errors of
+timeouts (``ConnectionError``, ``TimeoutError``, ``socket.gaierror``, an ``OSError`` whose errno says the
+network or host is unreachable, and the transport errors of
 ``httpx``/``httpx2``/``httpcore``/``requests``/``urllib3``: connect, read, write, timeout, remote
 protocol). Not transient: any other HTTP status (401, 403, 404 ...: the answer will not change),
 proxy misconfiguration, offline mode (``huggingface_hub``'s ``OfflineModeIsEnabled``), and every
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.utils
+import errno
 import logging
 import os
 import random
@@ -56,6 +58,8 @@ _TRANSIENT_NAMES = frozenset({
     "ProtocolError", "NewConnectionError", "TimeoutError", "ReadTimeoutError",  # urllib3
     "ConnectTimeoutError", "IncompleteRead",
 })
+#: ``OSError`` numbers of a network that cannot be reached for now (not ``ConnectionError`` subclasses).
+_UNREACHABLE = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN, errno.EHOSTDOWN})
 _NEVER_NAMES = frozenset({"ProxyError", "OfflineModeIsEnabled", "SSLError", "LocalProtocolError",
                           "UnsupportedProtocol", "InvalidURL"})
 
@@ -240,7 +244,8 @@ def transient_reason(e: BaseException) -> str | None:
             return None
         if name is not None:
             return f"{type(x).__name__}: {first_line(x)}"
-        if isinstance(x, (ConnectionError, TimeoutError, socket.gaierror)):
+        if isinstance(x, (ConnectionError, TimeoutError, socket.gaierror)) or (
+                isinstance(x, OSError) and x.errno in _UNREACHABLE):
             return f"{type(x).__name__}: {first_line(x)}"
     return None
 

@@ -77,7 +77,12 @@ def test_transient_classification():
     assert transient_reason(ConnectionResetError("reset")) == "ConnectionResetError: reset"
     assert transient_reason(TimeoutError()) == "TimeoutError: TimeoutError"
     assert transient_reason(socket.gaierror("dns")) == "gaierror: dns"
-    for other in (ValueError("x"), FileNotFoundError("f"), KeyError("k"), RuntimeError("r")):
+    import errno
+
+    assert transient_reason(OSError(errno.ENETUNREACH, "Network is unreachable")) == (
+        "OSError: [Errno 101] Network is unreachable")
+    for other in (ValueError("x"), FileNotFoundError("f"), KeyError("k"), RuntimeError("r"),
+                  PermissionError(errno.EACCES, "denied"), OSError(errno.ENOSPC, "full")):
         assert transient_reason(other) is None
     # a library's wrapper without a status of its own: classified by its cause
     try:

@@ -877,3 +877,43 @@ def test_a_busy_job_is_retried_at_the_next_poll_not_failed_nor_counted(tmp_path,
     assert f"gave up: job {new}-busy1 FAILED (exit status 1) and max_attempts is 1" in out
     assert sorted(rec.jobs) == sorted([sid, sid + "-busy1", new, new + "-busy1"])
     assert [json.loads(x)["event"] for x in hook_out.read_text().splitlines()] == ["audit_gave_up"]
+
+
+@pytest.mark.unit
+def test_hub_source_classifies_failures_by_the_one_retry_rule(monkeypatch):
+    """The hub source's transient/permanent split is ``audit.retry.transient_reason``'s (before: a
+    rule of its own that retried every ``OSError`` and never HTTP 408 or 425)."""
+    import errno
+
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from audit.errors import ModelError
+    from jobs.watch import HubSource
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    req = httpx2.Request("GET", "http://127.0.0.1/x")
+
+    def http(status):
+        return HfHubHTTPError(f"{status} Error.\n\nmore", response=httpx2.Response(status, request=req))
+
+    def outcome(exc):
+        def fn():
+            raise exc
+        try:
+            HubSource("http://127.0.0.1:9")._call("listing", fn)
+        except SourceUnavailable as e:
+            return "transient", str(e)
+        except ModelError as e:
+            return "permanent", str(e)
+
+    assert outcome(http(408)) == ("transient", "listing: HTTP 408 (408 Error.)")
+    assert outcome(http(425))[0] == outcome(http(429))[0] == outcome(http(503))[0] == "transient"
+    assert outcome(http(404)) == ("permanent", "listing: HTTP 404 (404 Error.)")
+    assert outcome(ConnectionResetError("reset")) == ("transient", "listing: ConnectionResetError: reset")
+    assert outcome(OSError(errno.ENETUNREACH, "Network is unreachable"))[0] == "transient"
+    assert outcome(PermissionError(errno.EACCES, "denied")) == (
+        "permanent", "listing: PermissionError: [Errno 13] denied")
+    with pytest.raises(ValueError, match="a bug"):
+        outcome(ValueError("a bug"))

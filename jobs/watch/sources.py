@@ -14,7 +14,7 @@ from audit.backends import table as backend_table
 from audit.backends.hf import dir_digest
 from audit.backends.static import content_digest
 from audit.errors import AuditError, ModelError
-from audit.retry import first_line
+from audit.retry import first_line, http_status, transient_reason
 from jobs.resolve import model_kind, probe_revision
 from jobs.watch.backoff import SourceUnavailable
 from jobs.watch.spec import WatchEntry
@@ -91,16 +91,15 @@ class HubSource:
             raise ModelError(f"{what}: repository not found, or gated/private without access ({first_line(e)})") from None
         except HFValidationError as e:
             raise ModelError(f"{what}: {first_line(e)}") from None
-        except HfHubHTTPError as e:
-            code = getattr(getattr(e, "response", None), "status_code", None)
-            if code is not None and (code == 429 or code >= 500):
-                raise SourceUnavailable(f"{what}: HTTP {code} ({first_line(e)})") from e
-            raise ModelError(f"{what}: HTTP {code} ({first_line(e)})") from None
-        except (OSError, TimeoutError) as e:  # connection refused/reset, DNS, timeouts
-            raise SourceUnavailable(f"{what}: {type(e).__name__}: {first_line(e)}") from None
-        except Exception as e:  # httpx2 transport errors and the like
-            if type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests", "urllib3"):
-                raise SourceUnavailable(f"{what}: {type(e).__name__}: {first_line(e)}") from None
+        except Exception as e:  # noqa: BLE001 - transient or not: audit.retry's one rule decides
+            reason = transient_reason(e)  # 408/425/429/5xx, connection and timeout errors
+            code = http_status(e)
+            if reason is not None:
+                raise SourceUnavailable(f"{what}: {reason}" + (f" ({first_line(e)})" if code is not None else "")) from e
+            if isinstance(e, HfHubHTTPError):
+                raise ModelError(f"{what}: HTTP {code} ({first_line(e)})") from None
+            if isinstance(e, OSError):  # a permanent one (permission denied, no such file)
+                raise ModelError(f"{what}: {type(e).__name__}: {first_line(e)}") from None
             raise
 
     def repos(self, entry: WatchEntry) -> list[str]:
