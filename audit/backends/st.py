@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from audit.backends import table as backend_table
 from audit.backends.batching import check_batch_size
 from audit.backends.hf import dir_digest
 from audit.backends.hf_embed import MODEL_METHOD
@@ -45,22 +46,24 @@ from audit.provenance import canonical_dtype
 __all__ = ["PREFIX", "BACKEND", "KIND", "METHOD", "STModel", "is_st_ref", "strip_prefix", "load_st_model", "load",
            "probe_revision"]
 
-PREFIX = "st:"
-BACKEND = "sentence-transformers"
-KIND = "sentence"
+#: This engine's row of the backend table (:mod:`audit.backends.table`): its name, kind and prefix
+#: are written there once.
+_ROW = backend_table.get("sentence-transformers")
+PREFIX = _ROW.prefix
+BACKEND = _ROW.name
+KIND = _ROW.kind
 #: The one pooling method: the model's configured modules.
 METHOD = MODEL_METHOD
 
 
 def is_st_ref(ref: str | os.PathLike) -> bool:
     """Whether a reference names a sentence-transformers model by itself (the ``st:`` prefix)."""
-    return isinstance(ref, str) and ref.strip().startswith(PREFIX)
+    return backend_table.of_prefix(ref) is _ROW
 
 
 def strip_prefix(ref: str) -> str:
-    """The reference without its ``st:`` prefix."""
-    s = ref.strip()
-    return s[len(PREFIX):] if s.startswith(PREFIX) else s
+    """The reference without its ``st:`` prefix (:func:`audit.backends.table.strip_prefix`)."""
+    return backend_table.strip_prefix(ref, _ROW)
 
 
 @dataclasses.dataclass
