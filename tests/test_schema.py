@@ -303,3 +303,20 @@ def test_a_technique_declares_its_parameters_once():
         if fn is further_pretrain:
             given = {k: v for k, v in given.items() if k in declared}  # kind, mlm_probability: not spec parameters
         assert given == declared, (fn.__qualname__, given, declared)
+
+
+def test_a_whole_float_for_a_count_is_that_integer_where_a_function_uses_it():
+    """A function argument checked by :func:`audit.schema.integer` is used as the integer it returns:
+    ``2.0`` for a count is 2 (as in specs and ``--param``), not a float passed on to ``range``."""
+    from audit.backends import batching, hf_generate
+    from audit.datasets.bbq import select_items
+    from audit.runner import load_test
+
+    assert schema.integer(2.0, "limit", 1) == 2 and type(schema.integer(2.0, "limit", 1)) is int
+    n = hf_generate._check_generation(2.0, 0, False)
+    assert n == 2 and type(n) is int
+    assert type(batching.check_batch_size(np.int64(4))) is int and batching.check_batch_size(None) is None
+    table = load_test("en/bbq").table
+    assert select_items(table, None, 2.0).equals(select_items(table, None, 2))
+    with pytest.raises(ParameterError, match=r"^limit: expected an integer, got 2\.5$"):
+        select_items(table, None, 2.5)

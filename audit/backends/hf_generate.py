@@ -187,10 +187,11 @@ def mlm_topk(model: Any, tokenizer: Any, templates: Sequence[str], k: int, *, ba
 # --------------------------------------------------------------------------- causal LMs
 
 
-def _check_generation(max_new_tokens: Any, seed: Any, sampled: bool) -> None:
-    schema.integer(max_new_tokens, "max_new_tokens", 1)
+def _check_generation(max_new_tokens: Any, seed: Any, sampled: bool) -> int:
+    """``max_new_tokens`` as an int (``2.0`` is 2, as in specs); the seed checked where sampled."""
     if sampled:
         check_int_seed(seed)
+    return schema.integer(max_new_tokens, "max_new_tokens", 1)
 
 
 def _prompt_ids(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int,
@@ -468,7 +469,7 @@ def causal_generate_until(model: Any, tokenizer: Any, prompts: Sequence[str], *,
     cut before the first of the ``until`` strings; generation also stops at the end-of-sequence
     token (the harness adds the EOS text to ``until``). ``start`` as :func:`causal_first_words`.
     Batched by length, left padding; the result does not depend on the batch size."""
-    _check_generation(max_new_tokens, 0, False)
+    max_new_tokens = _check_generation(max_new_tokens, 0, False)
     if isinstance(until, str) or not all(isinstance(u, str) and u for u in until):
         raise ParameterError(f"until: must be a list of non-empty strings, got {until!r}")
     prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
@@ -521,10 +522,10 @@ def causal_samples(model: Any, tokenizer: Any, prompts: Sequence[str], k: int, *
     (``"always"`` | ``"harness"``; :func:`audit.backends.hf_scoring.prepends_start`).
     """
     k = check_k(k)
-    _check_generation(max_new_tokens, seed, True)
-    schema.integer(top_k, "top_k", 0)  # 0: no top-k
-    schema.number(top_p, "top_p", 0.0, strict=True, maximum=1.0, inclusive=True)
-    schema.number(temperature, "temperature", 0.0, strict=True)
+    max_new_tokens = _check_generation(max_new_tokens, seed, True)
+    top_k = schema.integer(top_k, "top_k", 0)  # 0: no top-k
+    top_p = schema.number(top_p, "top_p", 0.0, strict=True, maximum=1.0, inclusive=True)
+    temperature = schema.number(temperature, "temperature", 0.0, strict=True)
     prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
     dev, pad, eos, bs = _settings(model, tokenizer, device, batch_size)
     n = len(prefixes)
@@ -571,7 +572,7 @@ def causal_first_words(model: Any, tokenizer: Any, prompts: Sequence[str], k: in
 
     k = check_k(k)
     schema.choice(decoding, "decoding", DECODINGS)
-    _check_generation(max_new_tokens, seed, decoding == "sample")
+    max_new_tokens = _check_generation(max_new_tokens, seed, decoding == "sample")
     prefixes = _prompt_ids(model, tokenizer, prompts, max_new_tokens, start)
     dev, pad, eos, bs = _settings(model, tokenizer, device, batch_size)
     n = len(prefixes)

@@ -114,7 +114,7 @@ class STModel:
                                  f"(layer -1), not {layer!r}")
         if padding_side != "right":
             raise ParameterError(f"padding_side: {padding_side!r}; sentence-transformers pads on the right")
-        check_batch_size(batch_size)
+        batch_size = check_batch_size(batch_size)
         if isinstance(sentences, str) or not all(isinstance(s, str) and s.strip() for s in sentences):
             raise DataError("sentences: expected a list of non-empty strings")
         sentences = list(sentences)
