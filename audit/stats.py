@@ -281,8 +281,7 @@ def _check_n_x(n_x: Any, n_items: int) -> int:
 
 def check_alternative(alternative: Any) -> str:
     """``alternative`` as one of :data:`ALTERNATIVES` (the one rule, :mod:`audit.compare` too)."""
-    schema.choice(alternative, "alternative", ALTERNATIVES)
-    return str(alternative)
+    return str(schema.choice(alternative, "alternative", ALTERNATIVES))
 
 
 def check_convention(convention: Any) -> str:
