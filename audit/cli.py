@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from audit import catalog, regression, registry, runner
+from audit import catalog, regression, registry, runner, schema
 from audit.result import json_cells
 from audit.datasets import NUMBERS
 from audit.errors import AuditError, ParameterError, one_line
@@ -49,22 +49,22 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _permutations(v: str) -> str | int:
-    if v in ("exact", "auto"):
-        return v
+    """``--permutations``: ``exact``, ``auto`` or a count (``1e14`` too: a whole number in exponent
+    notation), checked by :data:`audit.schema.Permutations` (the spec's and the parameters' rule and
+    words; argparse names the flag: ``argument --permutations: must be >= 1, got 0``)."""
+    value: Any = v
     try:
-        n = int(v)
+        value = int(v)
     except ValueError:
-        try:  # 1e14: a whole number in exponent notation
+        try:
             f = float(v)
-            n = int(f) if math.isfinite(f) and f.is_integer() else None
+            value = int(f) if math.isfinite(f) and f.is_integer() else v
         except ValueError:
-            n = None
-        if n is None:
-            raise argparse.ArgumentTypeError(
-                f"--permutations must be exact, auto or a positive integer, not {v!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"--permutations must be a positive integer, not {n}")
-    return n
+            pass
+    try:
+        return schema.check(schema.Permutations, value, path="--permutations")
+    except AuditError as e:
+        raise argparse.ArgumentTypeError(schema.unnamed(str(e), "--permutations")) from None
 
 
 #: Help of the options several commands share (filled in where a command's option has none): one text each.
@@ -453,15 +453,10 @@ def cmd_metrics(a: argparse.Namespace) -> int:
 
 def comparison_options(a: argparse.Namespace) -> dict[str, Any]:
     """The comparison options of ``audit compare`` (:mod:`audit.compare`)."""
-    if a.n_bootstrap < 0:
-        raise ParameterError(f"--n-bootstrap must be >= 0, got {a.n_bootstrap}")
-    if not 0 < a.confidence < 1:
-        raise ParameterError(f"--confidence must be in (0, 1), got {a.confidence}")
-    for opt, v in (("--min-increase", a.min_increase), ("--alpha", a.alpha)):
-        if not np.isfinite(v) or v < 0:
-            raise ParameterError(f"{opt} must be a finite number >= 0, got {v}")
-    if a.alpha > 1:
-        raise ParameterError(f"--alpha must be <= 1, got {a.alpha}")
+    schema.integer(a.n_bootstrap, "--n-bootstrap", 0)
+    schema.number(a.confidence, "--confidence", 0.0, strict=True, maximum=1.0)
+    schema.number(a.min_increase, "--min-increase")
+    schema.number(a.alpha, "--alpha", maximum=1.0, inclusive=True)
     return {"alternative": a.alternative, "quantity": a.quantity, "n_bootstrap": a.n_bootstrap,
             "permutations": a.permutations, "confidence": a.confidence}
 

@@ -329,14 +329,15 @@ def check_int_seed(seed: Any, name: str = "seed", *, allow_none: bool = False) -
     """:func:`check_seed`'s rule where a procedure needs the integer itself (it derives its
     streams from it, or records it): a non-negative integer of any size (``bool`` is not one),
     ``None`` only where ``allow_none`` (a seed is then drawn by the caller), never a
-    ``SeedSequence``; one wording."""
+    ``SeedSequence``; refused in :mod:`audit.schema`'s words (``seed: must be >= 0, got -1``,
+    ``seed: expected an integer, got 1.5``), as every count and choice is."""
     if seed is None and allow_none:
         return None
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral) or seed < 0:
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
         # one line: numpy writes a SeedSequence's repr over several
         shown = f"SeedSequence(entropy={seed.entropy})" if isinstance(seed, np.random.SeedSequence) else repr(seed)
-        raise ParameterError(f"{name}={shown}: expected a non-negative integer" + (" or None" if allow_none else ""))
-    return int(seed)
+        raise ParameterError(f"{name}: expected an integer{' or None' if allow_none else ''}, got {shown}")
+    return schema.integer(int(seed), name, 0)
 
 
 
@@ -379,11 +380,11 @@ def _check_shard(shard: Any) -> tuple[int, int]:
     try:
         i, m = shard
     except (TypeError, ValueError):
-        raise ParameterError(f"shard={shard!r}: expected a pair (i, m) with 0 <= i < m") from None
+        raise ParameterError(f"shard: expected a pair (i, m) with 0 <= i < m, got {shard!r}") from None
     if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) for v in (i, m)):
-        raise ParameterError(f"shard={shard!r}: expected integers (i, m) with 0 <= i < m")
+        raise ParameterError(f"shard: expected integers (i, m) with 0 <= i < m, got {shard!r}")
     if not 0 <= i < m:
-        raise ParameterError(f"shard={shard!r}: expected 0 <= i < m")
+        raise ParameterError(f"shard: expected 0 <= i < m, got {shard!r}")
     return int(i), int(m)
 
 
@@ -399,9 +400,9 @@ def _n_threads(threads: int | None) -> int:
         if omp.isdigit() and int(omp) > 0:
             n = min(n, int(omp))
         return max(1, n)
-    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
-        raise ParameterError(f"threads={threads!r}: expected a positive integer or None")
-    return int(threads)
+    if isinstance(threads, (bool, np.bool_)) or not isinstance(threads, numbers.Integral):
+        raise ParameterError(f"threads: expected an integer or None, got {threads!r}")
+    return schema.integer(int(threads), "threads", 1)
 
 
 def _map(fn: Callable[[Any], Any], items: Sequence[Any], threads: int) -> list[Any]:

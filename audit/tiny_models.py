@@ -44,6 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from audit import schema
 from audit.datasets.corpus import corpus_from_tests
 from audit.datasets.external import data_root
 
@@ -537,8 +538,7 @@ def build_tiny_causal(directory: str | os.PathLike, family: str = "llama", *, tr
     trained on the corpus rendered as chats too (:func:`_chat_corpus`)."""
     import transformers
 
-    if family not in CAUSAL_FAMILIES:
-        raise ValueError(f"family must be one of {tuple(CAUSAL_FAMILIES)}, got {family!r}")
+    schema.choice(family, "family", tuple(CAUSAL_FAMILIES))
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     corpus = _causal_corpus(languages)
@@ -699,8 +699,7 @@ def tiny_model_dir(kind: str, root: str | os.PathLike | None = None, *, language
     (:func:`build_tiny_causal`); kept under a name with the digest of that training text, so an
     edited word list makes a new model.
     """
-    if kind not in _BUILDERS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    schema.choice(kind, "kind", KINDS)
     name, build = kind, _BUILDERS[kind]
     if languages:
         if kind not in CAUSAL_FAMILIES:

@@ -55,6 +55,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from audit import schema
 from audit.cli import OneLineParser
 from audit.errors import AuditError, ParameterError, one_line
 from audit.outputs import ensure_output_dir, output_dir_problem, write_text_atomic
@@ -776,8 +777,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(a) -> int:
     try:
-        if a.progress_interval <= 0:
-            raise ParameterError(f"--progress-interval: expected a positive number of seconds, got {a.progress_interval:g}")
+        schema.number(a.progress_interval, "--progress-interval", 0.0, strict=True)
         spec = load_spec(a.spec, output_dir=a.output_dir, tracking_uri=a.tracking_uri)
         spec, note = job_output_dir(spec)
         if note:

@@ -274,8 +274,11 @@ def test_the___all___check_catches_a_missing_name(tmp_path):
 
 #: The wordings of hand-written refusals that :mod:`audit.schema` words once (``choice``, ``integer``,
 #: ``number``): a choice, a count, a bounded fraction (issue 19, "one validation vocabulary").
-HAND_WORDED = re.compile(r"raise (ParameterError|DataError)\(f?[\"'][^\"']*(must be one of|is not one of|"
-                         r"must be a positive integer|must be a number in|must be a finite number)")
+HAND_WORDED = re.compile(
+    r"(raise (ParameterError|DataError|argparse\.ArgumentTypeError)\(|print\()f?[\"'][^\"']*"
+    r"(must be one of|is not one of|must hold one of|must be a positive integer|must be a non-negative|"
+    r"must be a number in|must be a finite number|must be (>=|<=|>|<|in \() |expected a (positive|non-negative) )"
+    r"|raise (ParameterError|DataError)\(f[\"'][a-z_]+=\{")  # ``seed={seed!r}: expected ...``
 
 
 def hand_worded_refusals(path: Path) -> list[str]:
@@ -289,11 +292,15 @@ def test_choices_and_counts_are_refused_in_the_schemas_words(tmp_path):
     """Every function argument that is a choice, a count or a bounded number is refused by
     :func:`audit.schema.choice`/``integer``/``number`` (one wording: ``<name>: unknown value 'x'
     (did you mean 'y'?); known: a, b``, ``<name>: must be >= 1, got 0``), not by a sentence of its
-    own; the command line's own flags (``--n-bootstrap``) keep theirs. The rule catches a planted one."""
-    files = [p for d in ("audit", "jobs") for p in sorted((ROOT / d).rglob("*.py")) if p.name != "cli.py"]
+    own, the command line's flags included (``--n-bootstrap: must be >= 0, got -1``, printed or raised).
+    The rule catches planted ones."""
+    files = [p for d in ("audit", "jobs") for p in sorted((ROOT / d).rglob("*.py"))]
     found = [hit for p in files for hit in hand_worded_refusals(p)]
     assert not found, "refusals worded by hand, not by audit.schema:\n" + "\n".join(found)
     bad = tmp_path / "audit" / "x.py"
     bad.parent.mkdir()
-    bad.write_text('def f(k):\n    raise ParameterError(f"k: must be one of a, b, got {k!r}")\n', encoding="utf-8")
-    assert hand_worded_refusals(bad) == ["audit/x.py:2"]
+    bad.write_text('def f(k):\n    raise ParameterError(f"k: must be one of a, b, got {k!r}")\n'
+                   '    print(f"audit: error: --max-polls must be >= 1, got {k}", file=sys.stderr)\n'
+                   '    raise ParameterError(f"seed={k!r}: expected a non-negative integer")\n'
+                   '    raise ParameterError(f"k: must be >= 1, got {k}")  # the words of audit.schema.integer, by hand\n', encoding="utf-8")
+    assert hand_worded_refusals(bad) == ["audit/x.py:2", "audit/x.py:3", "audit/x.py:4", "audit/x.py:5"]

@@ -288,6 +288,20 @@ CASES = [
      "metric 'weat' does not accept parameter(s) foo; accepted: alternative, batch_size, casefold, ‹*›"),
     ("max-missing-out-of-range", [*S, "--max-missing", "1.5"],
      "parameter max_missing of metric 'weat': must be <= 1, got 1.5"),
+    # ---- the command line's own flags: in audit.schema's words, as the same values in a spec or a --param
+    ("flag-seed-negative", [*S, "--seed", "-1"], "seed: must be >= 0, got -1"),
+    ("flag-compare-confidence", ["compare", "ok.vec", "ok.vec", "--test", "small.yaml", "--confidence", "2"],
+     "--confidence: must be < 1, got 2.0"),
+    ("flag-compare-alpha", ["compare", "ok.vec", "ok.vec", "--test", "small.yaml", "--alpha", "nan"],
+     "--alpha: expected a finite number, got nan"),
+    ("flag-compare-min-increase", ["compare", "ok.vec", "ok.vec", "--test", "small.yaml", "--min-increase", "-1"],
+     "--min-increase: must be >= 0, got -1.0"),
+    ("flag-compare-n-bootstrap", ["compare", "ok.vec", "ok.vec", "--test", "small.yaml", "--n-bootstrap", "-1"],
+     "--n-bootstrap: must be >= 0, got -1"),
+    ("flag-progress-interval", ["run", "s_perm0.yaml", "--dry-run", "--progress-interval", "0"],
+     "--progress-interval: must be > 0, got 0.0"),
+    ("flag-watch-max-polls", ["watch", "no-such-watch.yaml", "--max-polls", "0", "--dry-run"],
+     "--max-polls: must be >= 1, got 0"),
     ("exact-test-too-large", ["score", "--model", "big.vec", "--test", "big.yaml", "--metric", "weat",
                               "--permutations", "exact"],
      "permutations='exact': C(80, 40) = 1.08e+23 partitions are too many to count exactly on one worker; "
@@ -325,12 +339,15 @@ def test_bad_input_gives_one_line_naming_the_culprit(files, monkeypatch, case_id
     assert matches(lines[0][len(prefix):], want), f"\n got: {lines[0][len(prefix):]}\nwant: {want}"
 
 
-def test_argparse_refuses_zero_permutations(files, monkeypatch):
+@pytest.mark.parametrize("value,why", [("0", "must be >= 1, got 0"), ("-3", "must be >= 1, got -3"),
+                                       ("abc", "expected exact, auto or a positive integer, got 'abc'"),
+                                       ("1.5", "expected exact, auto or a positive integer, got '1.5'")])
+def test_argparse_refuses_bad_permutations_in_the_specs_words(files, monkeypatch, value, why):
+    """``--permutations`` is checked by the rule of a spec's ``permutations`` (audit.schema), in its words."""
     monkeypatch.chdir(files)
-    code, out, err = run_cli([*S, "--permutations", "0"])
+    code, out, err = run_cli([*S, "--permutations", value])
     assert code == 2 and out == ""
-    assert err.strip().splitlines()[-1] == (
-        "audit score: error: argument --permutations: --permutations must be a positive integer, not 0")
+    assert err.strip().splitlines()[-1] == f"audit score: error: argument --permutations: {why}"
 
 
 # --------------------------------------------------------------------------------------

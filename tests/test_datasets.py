@@ -844,7 +844,7 @@ def test_corpus_from_tests_covers_every_word_and_is_seeded():
 
 
 def test_corpus_from_tests_errors(tmp_path):
-    with pytest.raises(ParameterError, match=r"^seed=None: expected a non-negative integer$"):
+    with pytest.raises(ParameterError, match=r"^seed: expected an integer, got None$"):
         ds.corpus_from_tests(["fr"], seed=None)
     with pytest.raises(ParameterError, match=r"^sentences_per_word: must be >= 1, got 0$"):
         ds.corpus_from_tests(["fr"], seed=0, sentences_per_word=0)

@@ -391,9 +391,11 @@ def test_format_argument(tmp_path):
     p = write_text(tmp_path / "v.data")  # unknown extension: text
     assert load_static(str(p), format="word2vec-text").backend == "word2vec-text"
     assert load_static(str(p), format="fasttext-vec").backend == "fasttext-vec"
-    with pytest.raises(ParameterError, match="format='nope'"):
+    with pytest.raises(ParameterError, match=r"^format: unknown value 'nope'; known: fasttext, fasttext-bin, "):
         load_static(str(p), format="nope")
-    with pytest.raises(ParameterError, match="contradicts"):
+    with pytest.raises(ParameterError, match=r"^format: unknown value 'word2vec_txt' \(did you mean 'word2vec-text'\?\)"):
+        load_static(str(p), format="word2vec_txt")
+    with pytest.raises(ParameterError, match="^format: 'word2vec' contradicts"):
         load_static("npy:" + str(p), format="word2vec")
 
 

@@ -96,6 +96,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from audit import schema
 from audit.backends.base import Lookup, WordVectors
 from audit.errors import DataError, ModelError, ParameterError, UnsafeModelError
 
@@ -445,16 +446,13 @@ def _split_ref(ref: str, format: str | None) -> tuple[str | None, str]:
     """(loader, target) from a reference and an optional explicit format."""
     fmt = None
     if format is not None:
-        if not isinstance(format, str) or format.lower() not in _FORMAT_ALIASES:
-            raise ParameterError(
-                f"format={format!r} is not a static format; use one of {', '.join(sorted(_FORMAT_ALIASES))}"
-            )
-        fmt = _FORMAT_ALIASES[format.lower()]
+        given = format.lower() if isinstance(format, str) else format
+        fmt = _FORMAT_ALIASES[schema.choice(given, "format", sorted(_FORMAT_ALIASES))]
     prefix, sep, rest = ref.partition(":")
     if sep and prefix.lower() in FORMAT_PREFIXES and rest:
         pfmt = FORMAT_PREFIXES[prefix.lower()]
         if fmt is not None and fmt != pfmt:
-            raise ParameterError(f"format={format!r} contradicts the prefix of model reference {ref!r}")
+            raise ParameterError(f"format: {format!r} contradicts the prefix of model reference {ref!r}")
         return pfmt, rest
     return fmt, ref
 

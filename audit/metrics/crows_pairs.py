@@ -172,14 +172,16 @@ def crows_pairs_metric(
         raise DataError("CrowS-Pairs score table is empty (no pairs to analyse)")
     t = table.reset_index(drop=True).copy()
     variants = sorted(set(t["variant"].astype(str))) if "variant" in t.columns else ["masked_pll"]
-    if len(variants) != 1 or variants[0] not in VARIANTS:
-        raise DataError(f"CrowS-Pairs score table: column 'variant' must hold one of {VARIANTS}, got {variants}")
-    variant = variants[0]
+    if len(variants) != 1:
+        raise DataError(f"CrowS-Pairs score table: column 'variant' holds {len(variants)} variants, {variants}; "
+                        "one table is one variant")
+    variant = schema.choice(variants[0], "CrowS-Pairs score table: column variant", VARIANTS, error=DataError)
     if decimals == "auto":
         decimals = 3 if variant == "masked_pll" else None
-    if decimals is not None and (isinstance(decimals, bool) or not isinstance(decimals, (int, np.integer))
-                                 or decimals < 0):
-        raise ParameterError(f"decimals: must be a non-negative integer, None or 'auto', got {decimals!r}")
+    if decimals is not None:
+        if isinstance(decimals, (bool, np.bool_)) or not isinstance(decimals, (int, np.integer)):
+            raise ParameterError(f"decimals: expected an integer, None or 'auto', got {decimals!r}")
+        decimals = schema.integer(int(decimals), "decimals", 0)
     schema.number(confidence, "confidence", 0.0, strict=True, maximum=1.0)
     for col in ("sent_more_score", "sent_less_score"):
         v = pd.to_numeric(t[col], errors="coerce").to_numpy(dtype=np.float64)

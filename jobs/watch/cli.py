@@ -10,6 +10,7 @@ import sys
 import threading
 from typing import Sequence
 
+from audit import schema
 from audit.cli import OneLineParser
 from audit.errors import AuditError, one_line
 from audit.outputs import ensure_output_dir
@@ -77,10 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not a.spec:
         print("audit: error: a watch spec is required", file=sys.stderr)
         return 2
-    if a.max_polls is not None and a.max_polls < 1:
-        print(f"audit: error: --max-polls must be >= 1, got {a.max_polls}", file=sys.stderr)
-        return 2
     try:
+        if a.max_polls is not None:
+            schema.integer(a.max_polls, "--max-polls", 1)
         spec = load_watch_spec(a.spec, output_dir=a.output_dir, tracking_uri=a.tracking_uri, address=a.address,
                                interval=a.interval)
         ensure_output_dir(spec.output_dir, f"{spec.source}: output_dir")  # the decision log goes there, dry run too
