@@ -203,9 +203,13 @@ def _module_scoped(item) -> bool:
     return any(d and d[-1].scope in ("module", "class") for d in defs.values())
 
 
-#: Session fixtures that a worker keeps running once started (a ``ray start`` head with its
-#: dashboard costs CPU while idle): the tests that use one run on one worker.
-_ONE_WORKER_FIXTURES = ("job_head",)
+#: Fixtures of a head that a worker keeps running once started: the tests that use one run on one
+#: worker, one after the other. ``job_head``: a ``ray start`` head with its dashboard costs CPU while
+#: idle. ``local_ray``: the session's shared head (``_SHARED_RAY``), which a worker stops before any
+#: other test that starts Ray; with each module of its own group the modules that use it were spread
+#: over both workers between such tests, and the head was started again for each of them (ten starts
+#: in a run, 4.4-9.5 s of set-up each, where one per run will do).
+_ONE_WORKER_FIXTURES = ("job_head", "local_ray")
 
 
 def _schedule_for_workers(items) -> None:

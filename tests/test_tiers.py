@@ -199,3 +199,47 @@ def test_a_module_fixture_is_built_once_on_one_of_two_workers(suite, monkeypatch
     grouped = [ln for ln in r.outlines if "test_uses_it" in ln and "PASSED" in ln]
     assert len(grouped) == 6 and all(ln.endswith("@test_g") or "@test_g " in ln for ln in grouped), grouped
     assert len({ln.split("]")[0] for ln in grouped}) == 1, grouped  # [gw0] or [gw1], the same for all six
+
+
+def test_every_module_on_the_shared_ray_head_is_one_group_on_the_workers(pytester):
+    """The tests of every module that uses ``local_ray`` (the session's shared Ray head) form one
+    group for pytest-xdist (``_ONE_WORKER_FIXTURES``): one worker runs them one after the other and
+    starts the head once, instead of once per module; the module's other tests stay units of
+    their own, and a module-scoped fixture of another name still groups by its module."""
+    from conftest import _schedule_for_workers
+
+    shared = """
+        import pytest
+
+        pytestmark = pytest.mark.ray
+
+        @pytest.fixture(scope="module")
+        def local_ray():  # stands in for the conftest's: nothing runs here, the items are only collected
+            return None
+
+        def test_on_the_head(local_ray):
+            pass
+
+        def test_alone():
+            pass
+        """
+    own = """
+        import pytest
+
+        pytestmark = pytest.mark.ray
+
+        @pytest.fixture(scope="module")
+        def model():
+            return None
+
+        def test_with_a_model(model):
+            pass
+        """
+    pytester.makepyfile(test_one=shared, test_two=shared, test_three=own)
+    items, _ = pytester.inline_genitems("-p", "no:cacheprovider")
+    _schedule_for_workers(items)
+    groups = {i.nodeid: [m.args[0] for m in i.iter_markers("xdist_group")] for i in items}
+    on_head = [g for n, g in groups.items() if n.endswith("::test_on_the_head")]
+    assert len(on_head) == 2 and on_head[0] == on_head[1] and len(on_head[0]) == 1, groups
+    assert all(g == [] for n, g in groups.items() if n.endswith("::test_alone")), groups
+    assert groups["test_three.py::test_with_a_model"] == ["test_three"], groups
