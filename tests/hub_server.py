@@ -90,6 +90,9 @@ _LFS_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".ot", ".pt
                  ".gguf", ".tflite", ".npy", ".npz", ".model", ".tar", ".gz", ".zip")
 _EPOCH = _dt.datetime(2025, 1, 1, tzinfo=_dt.timezone.utc)
 _SHA = re.compile(r"^[0-9a-f]{40}$")
+#: How often a test server's ``serve_forever`` looks for a stop (``shutdown`` waits for it; the
+#: standard library's 0.5 s was half a second of every hub test's teardown). Also in watch_fakes.
+STOP_POLL_S = 0.05
 
 
 def lfs_file(path: str, size: int) -> bool:
@@ -248,7 +251,9 @@ class LoopbackHub:
     def start(self) -> "LoopbackHub":
         if self._server is None:
             self._server = _Server((self.host, self.port), _make_handler(self))
-            self._thread = threading.Thread(target=self._server.serve_forever, name="loopback-hub", daemon=True)
+            # a stop (shutdown) waits for the loop's next poll: 0.5 s by default, at every test's teardown
+            self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": STOP_POLL_S},
+                                            name="loopback-hub", daemon=True)
             self._thread.start()
         return self
 
