@@ -33,6 +33,7 @@ model), :func:`check` (one value against a type), :func:`error_of` (a
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Annotated, Any, Mapping, Sequence, get_args
 
 import numpy as np
@@ -290,6 +291,18 @@ def integer(value: Any, name: str, minimum: int | None = None) -> int:
         return check(Int(minimum), value, path=name)
     except DataError as e:
         raise ParameterError(str(e)) from None
+
+
+def exact_integer(value: Any, name: str, minimum: int | None = None, *, what: str = "an integer",
+                  shown: str | None = None) -> int:
+    """An argument that must already be an integer (a seed, a thread count: a ``bool`` and a whole
+    float such as ``2.0`` are refused, where :func:`integer` takes ``2.0`` for 2; NumPy integers
+    accepted), at least ``minimum``, as the int it holds; refused in :func:`integer`'s words
+    (``<name>: expected <what>, got 1.5``, ``<name>: must be >= 0, got -1``), the value written as
+    ``shown`` where given (a one-line form of a value whose repr has several)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ParameterError(f"{name}: expected {what}, got {shown if shown is not None else repr(value)}")
+    return integer(int(value), name, minimum)
 
 
 def number(value: Any, name: str, minimum: float | None = 0.0, *, strict: bool = False,

@@ -333,11 +333,9 @@ def check_int_seed(seed: Any, name: str = "seed", *, allow_none: bool = False) -
     ``seed: expected an integer, got 1.5``), as every count and choice is."""
     if seed is None and allow_none:
         return None
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
-        # one line: numpy writes a SeedSequence's repr over several
-        shown = f"SeedSequence(entropy={seed.entropy})" if isinstance(seed, np.random.SeedSequence) else repr(seed)
-        raise ParameterError(f"{name}: expected an integer{' or None' if allow_none else ''}, got {shown}")
-    return schema.integer(int(seed), name, 0)
+    # one line: numpy writes a SeedSequence's repr over several
+    shown = f"SeedSequence(entropy={seed.entropy})" if isinstance(seed, np.random.SeedSequence) else None
+    return schema.exact_integer(seed, name, 0, what="an integer or None" if allow_none else "an integer", shown=shown)
 
 
 
@@ -400,9 +398,7 @@ def _n_threads(threads: int | None) -> int:
         if omp.isdigit() and int(omp) > 0:
             n = min(n, int(omp))
         return max(1, n)
-    if isinstance(threads, (bool, np.bool_)) or not isinstance(threads, numbers.Integral):
-        raise ParameterError(f"threads: expected an integer or None, got {threads!r}")
-    return schema.integer(int(threads), "threads", 1)
+    return schema.exact_integer(threads, "threads", 1, what="an integer or None")
 
 
 def _map(fn: Callable[[Any], Any], items: Sequence[Any], threads: int) -> list[Any]:

@@ -49,7 +49,7 @@ import pandas as pd
 
 from audit import schema
 from audit.datasets.crows_pairs import DIRECTIONS
-from audit.errors import DataError, ParameterError
+from audit.errors import DataError
 from audit.result import MetricOutput
 
 __all__ = ["VARIANTS", "crows_pairs_metric"]
@@ -179,9 +179,7 @@ def crows_pairs_metric(
     if decimals == "auto":
         decimals = 3 if variant == "masked_pll" else None
     if decimals is not None:
-        if isinstance(decimals, (bool, np.bool_)) or not isinstance(decimals, (int, np.integer)):
-            raise ParameterError(f"decimals: expected an integer, None or 'auto', got {decimals!r}")
-        decimals = schema.integer(int(decimals), "decimals", 0)
+        decimals = schema.exact_integer(decimals, "decimals", 0, what="an integer, None or 'auto'")
     schema.number(confidence, "confidence", 0.0, strict=True, maximum=1.0)
     for col in ("sent_more_score", "sent_less_score"):
         v = pd.to_numeric(t[col], errors="coerce").to_numpy(dtype=np.float64)
