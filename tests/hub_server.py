@@ -91,8 +91,15 @@ _LFS_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".ot", ".pt
 _EPOCH = _dt.datetime(2025, 1, 1, tzinfo=_dt.timezone.utc)
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 #: How often a test server's ``serve_forever`` looks for a stop (``shutdown`` waits for it; the
-#: standard library's 0.5 s was half a second of every hub test's teardown). Also in watch_fakes.
+#: standard library's 0.5 s was half a second of every hub test's teardown).
 STOP_POLL_S = 0.05
+
+
+def serve_in_thread(server, name: str | None = None) -> threading.Thread:
+    """A daemon thread (not started) that runs ``server.serve_forever``, looking for a stop every
+    :data:`STOP_POLL_S`: every test HTTP server of the suite (the loopback hub, the watch fakes)."""
+    return threading.Thread(target=server.serve_forever, kwargs={"poll_interval": STOP_POLL_S}, name=name,
+                            daemon=True)
 
 
 def lfs_file(path: str, size: int) -> bool:
@@ -251,9 +258,7 @@ class LoopbackHub:
     def start(self) -> "LoopbackHub":
         if self._server is None:
             self._server = _Server((self.host, self.port), _make_handler(self))
-            # a stop (shutdown) waits for the loop's next poll: 0.5 s by default, at every test's teardown
-            self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": STOP_POLL_S},
-                                            name="loopback-hub", daemon=True)
+            self._thread = serve_in_thread(self._server, "loopback-hub")
             self._thread.start()
         return self
 

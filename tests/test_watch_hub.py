@@ -30,7 +30,7 @@ import yaml
 
 
 from jobs.watch import Watcher, load_watch_spec, submission_id  # noqa: E402
-from hub_server import STOP_POLL_S  # noqa: E402
+from hub_server import serve_in_thread  # noqa: E402
 from watch_fakes import Recorder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,7 +120,7 @@ def hub(monkeypatch):
 
     state = FakeHub()
     server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(state))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": STOP_POLL_S}, daemon=True)
+    thread = serve_in_thread(server)
     thread.start()
     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
     monkeypatch.setenv("HF_ENDPOINT", endpoint)

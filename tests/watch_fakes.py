@@ -6,7 +6,7 @@ import http.server
 import json
 import threading
 
-from hub_server import STOP_POLL_S
+from hub_server import serve_in_thread
 from jobs.watch import ACTIVE_STATES, AlreadySubmitted, JobState
 
 
@@ -61,8 +61,7 @@ class Receiver:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/bias"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": STOP_POLL_S},
-                                       daemon=True)
+        self.thread = serve_in_thread(self.server)
 
     def __enter__(self):
         self.thread.start()
