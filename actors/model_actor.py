@@ -37,6 +37,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from actors.gc_tuning import tune_gc
 from actors.shared import resolve
 from audit.runner import load_model, measure
 
@@ -113,6 +114,7 @@ class ModelServer:
     def __init__(self, name: str | None = None, ref: str | None = None, local_ref: str | None = None,
                  options: dict[str, Any] | None = None, words: list[str] | None = None,
                  load_log: str | None = None):
+        tune_gc()  # before the first load imports torch and transformers (actors.gc_tuning)
         self.name = name
         self.ref = ref
         self.local_ref = local_ref if local_ref is not None else ref

@@ -18,6 +18,7 @@ import time
 import traceback
 from typing import Any
 
+from actors.gc_tuning import tune_gc
 from actors.model_actor import MeasureOutcome, format_error
 from actors.shared import resolve
 from audit.runner import LoadedModel, analyse, make_result
@@ -110,6 +111,7 @@ def analyse_one(req: AnalyseRequest, outcome: MeasureOutcome, tests: dict[str, A
 def analyse_batch(requests: list[AnalyseRequest], outcomes: list[MeasureOutcome], tests: dict[str, Any]) -> list[TaskOutcome]:
     """Analyse a batch; ``outcomes`` are matched to ``requests`` by ``index``; ``tests`` by name, or
     a :class:`actors.shared.Shared` handle to them."""
+    tune_gc()  # a statistics worker's collector thresholds (actors.gc_tuning)
     tests = resolve(tests)
     by_index = {o.index: o for o in outcomes}
     out = []

@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Sequence
 
+from actors.gc_tuning import tune_gc
 from audit.cli import OneLineParser
 from audit import cli as core_cli
 from audit.regression import RUN_PREFIXES
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tune_gc()  # the driver's collector thresholds (actors.gc_tuning)
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "watch":  # the watcher has its own options (jobs/watch)
