@@ -39,6 +39,7 @@ import socket
 import time
 from typing import Any, Callable, Mapping, TypeVar
 
+from audit import schema
 from audit.errors import ParameterError
 
 __all__ = ["Backoff", "RetryEvent", "call_with_retry", "transient_reason", "http_status", "retry_after",
@@ -82,16 +83,12 @@ class Backoff:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        """Each field checked in :mod:`audit.schema`'s words (``back-off retries: must be >= 0, got -1``)."""
         for name in ("initial", "max"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v:
-                raise ParameterError(f"back-off {name}: must be a number >= 0, got {v!r}")
-        if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)) or not self.factor >= 1:
-            raise ParameterError(f"back-off factor: must be a number >= 1, got {self.factor!r}")
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
-            raise ParameterError(f"back-off retries: must be an integer >= 0, got {self.retries!r}")
-        if isinstance(self.jitter, bool) or not isinstance(self.jitter, (int, float)) or not 0 <= self.jitter < 1:
-            raise ParameterError(f"back-off jitter: must be in [0, 1), got {self.jitter!r}")
+            schema.number(getattr(self, name), f"back-off {name}", 0.0)
+        schema.number(self.factor, "back-off factor", 1.0)
+        schema.exact_integer(self.retries, "back-off retries", 0)
+        schema.number(self.jitter, "back-off jitter", 0.0, maximum=1.0)
 
     @property
     def attempts(self) -> int:

@@ -293,6 +293,13 @@ def integer(value: Any, name: str, minimum: int | None = None) -> int:
         raise ParameterError(str(e)) from None
 
 
+def is_exact_integer(value: Any) -> bool:
+    """Whether ``value`` is already an integer: a Python or NumPy integer, not a ``bool`` (nor
+    NumPy's) and not a whole float such as ``2.0``. The one test of :func:`exact_integer` and of
+    the checks that word their own refusals (``audit.stats``: a group size, ``ddof``, a shard)."""
+    return not isinstance(value, (bool, np.bool_)) and isinstance(value, numbers.Integral)
+
+
 def exact_integer(value: Any, name: str, minimum: int | None = None, *, what: str = "an integer",
                   shown: str | None = None) -> int:
     """An argument that must already be an integer (a seed, a thread count: a ``bool`` and a whole
@@ -300,7 +307,7 @@ def exact_integer(value: Any, name: str, minimum: int | None = None, *, what: st
     accepted), at least ``minimum``, as the int it holds; refused in :func:`integer`'s words
     (``<name>: expected <what>, got 1.5``, ``<name>: must be >= 0, got -1``), the value written as
     ``shown`` where given (a one-line form of a value whose repr has several)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    if not is_exact_integer(value):
         raise ParameterError(f"{name}: expected {what}, got {shown if shown is not None else repr(value)}")
     return integer(int(value), name, minimum)
 

@@ -268,9 +268,7 @@ def _as_scores(scores: Any, name: str = "scores") -> np.ndarray:
 
 def _check_n_x(n_x: Any, n_items: int) -> int:
     """``n_x`` as an int with both groups non-empty, or a ParameterError."""
-    if isinstance(n_x, (bool, np.bool_)) or not isinstance(n_x, numbers.Integral):
-        raise ParameterError(f"n_x: expected an integer group size, got {n_x!r}")
-    n = int(n_x)
+    n = schema.exact_integer(n_x, "n_x", what="an integer group size")
     if not 1 <= n <= n_items - 1:
         raise ParameterError(
             f"n_x={n} out of range: with {n_items} scores both groups must be non-empty "
@@ -292,7 +290,7 @@ def check_convention(convention: Any) -> str:
 def check_ddof(ddof: Any, n: int | None = None) -> int:
     """The delta degrees of freedom of a pooled standard deviation: 0 or 1 (ParameterError
     otherwise); with ``n`` pooled values, also ``n - ddof > 0`` (DataError otherwise)."""
-    if isinstance(ddof, (bool, np.bool_)) or not isinstance(ddof, numbers.Integral) or ddof not in (0, 1):
+    if not schema.is_exact_integer(ddof) or ddof not in (0, 1):
         raise ParameterError(f"ddof must be 0 or 1, got {ddof!r}")
     if n is not None and n - int(ddof) <= 0:
         raise DataError(f"effect size needs more than {ddof} target words in X and Y together, got {n}")
@@ -379,7 +377,7 @@ def _check_shard(shard: Any) -> tuple[int, int]:
         i, m = shard
     except (TypeError, ValueError):
         raise ParameterError(f"shard: expected a pair (i, m) with 0 <= i < m, got {shard!r}") from None
-    if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) for v in (i, m)):
+    if not (schema.is_exact_integer(i) and schema.is_exact_integer(m)):
         raise ParameterError(f"shard: expected integers (i, m) with 0 <= i < m, got {shard!r}")
     if not 0 <= i < m:
         raise ParameterError(f"shard: expected 0 <= i < m, got {shard!r}")
@@ -1223,7 +1221,7 @@ def bootstrap_indices(
     gen = _generator(seed)
     out = []
     for m in sizes:
-        if isinstance(m, (bool, np.bool_)) or not isinstance(m, numbers.Integral) or m < 1:
+        if not schema.is_exact_integer(m) or m < 1:
             raise ParameterError(f"sizes: group size {m!r} is not a positive integer")
         out.append(gen.integers(0, int(m), size=(n_resamples, int(m))))
     return out

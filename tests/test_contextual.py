@@ -138,9 +138,13 @@ def test_layer_selection(bert):
     last = embed_sentences(bert, [s], method="mean", layer=-1)
     np.testing.assert_array_equal(last, embed_sentences(bert, [s], method="mean", layer=n))
     assert np.abs(embed_sentences(bert, [s], method="mean", layer=0) - last).max() > 1e-3
-    for bad in (n + 1, -(n + 2), 1.5, True):
-        with pytest.raises(ParameterError, match="layer"):
+    for bad in (n + 1, -(n + 2)):
+        with pytest.raises(ParameterError, match=rf"^layer: {bad} is out of range for model .*, which returns {n + 1} "):
             embed_sentences(bert, [s], layer=bad)
+    for bad, shown in ((1.5, "1.5"), (True, "True"), (2.0, "2.0"), ("1", "'1'")):  # audit.schema's words
+        with pytest.raises(ParameterError, match=rf"^layer: expected an integer, got {shown}$"):
+            embed_sentences(bert, [s], layer=bad)
+    np.testing.assert_array_equal(embed_sentences(bert, [s], method="mean", layer=np.int64(n)), last)
 
 
 def test_embed_errors(bert):

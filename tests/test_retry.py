@@ -40,6 +40,16 @@ def test_backoff_delays_exponential_capped_and_jitter_seeded():
                 dict(max=float("nan"))):
         with pytest.raises(ParameterError, match="back-off"):
             Backoff(**bad)
+    # audit.schema's words, as every other parameter
+    for bad, line in ((dict(retries=-1), "back-off retries: must be >= 0, got -1"),
+                      (dict(retries=1.5), "back-off retries: expected an integer, got 1.5"),
+                      (dict(retries=True), "back-off retries: expected an integer, got True"),
+                      (dict(factor=0.5), "back-off factor: must be >= 1"),
+                      (dict(jitter=1.0), "back-off jitter: must be < 1"),
+                      (dict(initial=True), "back-off initial: ")):
+        with pytest.raises(ParameterError) as e:
+            Backoff(**bad)
+        assert str(e.value).startswith(line), str(e.value)
 
 
 def test_from_env_names_the_variable():

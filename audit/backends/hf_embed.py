@@ -118,13 +118,12 @@ def check_method(method: str, allowed: Sequence[str] = POOLINGS) -> None:
 
 def check_layer(m: Any, layer: int) -> int:
     n = m.num_hidden_layers + 1
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
-        raise ParameterError(f"layer: must be an integer, got {layer!r}")
-    if not -n <= int(layer) < n:
+    layer = schema.exact_integer(layer, "layer")
+    if not -n <= layer < n:
         raise ParameterError(
             f"layer: {layer} is out of range for model {m.ref!r}, which returns {n} hidden states "
             f"(0 = embeddings .. {n - 1} = last layer; negative indices count from the end)")
-    return int(layer)
+    return layer
 
 
 def _max_tokens(m: Any) -> int:
