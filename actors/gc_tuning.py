@@ -10,7 +10,7 @@ the heap is new. These processes import torch, transformers, pandas, MLflow and 
 * a model worker's imports and a tiny Llama's load: 0.96 CPU-s of collections of 4.5, 0.33 with
   :data:`GC_THRESHOLD` (no full collection left);
 * the driver of ``audit run jobs/specs/smoke.yaml``: 1.65 CPU-s of its 10.7, 0.49 with it;
-* a pytest-xdist worker of ``pytest -m unit``: 11-19 CPU-s, 5-10 with it (tests/conftest.py).
+* a pytest-xdist worker of ``pytest -m unit``: 11-19 CPU-s, 4-10 with it (tests/conftest.py).
 
 Raising the first threshold only makes each young collection rarer (and each one larger); nothing
 is left uncollected, and garbage in cycles waits for at most :data:`GC_THRESHOLD` ``[0]``

@@ -83,7 +83,9 @@ class Backoff:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        """Each field checked in :mod:`audit.schema`'s words (``back-off retries: must be >= 0, got -1``)."""
+        """Each field checked in :mod:`audit.schema`'s words (``back-off retries: must be >= 0, got -1``),
+        with the watch spec's ranges (:class:`jobs.watch.spec.BackoffFields`): finite numbers, so an
+        infinite wait or cap (``BIASAUDIT_HUB_RETRY_MAX=inf``) is refused, as NaN always was."""
         for name in ("initial", "max"):
             schema.number(getattr(self, name), f"back-off {name}", 0.0)
         schema.number(self.factor, "back-off factor", 1.0)

@@ -50,6 +50,12 @@ def test_backoff_delays_exponential_capped_and_jitter_seeded():
         with pytest.raises(ParameterError) as e:
             Backoff(**bad)
         assert str(e.value).startswith(line), str(e.value)
+    # finite, as the watch spec's backoff section declares (jobs.watch.spec.BackoffFields): an
+    # infinite initial wait would never end; the variables name themselves
+    with pytest.raises(ParameterError) as e:
+        Backoff.from_env(environ={"BIASAUDIT_HUB_RETRY_MAX": "inf"})
+    assert str(e.value) == ("back-off max: expected a finite number, got inf "
+                            "(environment variables BIASAUDIT_HUB_RETRIES/RETRY_DELAY/RETRY_MAX)")
 
 
 def test_from_env_names_the_variable():
