@@ -5,11 +5,12 @@ CPython (3.11) collects its youngest generation after every 700 net allocations 
 objects, and the whole heap after ten of the middle generation's collections once a quarter of
 the heap is new. These processes import torch, transformers, pandas, MLflow and Ray: 400,000 to
 1.5 million objects that live as long as the process, which every full collection walks again
-(0.1-0.5 s each on this machine). Measured with ``gc.callbacks`` (thread CPU time):
+(0.1-0.5 s each on this machine). ``benchmarks/gc_thresholds.py`` (fresh processes, best of 2,
+collections timed by ``gc.callbacks`` in thread CPU time):
 
-* a model worker's imports and a tiny Llama's load: 0.96 CPU-s of collections of 4.5, 0.33 with
-  :data:`GC_THRESHOLD` (no full collection left);
-* the driver of ``audit run jobs/specs/smoke.yaml``: 1.65 CPU-s of its 10.7, 0.49 with it;
+* a model worker's start (``ModelServer()``, then a tiny Llama's load): 0.93 CPU-s in collections
+  of 4.35, 0.48 of 3.80 tuned (1.14x the process's CPU);
+* the driver of ``audit run jobs/specs/smoke.yaml``: 1.28 of 8.01, 0.47 of 7.13 (1.12x);
 * a pytest-xdist worker of ``pytest -m unit``: 11-19 CPU-s, 4-10 with it (tests/conftest.py).
 
 Raising the first threshold only makes each young collection rarer (and each one larger); nothing
@@ -25,7 +26,8 @@ import gc
 
 #: ``gc.set_threshold`` of biasaudit's processes: young collections every 10,000 net allocations
 #: (CPython's default: 700); the older generations' factors unchanged. 50,000 saved nothing more
-#: on a model worker's start (0.42 against 0.36 CPU-s of collections).
+#: on a model worker's imports and load (0.42 against 0.36 CPU-s of collections, thresholds set
+#: before every import).
 GC_THRESHOLD = (10_000, 10, 10)
 
 
