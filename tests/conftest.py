@@ -242,7 +242,12 @@ def _schedule_for_workers(items) -> None:
     its own. The ``unit`` tier goes first (in-process work that keeps the cores busy), then the
     other tiers by their module's measured seconds (``_MODULE_SECONDS``, else by tier), longest
     first. (Longest first over the whole suite was slower: 22 min instead of 16 with three workers,
-    as the sweeps, servers and Ray heads of several end-to-end tests then share the two cores.)"""
+    as the sweeps, servers and Ray heads of several end-to-end tests then share the two cores. Giving
+    the tests that mostly wait -- ``test_contention``, ``test_faults``, ``test_signals``,
+    ``test_exactly_once``, ``test_security``, ``test_sync_hint``: their processes used 0.38-0.66
+    CPU-seconds per second, a sweep's 0.9-1.3 -- out between the others, so that one of each ran
+    side by side, was no faster: 15 min 10 s against 14 min 41 s, the machine 90 % busy either
+    way, as those tests slowed beside a sweep by about what they left free; 2026-11-27.)"""
     def weight(item) -> float:
         stem, tier = Path(str(item.fspath)).stem, _tiers(item)[0]
         if tier == "unit":
@@ -447,13 +452,69 @@ def pg_mlflow():
         srv.stop()
 
 
+class _JobHead:
+    """The session's ``ray start`` head (:func:`jobs.cluster.local_head`, 2 CPUs, with its dashboard
+    and job API), stoppable before the session ends."""
+
+    def __init__(self):
+        self.address: str | None = None
+        self.stopped = False  # stopped before the end of the session
+        self._stack = None
+
+    @property
+    def running(self) -> bool:
+        return self._stack is not None
+
+    def start(self, log_path: Path) -> str:
+        from contextlib import ExitStack
+
+        from jobs.cluster import local_head
+
+        stack = ExitStack()
+        self.address = stack.enter_context(local_head(num_cpus=2, log_path=log_path))
+        self._stack = stack
+        return self.address
+
+    def stop(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+
+#: Started by the first test that asks for ``job_head``; stopped before the first test after them
+#: that is not ``unit`` (:func:`_stop_heads_no_longer_used`), else at the end of the session. Idle,
+#: its dashboard, dashboard agent and job API cost about 0.08 CPU-seconds a second (53 CPU-s over
+#: the 11.5 minutes it had been kept, 380 s of them after its last test, in a profile of the suite).
+_JOB_HEAD = _JobHead()
+
+
+@pytest.fixture(autouse=True)
+def _stop_heads_no_longer_used(request):
+    """A ``ray``/``e2e``/``wheel`` test that does not use ``job_head`` stops the session's ``ray start``
+    head if it runs: the tests that use it form one group of one worker (:func:`_schedule_for_workers`;
+    in one process they run last), so none of them comes after. A test that uses it after it was
+    stopped fails saying so, instead of submitting to a head that is gone."""
+    uses = "job_head" in getattr(request.node, "fixturenames", ())
+    if uses and _JOB_HEAD.stopped:
+        pytest.fail("the session's job_head was stopped after its tests had run: the tests that use it must "
+                    "run one after the other (tests/conftest.py, _schedule_for_workers)", pytrace=False)
+    if not uses and _JOB_HEAD.running and "unit" not in _tiers(request.node):
+        _JOB_HEAD.stopped = True
+        _JOB_HEAD.stop()
+    yield
+
+
 @pytest.fixture(scope="session")
 def job_head(tmp_path_factory):
     """The address of a loopback Ray head started with ``ray start`` (:func:`jobs.cluster.local_head`,
-    2 CPUs) for the whole session, shared by the tests that submit ``ray job submit`` jobs to it one
-    at a time (a start costs ~5 s of CPU, 10-30 s under load, and a stop up to 5 s). Their modules
-    run last (``pytest_collection_modifyitems``); a test that counts jobs counts those it submitted."""
-    from jobs.cluster import local_head
-
-    with local_head(num_cpus=2, log_path=tmp_path_factory.mktemp("job-head") / "head.log") as address:
+    2 CPUs) for the tests that submit ``ray job submit`` jobs to it one at a time (a start costs ~5 s
+    of CPU, 10-30 s under load, and a stop up to 5 s). They form one group of one worker
+    (:func:`_schedule_for_workers`; in one process their modules run last,
+    ``pytest_collection_modifyitems``), and the head stops after the last of them
+    (:func:`_stop_heads_no_longer_used`) or with the session. A test that counts jobs counts those it
+    submitted."""
+    address = _JOB_HEAD.start(tmp_path_factory.mktemp("job-head") / "head.log")
+    try:
         yield address
+    finally:
+        _JOB_HEAD.stop()

@@ -243,3 +243,55 @@ def test_every_module_on_the_shared_ray_head_is_one_group_on_the_workers(pyteste
     assert len(on_head) == 2 and on_head[0] == on_head[1] and len(on_head[0]) == 1, groups
     assert all(g == [] for n, g in groups.items() if n.endswith("::test_alone")), groups
     assert groups["test_three.py::test_with_a_model"] == ["test_three"], groups
+
+
+def test_the_session_job_head_stops_after_the_last_test_that_uses_it(suite, tmp_path):
+    """The session's ``ray start`` head (``job_head``) is started by the first test that asks for it,
+    kept over a ``unit`` test, stopped before the next test of another tier that does not use it
+    (an idle head costs CPU), and a test that asks for it afterwards fails saying why; ``ray start``
+    is stood in for by a context manager that records its start and stop."""
+    events = tmp_path / "events.txt"
+    suite.makepyfile(test_heads=f"""
+        import contextlib
+
+        import pytest
+
+        import jobs.cluster
+        from conftest import _JOB_HEAD
+
+        def note(x):
+            with open({str(events)!r}, "a") as f:
+                f.write(x + "\\n")
+
+        @contextlib.contextmanager
+        def fake_head(**kw):
+            note("start")
+            yield "http://127.0.0.1:9"
+            note("stop")
+
+        jobs.cluster.local_head = fake_head
+
+        @pytest.mark.e2e
+        def test_a(job_head):
+            note("a " + job_head)
+
+        @pytest.mark.e2e
+        def test_b(job_head):
+            note("b")
+
+        @pytest.mark.unit
+        def test_u():
+            note(f"u {{_JOB_HEAD.running}}")
+
+        @pytest.mark.e2e
+        def test_c():
+            note(f"c {{_JOB_HEAD.running}}")
+
+        @pytest.mark.e2e
+        def test_d(job_head):
+            note("d")
+        """)
+    r = suite.runpytest_subprocess("-p", "no:cacheprovider")
+    r.assert_outcomes(passed=4, errors=1)  # test_d: at its set-up
+    assert events.read_text().split("\n")[:-1] == ["start", "a http://127.0.0.1:9", "b", "u True", "stop", "c False"]
+    assert "the session's job_head was stopped after its tests had run" in r.stdout.str()
