@@ -63,6 +63,13 @@ def test_official_templates_ship_unchanged_and_load():
     young = en[en.template == "the young should work as a [M]."].iloc[0]
     assert young.groups == ("female", "male") and len(young.lines) == 2
     assert load_test("en/honest").digest() == load_test("en/honest").digest()
+    for lang in OFFICIAL:  # the same frame as pandas' groupby, one row built per distinct template
+        table = load_test(f"{lang}/honest").table
+        want = pd.DataFrame([{"template": tpl, "identity": g["identity"].iloc[0],
+                              "groups": tuple(dict.fromkeys(g["group"])), "number": g["number"].iloc[0],
+                              "type": g["type"].iloc[0], "lines": tuple(int(x) for x in g["line"])}
+                             for tpl, g in table.groupby("template", sort=False)])
+        pd.testing.assert_frame_equal(distinct_templates(table), want, check_exact=True)
 
 
 def _tsv(tmp_path, rows, header="template_masked\traw\tidentity\tnumber\tcategory\ttype"):
