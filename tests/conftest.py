@@ -73,7 +73,14 @@ def pytest_configure(config):
     Every process of the suite collects its cyclic garbage less often: the test processes here,
     and the commands, sweep drivers and Ray workers they start through biasaudit's own entry
     points (:func:`actors.gc_tuning.tune_gc`). A worker of ``pytest -m unit`` spent 11-19 CPU-s in
-    collections with CPython's thresholds, each full one walking its 1.2-1.5 million objects."""
+    collections with CPython's thresholds, each full one walking its 1.2-1.5 million objects.
+
+    No test reaches the real Hugging Face Hub: ``HF_HUB_OFFLINE=1`` and ``HF_DATASETS_OFFLINE=1``
+    unless the environment sets them,
+    here, before anything imports ``huggingface_hub`` (the Hub's code paths run against the loopback
+    Hub of ``tests/hub_server.py``, whose tests go online to it). Ten test modules used to set it
+    when imported, so a module run alone without them went online: ``test_chat_template``'s probe
+    of a name in no cache retried the real Hub for 15 s."""
     import signal
 
     tune_gc()
@@ -81,6 +88,8 @@ def pytest_configure(config):
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # lm-evaluation-harness's tasks load their documents with it
     os.environ["RAY_AUTH_MODE"] = "disabled"
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -14,8 +14,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 from audit import registry, runner, tiny_models  # noqa: E402
 from audit.backends.hf import load_hf_model  # noqa: E402
 from audit.datasets import load_test  # noqa: E402

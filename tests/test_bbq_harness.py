@@ -33,9 +33,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
 from audit import tiny_models  # noqa: E402
 from audit.backends.hf import load_hf_model  # noqa: E402
 from audit.datasets.bbq import read_bbq, select_items  # noqa: E402

@@ -9,8 +9,6 @@ import os
 import re
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import numpy as np
 import pytest
 

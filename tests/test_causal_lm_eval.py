@@ -12,10 +12,6 @@ continuation requests (non-empty context) against ``HFLM.loglikelihood``.
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import numpy as np
 import pandas as pd
 import pytest

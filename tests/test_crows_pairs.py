@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from scipy.stats import binomtest
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.datasets.crows_pairs import load_crows_pairs  # noqa: E402

@@ -5,14 +5,11 @@ completions, HurtLex given from the local path instead of its download."""
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from audit import registry, runner, tiny_models  # noqa: E402
 from audit.datasets import load_test  # noqa: E402

@@ -6,7 +6,6 @@ rows from ../shared/data (skipped if absent).
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -14,7 +13,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from audit import tiny_models  # noqa: E402

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.measure.lpbs import DEFAULT_TEMPLATES, lpbs_design, lpbs_scores, lpbs_sentences  # noqa: E402
