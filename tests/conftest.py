@@ -76,11 +76,10 @@ def pytest_configure(config):
     collections with CPython's thresholds, each full one walking its 1.2-1.5 million objects.
 
     No test reaches the real Hugging Face Hub: ``HF_HUB_OFFLINE=1`` and ``HF_DATASETS_OFFLINE=1``
-    unless the environment sets them,
-    here, before anything imports ``huggingface_hub`` (the Hub's code paths run against the loopback
-    Hub of ``tests/hub_server.py``, whose tests go online to it). Ten test modules used to set it
-    when imported, so a module run alone without them went online: ``test_chat_template``'s probe
-    of a name in no cache retried the real Hub for 15 s."""
+    unless the environment sets them, here, before anything imports ``huggingface_hub`` (the Hub's
+    code paths run against the loopback Hub of ``tests/hub_server.py``, whose tests go online to
+    it). Ten test modules used to set them when imported, so a module run alone without them went
+    online: ``test_chat_template``'s probe of a name in no cache retried the real Hub for 15 s."""
     import signal
 
     tune_gc()
@@ -393,15 +392,67 @@ def _uses_shared_ray(item) -> bool:
     return "local_ray" in getattr(item, "fixturenames", ())
 
 
+class _JobHead:
+    """The session's ``ray start`` head (:func:`jobs.cluster.local_head`, 2 CPUs, with its dashboard
+    and job API), stoppable before the session ends."""
+
+    def __init__(self):
+        self.address: str | None = None  # kept after a stop: the address the tests were given
+        self._stack = None
+
+    @property
+    def running(self) -> bool:
+        return self._stack is not None
+
+    @property
+    def stopped(self) -> bool:
+        """Started, then stopped: a test given its address would find no head there."""
+        return self.address is not None and not self.running
+
+    def start(self, log_path: Path) -> str:
+        from contextlib import ExitStack
+
+        from jobs.cluster import local_head
+
+        stack = ExitStack()
+        self.address = stack.enter_context(local_head(num_cpus=2, log_path=log_path))
+        self._stack = stack
+        return self.address
+
+    def stop(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+
+#: Started by the first test that asks for ``job_head``; stopped before the first test after them
+#: that is not ``unit`` (:func:`_session_heads`), else at the end of the session. Idle, its
+#: dashboard, dashboard agent and job API cost about 0.08 CPU-seconds a second (53 CPU-s over the
+#: 11.5 minutes it had been kept, 380 s of them after its last test, in a profile of the suite).
+_JOB_HEAD = _JobHead()
+
+
 @pytest.fixture(autouse=True)
-def _no_shared_ray_under_other_tests(request):
-    """A ``ray``/``e2e``/``wheel`` test that does not use ``local_ray`` finds no head started; one that
-    does finds it running (also after such a test of its module stopped it)."""
+def _session_heads(request):
+    """The session's two heads for the next test. A ``ray``/``e2e``/``wheel`` test stops each head it
+    does not use (``local_ray``: ``_SHARED_RAY``; ``job_head``: ``_JOB_HEAD``), so it finds no other
+    Ray running and no idle head costs CPU; a ``unit`` test leaves them. A test that uses
+    ``local_ray`` finds it running (started again after such a stop). ``job_head`` cannot start
+    again (its address is cached for the session): its tests form one group of one worker
+    (:func:`_schedule_for_workers`; in one process they run last), and a test that asks for it
+    after it was stopped fails saying so, instead of submitting to a head that is gone."""
+    other_tier = "unit" not in _tiers(request.node)
     if _uses_shared_ray(request.node):
         if not _SHARED_RAY.running:
             _SHARED_RAY.start()
-    elif _SHARED_RAY.running and "unit" not in _tiers(request.node):
+    elif other_tier:
         _SHARED_RAY.stop()
+    if "job_head" in getattr(request.node, "fixturenames", ()):
+        if _JOB_HEAD.stopped:
+            pytest.fail("the session's job_head was stopped after its tests had run: the tests that use it "
+                        "must run one after the other (tests/conftest.py, _schedule_for_workers)", pytrace=False)
+    elif other_tier:
+        _JOB_HEAD.stop()
     yield
 
 
@@ -461,58 +512,6 @@ def pg_mlflow():
         srv.stop()
 
 
-class _JobHead:
-    """The session's ``ray start`` head (:func:`jobs.cluster.local_head`, 2 CPUs, with its dashboard
-    and job API), stoppable before the session ends."""
-
-    def __init__(self):
-        self.address: str | None = None
-        self.stopped = False  # stopped before the end of the session
-        self._stack = None
-
-    @property
-    def running(self) -> bool:
-        return self._stack is not None
-
-    def start(self, log_path: Path) -> str:
-        from contextlib import ExitStack
-
-        from jobs.cluster import local_head
-
-        stack = ExitStack()
-        self.address = stack.enter_context(local_head(num_cpus=2, log_path=log_path))
-        self._stack = stack
-        return self.address
-
-    def stop(self) -> None:
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            stack.close()
-
-
-#: Started by the first test that asks for ``job_head``; stopped before the first test after them
-#: that is not ``unit`` (:func:`_stop_heads_no_longer_used`), else at the end of the session. Idle,
-#: its dashboard, dashboard agent and job API cost about 0.08 CPU-seconds a second (53 CPU-s over
-#: the 11.5 minutes it had been kept, 380 s of them after its last test, in a profile of the suite).
-_JOB_HEAD = _JobHead()
-
-
-@pytest.fixture(autouse=True)
-def _stop_heads_no_longer_used(request):
-    """A ``ray``/``e2e``/``wheel`` test that does not use ``job_head`` stops the session's ``ray start``
-    head if it runs: the tests that use it form one group of one worker (:func:`_schedule_for_workers`;
-    in one process they run last), so none of them comes after. A test that uses it after it was
-    stopped fails saying so, instead of submitting to a head that is gone."""
-    uses = "job_head" in getattr(request.node, "fixturenames", ())
-    if uses and _JOB_HEAD.stopped:
-        pytest.fail("the session's job_head was stopped after its tests had run: the tests that use it must "
-                    "run one after the other (tests/conftest.py, _schedule_for_workers)", pytrace=False)
-    if not uses and _JOB_HEAD.running and "unit" not in _tiers(request.node):
-        _JOB_HEAD.stopped = True
-        _JOB_HEAD.stop()
-    yield
-
-
 @pytest.fixture(scope="session")
 def job_head(tmp_path_factory):
     """The address of a loopback Ray head started with ``ray start`` (:func:`jobs.cluster.local_head`,
@@ -520,7 +519,7 @@ def job_head(tmp_path_factory):
     of CPU, 10-30 s under load, and a stop up to 5 s). They form one group of one worker
     (:func:`_schedule_for_workers`; in one process their modules run last,
     ``pytest_collection_modifyitems``), and the head stops after the last of them
-    (:func:`_stop_heads_no_longer_used`) or with the session. A test that counts jobs counts those it
+    (:func:`_session_heads`) or with the session. A test that counts jobs counts those it
     submitted."""
     address = _JOB_HEAD.start(tmp_path_factory.mktemp("job-head") / "head.log")
     try:

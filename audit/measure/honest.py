@@ -74,19 +74,19 @@ def distinct_templates(table: pd.DataFrame) -> pd.DataFrame:
     order), ``lines`` every line of the file; a row without a template is left out (as
     ``DataFrame.groupby`` does). One pass over the columns: the same frame as a ``groupby`` loop
     with a row built per group, 66 → 2 ms for the English templates."""
-    cols = {c: table[c].tolist() for c in ("template", "identity", "group", "number", "type", "line")}
-    first: dict[str, tuple[int, dict[Any, None], list[int]]] = {}
-    for i, (tpl, group, line) in enumerate(zip(cols["template"], cols["group"], cols["line"])):
-        if tpl is None or tpl != tpl:  # missing (None or NaN)
+    by_template: dict[str, dict[str, Any]] = {}
+    for tpl, identity, group, number, kind, line in zip(
+            *(table[c].tolist() for c in ("template", "identity", "group", "number", "type", "line"))):
+        if pd.isna(tpl):
             continue
-        seen = first.get(tpl)
-        if seen is None:
-            seen = first[tpl] = (i, {}, [])
-        seen[1].setdefault(group)
-        seen[2].append(int(line))
-    rows = [{"template": tpl, "identity": cols["identity"][i], "groups": tuple(groups), "number": cols["number"][i],
-             "type": cols["type"][i], "lines": tuple(lines)} for tpl, (i, groups, lines) in first.items()]
-    return pd.DataFrame(rows, columns=["template", "identity", "groups", "number", "type", "lines"])
+        row = by_template.get(tpl)
+        if row is None:
+            row = by_template[tpl] = {"template": tpl, "identity": identity, "groups": {}, "number": number, "type": kind,
+                               "lines": []}
+        row["groups"].setdefault(group)
+        row["lines"].append(int(line))
+    return pd.DataFrame([{**r, "groups": tuple(r["groups"]), "lines": tuple(r["lines"])} for r in by_template.values()],
+                        columns=["template", "identity", "groups", "number", "type", "lines"])
 
 
 def causal_prompt(template: str) -> str:
