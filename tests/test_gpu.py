@@ -1,7 +1,7 @@
 """The CUDA paths of the Hugging Face engine, on a real GPU: the defaults (CUDA, float32: the same
-numbers and key as on the CPU), the numbers against the same model on the CPU, ``device_map``,
-the token budget, a real out-of-memory error, the model worker's release of GPU memory and the
-LM debiasing steps.
+numbers and key as on the CPU), the numbers against the same model on the CPU for every operation
+of the model interface (each through the family that uses it), ``device_map``, the token budget,
+a real out-of-memory error, the model worker's release of GPU memory and the LM debiasing steps.
 
 Every test here needs a CUDA device and is skipped without one (the ``gpu`` tier: CI's machines
 have none). On a GPU machine: ``python -m pytest -q -s -m gpu tests/test_gpu.py``; with only the
@@ -22,6 +22,7 @@ import dataclasses
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -141,8 +142,54 @@ def test_embeddings_on_the_gpu_are_the_cpus(tmp_path):
            f"sentence-transformers max |gpu - encode on cpu| {np.abs(got - want).max():.1e}")
 
 
-def test_honest_generation_on_the_gpu_is_the_cpus():
-    path = str(tiny_models.tiny_model_dir("llama"))
+HELDOUT = ["the man said that he would call his sister tomorrow .", "the weather was cold and the roads were icy .",
+           "her mother told the man about his new job .", "the nurse said that she was tired after the night shift ."]
+
+
+@pytest.mark.parametrize("kind,test,metric,params", [
+    ("bert", "weat7", "lpbs", {}),
+    ("llama", "weat7", "lpbs", {}),
+    ("llama", "heldout", "perplexity", {}),
+    ("bert", "heldout", "perplexity", {}),
+    ("llama", "weat7", "seat", {}),
+    ("llama", "en/bbq", "bbq_generate", {"limit": 8, "categories": ["Age", "Religion"], "max_new_tokens": 16}),
+], ids=["bert-lpbs", "llama-lpbs", "llama-perplexity", "bert-pseudo-perplexity", "llama-seat", "llama-bbq-generate"])
+def test_the_other_operations_on_the_gpu_are_the_cpus(kind, test, metric, params, tmp_path):
+    """The model interface's remaining operations, each through the family that uses it, float32 on
+    the GPU against the CPU: masked-LM span scores (LPBS, masked), continuation log-likelihoods (LPBS,
+    causal), rolling log-likelihoods and pseudo-log-likelihoods (perplexity), decoder embeddings
+    (SEAT) and greedy generation until a stop (generative BBQ). Scores and embeddings are held to the
+    float32 tolerance; generated text to equality on at least 95 % of the items (greedy decoding can
+    take the other side of a near tie on other kernels)."""
+    if test == "heldout":
+        (tmp_path / "heldout.txt").write_text("\n".join(HELDOUT) + "\n", encoding="utf-8")
+        test = tmp_path / "heldout.yaml"
+        test.write_text("name: heldout\nlanguage: en\nformat: text\ndata: ./heldout.txt\n", encoding="utf-8")
+    path = str(tiny_models.tiny_model_dir(kind))
+    loaded = runner.load_test(str(test))
+    cpu, gpu = (runner.measure(runner.load_model(path, device=d, dtype="float32"), loaded, metric, params)
+                for d in ("cpu", "cuda"))
+    errs, agree = [], []
+    for a, b in zip(cpu.targets + cpu.attributes, gpu.targets + gpu.attributes):
+        np.testing.assert_allclose(b, a, atol=1e-4, rtol=0)
+        errs.append(float(np.abs(b - a).max()))
+    if cpu.table is not None:
+        assert len(cpu.table) == len(gpu.table) > 0 and list(cpu.table.columns) == list(gpu.table.columns)
+        for c in cpu.table.columns:
+            if pd.api.types.is_float_dtype(cpu.table[c]):
+                errs.append(close_fp32(gpu.table[c].to_numpy(np.float64), cpu.table[c].to_numpy(np.float64)))
+            else:
+                agree.append(float(np.mean([x == y for x, y in zip(cpu.table[c], gpu.table[c])])))
+        assert min(agree) >= 0.95, dict(zip(cpu.table.columns, agree))
+    assert errs or agree
+    report(f"{kind} {metric}: float32 max |gpu - cpu| {max(errs, default=0.0):.1e}"
+           + (f"; other columns equal on at least {min(agree):.1%} of rows" if agree else ""))
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_honest_generation_on_the_gpu_is_the_cpus(kind):
+    """Causal LMs: the first words of greedy continuations; masked LMs: the top-k fills."""
+    path = str(tiny_models.tiny_model_dir(kind))
     test = runner.load_test("en/honest")
     cpu = runner.measure(runner.load_model(path, device="cpu"), test, "honest", {}).table
     gpu = runner.measure(runner.load_model(path, device="cuda", dtype="float32"), test, "honest", {}).table
@@ -156,7 +203,7 @@ def test_honest_generation_on_the_gpu_is_the_cpus():
     k = len(cpu["completions"].iloc[0])
     assert all(len(c) == k for c in gpu16["completions"])
     same16 = np.mean([a[0] == b[0] for a, b in zip(cpu["completions"], gpu16["completions"])])
-    report(f"HONEST ({len(cpu)} prompts, top {k}): float32 first completion equal on {first.mean():.1%}, "
+    report(f"HONEST {kind} ({len(cpu)} prompts, top {k}): float32 first completion equal on {first.mean():.1%}, "
            f"max |logprob diff| {np.abs(lp_gpu - lp_cpu).max():.1e}; bfloat16 equal on {same16:.1%}")
 
 
