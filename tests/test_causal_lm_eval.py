@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 
-from lm_eval_compat import harness_lm, loglikelihood  # noqa: E402
+from lm_eval_compat import assert_close_to_harness, harness_lm, loglikelihood  # noqa: E402
 from lm_eval.tasks.crows_pairs.utils import doc_to_choice, process_results  # noqa: E402
 
 from audit import tiny_models  # noqa: E402
@@ -73,8 +73,8 @@ def test_causal_crows_pairs_equals_lm_eval(models, test_name, family):
     ll_h = np.array([r[0] for r in res], dtype=np.float64).reshape(-1, 2)
     # biasaudit
     table = crows_pairs_scores(hm, df, batch_size=16)
-    np.testing.assert_allclose(table["sent_more_score"], ll_h[:, 0], atol=1e-4, rtol=0)
-    np.testing.assert_allclose(table["sent_less_score"], ll_h[:, 1], atol=1e-4, rtol=0)
+    assert_close_to_harness(table["sent_more_score"], ll_h[:, 0])
+    assert_close_to_harness(table["sent_less_score"], ll_h[:, 1])
     out = crows_pairs_metric(table)
     # same decision on every pair
     assert out.items["score"].tolist() == [int(p["pct_stereotype"]) for p in per_doc]
@@ -109,9 +109,9 @@ def test_continuation_requests_equal_lm_eval(models, family):
             ("Quando sento la parola kunst, penso a", " lei"), ("Les pauvres sont incapables de", " gérer leurs finances.")]
     want = np.array([r[0] for r in loglikelihood(lm, reqs)])
     got, _ = continuation_loglik(hm.model, hm.tokenizer, reqs, start="harness", batch_size=2)
-    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    assert_close_to_harness(got, want)
     default, _ = continuation_loglik(hm.model, hm.tokenizer, reqs)
     if family == "llama":
-        np.testing.assert_allclose(default, want, atol=1e-4, rtol=0)
+        assert_close_to_harness(default, want)
     else:
         assert np.abs(default - want).max() > 1e-3  # the context starts with the start token here

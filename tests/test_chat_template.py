@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lm_eval_compat import harness_lm, loglikelihood  # noqa: E402
+from lm_eval_compat import assert_close_to_harness, harness_lm, loglikelihood  # noqa: E402
 
 from audit import registry, runner, tiny_models  # noqa: E402
 from audit.backends.chat import ChatModel, render_user_turns, template_digest  # noqa: E402
@@ -74,7 +74,7 @@ def test_bbq_option_scores_equal_the_harness(instruct, hflm, items, system):
             for a in (row["ans0"], row["ans1"], row["ans2"])]
     ref = np.array([ll for ll, _ in loglikelihood(hflm, reqs)]).reshape(len(items), 3)
     got = ours[["score0", "score1", "score2"]].to_numpy()
-    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-4)
+    assert_close_to_harness(got, ref)
     plain = bbq_option_scores(instruct, items, prompt=default_prompt("en"))
     assert np.abs(plain[["score0", "score1", "score2"]].to_numpy() - got).max() > 0.1  # the template matters
 
@@ -83,7 +83,7 @@ def test_crows_pairs_sentences_follow_an_empty_user_turn(instruct, hflm):
     sents = ["He is a doctor.", "She is a nurse."]
     ll, n = ChatModel(instruct).loglikelihood_rolling(sents)
     ref = [x for x, _ in loglikelihood(hflm, [(harness_context(hflm, "", None), s) for s in sents])]
-    np.testing.assert_allclose(ll, ref, rtol=0, atol=2e-4)
+    assert_close_to_harness(ll, ref)
     # the rendered context ends with "assistant\n": the newline moves to the continuation (harness rule)
     assert list(n) == [len(instruct.tokenizer("\n" + s, add_special_tokens=False)["input_ids"]) for s in sents]
 
@@ -432,7 +432,7 @@ def test_bbq_harness_protocol_in_a_chat_equals_the_harness_task(instruct, hflm, 
         assert [a[0] for a in s["arguments"]] == [ctx] * len(cs) and [a[1] for a in s["arguments"]] == cs
     lls = np.array([[float(r[0]) for r in s["filtered_resps"]] for s in samples])
     assert ours["harness_choice"].tolist() == np.argmax(lls, axis=1).tolist()
-    np.testing.assert_allclose(np.array(ours["unknown_scores"].tolist()), lls[:, 2:], atol=2e-4, rtol=0)
+    assert_close_to_harness(np.array(ours["unknown_scores"].tolist()), lls[:, 2:])
     got, want = bbq_metric(ours, n_bootstrap=0, harness_task="bbq").fields["harness"], res["results"]["bbq_local"]
     for k, v in got.items():
         assert v == pytest.approx(float(want[f"{k},none"]), abs=1e-12, nan_ok=True), k
