@@ -14,6 +14,7 @@ and benchmarks/causal.py.
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -38,6 +39,8 @@ def stub_accelerate() -> None:
     utils = types.ModuleType("accelerate.utils")
     utils.get_max_memory = _unavailable("get_max_memory")
     acc.utils = utils
+    for mod in (acc, utils):  # importlib.util.find_spec (transformers' probe, imported after) needs a spec
+        mod.__spec__ = importlib.machinery.ModuleSpec(mod.__name__, None)
     sys.modules.update({"accelerate": acc, "accelerate.utils": utils})
 
 

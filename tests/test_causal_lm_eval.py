@@ -115,3 +115,26 @@ def test_continuation_requests_equal_lm_eval(models, family):
         assert_close_to_harness(default, want)
     else:
         assert np.abs(default - want).max() > 1e-3  # the context starts with the start token here
+
+
+def test_the_accelerate_stand_in_lets_transformers_be_imported_after_it(tmp_path):
+    """Where accelerate is not installed, ``stub_accelerate`` registers a stand-in; transformers
+    imported after it (a fresh process: here it is imported already) probes it with
+    ``importlib.util.find_spec``, which raised ``ValueError: accelerate.__spec__ is None`` on a
+    stand-in without a spec. With one, transformers imports and reports accelerate unavailable."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import importlib.util, sys; real = importlib.util.find_spec('accelerate') is not None; "
+            "import lm_eval_compat; lm_eval_compat.stub_accelerate(); "
+            "from transformers.utils import is_accelerate_available; "
+            "from lm_eval.models.huggingface import HFLM; "
+            "print(real, is_accelerate_available())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env={**os.environ,
+                                          "PYTHONPATH": str(Path(__file__).parent)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    real, seen = r.stdout.split()
+    assert seen == real  # the stand-in is never mistaken for the package
