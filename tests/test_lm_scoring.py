@@ -402,3 +402,45 @@ def test_run_batched_token_budget():
     assert seen == [[0], [1], [2, 3], [4, 5, 6], [7]]  # 10, 9 alone; 2 x 5; 3 x 4 = 12; the last 1 left over
     with pytest.raises(ValueError, match="2 lengths for 3 items"):
         run_batched(lambda b: b, [1, 2, 3], 4, device="cpu", lengths=[1, 2])
+
+
+class _RecordingBackend:
+    """A Rust tokenizer's batch entry point that records each call's size and thread."""
+
+    truncation = None
+    padding = None
+
+    def __init__(self, backend):
+        self.backend, self.calls = backend, []
+
+    def encode_batch_fast(self, texts, add_special_tokens):
+        import threading
+
+        self.calls.append((len(texts), threading.current_thread().name))
+        return self.backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+
+
+@pytest.mark.parametrize("env,threads,n,calls", [
+    ("false", 3, 1000, [334, 334, 332]),  # the Rust pool is off: the process's 3 threads
+    ("0", 2, 1000, [500, 500]),
+    ("false", 3, 600, [300, 300]),  # at least 256 texts a thread: 2
+    ("false", 3, 300, [300]),  # too few to split
+    ("false", 1, 1000, [1000]),  # one CPU
+    (None, 3, 1000, [1000]),  # the Rust pool (TOKENIZERS_PARALLELISM unset)
+    ("true", 3, 1000, [1000]),
+])
+def test_batch_tokenisation_splits_over_the_process_threads_when_the_rust_pool_is_off(monkeypatch, env, threads,
+                                                                                       n, calls):
+    tok = tiny_models.load_tiny("llama")[1]
+    texts = [f"text {i}: the {'poor' if i % 3 else 'rich'} person number {i * 7919 % 1000} said hello." for i in range(n)]
+    if env is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", env)
+    torch.set_num_threads(threads)  # the one_thread fixture restores it
+    rec = _RecordingBackend(tok.backend_tokenizer)
+    got = lm_scoring._token_ids(type("T", (), {"backend_tokenizer": rec})(), texts)
+    assert got == [list(x) for x in tok(texts, add_special_tokens=False)["input_ids"]]  # same ids, same order
+    assert [c for c, _ in rec.calls] == calls
+    on_pool = [name.startswith("tokenize") for _, name in rec.calls]
+    assert all(on_pool) if len(calls) > 1 else not any(on_pool)
