@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import os
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -656,8 +657,6 @@ def tokenize_threads(n_texts: int) -> int:
     Rust pool, or one CPU). On the H200 machine's 16 cores, 4,800 BBQ texts took 0.437 s on one
     thread and 0.098 s on the Rust pool, where the model scored them in 0.303 s (benchmarks/README.md).
     """
-    import os
-
     env = os.environ.get("TOKENIZERS_PARALLELISM")
     if env is None or env.lower() not in _RUST_SERIAL:
         return 1
