@@ -115,6 +115,7 @@ class ModelServer:
                  options: dict[str, Any] | None = None, words: list[str] | None = None,
                  load_log: str | None = None):
         tune_gc()  # before the first load imports torch and transformers (actors.gc_tuning)
+        self.gpus_hidden = hide_unassigned_gpus()
         self.name = name
         self.ref = ref
         self.local_ref = local_ref if local_ref is not None else ref
@@ -140,7 +141,7 @@ class ModelServer:
     def release(self) -> None:
         """Drop the loaded model and give its memory back (CPU and GPU): every reference this
         worker holds, the static backends' caches (``functools`` caches of loaded matrices),
-        then ``gc.collect()``, ``torch.cuda.empty_cache()`` when CUDA was used, and
+        then ``gc.collect()``, cuBLAS's workspaces and ``torch.cuda.empty_cache()`` when CUDA was used, and
         ``malloc_trim(0)`` (glibc keeps freed blocks in its arenas otherwise)."""
         had = self.model is not None or self.load_error is not None
         self.model = None
@@ -161,6 +162,12 @@ class ModelServer:
             try:
                 if torch.cuda.is_available() and torch.cuda.is_initialized():
                     torch.cuda.synchronize()
+                    # cuBLAS's workspaces (one per handle and stream, 32 MiB each on Hopper) live in the
+                    # caching allocator and outlive the model; torch has no public call that frees them
+                    # (measured in a fresh Ray worker on an H200: 32 MiB left allocated without this)
+                    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+                    if clear_workspaces is not None:
+                        clear_workspaces()
                     torch.cuda.empty_cache()
             except Exception:  # noqa: BLE001 - no usable CUDA: nothing to empty
                 pass
@@ -240,6 +247,32 @@ class ModelServer:
     def memory(self) -> int:
         """This process's resident set size in bytes (``/proc/self/statm``)."""
         return rss_bytes()
+
+
+def hide_unassigned_gpus() -> bool:
+    """In a Ray actor that Ray gave no GPU, make every GPU invisible to this process
+    (``CUDA_VISIBLE_DEVICES=""``, before CUDA is initialised); ``True`` when it did.
+
+    Ray sets ``CUDA_VISIBLE_DEVICES`` for an actor that reserves GPUs. For an actor with
+    ``num_gpus=0`` it leaves the variable alone: ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO`` is off by
+    default in Ray 2.60 (``ray._private.utils.set_visible_accelerator_ids``). Such a worker sees
+    every GPU of its node, and the engines' default device, CUDA when available
+    (:func:`audit.backends.hf.pick_device`), would put its model on a GPU it never reserved,
+    beside the actors that did (a spec's ``ray.actor_num_gpus: 0`` on a GPU cluster). Hidden, the
+    worker loads on the CPU, and a model that names ``device: cuda`` without a GPU reserved for it
+    fails with one line saying so. Outside a Ray actor
+    (the driver, ``audit run``'s in-process path, tests) nothing changes; nor where this process
+    has already initialised CUDA (too late for the variable to count)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    if ray.get_runtime_context().get_actor_id() is None or ray.get_gpu_ids():
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return False
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    return True
 
 
 def rss_bytes() -> int:

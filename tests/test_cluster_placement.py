@@ -21,6 +21,7 @@ task of :func:`actors.stats.stats_task` when the cluster has GPU and CPU-only no
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -42,7 +43,8 @@ class NodeRecordingServer(ModelServer):
 
     def measure_batch(self, requests, tests):
         rec = {"what": "actor", "model": self.name, "node": ray.get_runtime_context().get_node_id(),
-               "tasks": [r.index for r in requests], "gpus": [str(g) for g in ray.get_gpu_ids()]}
+               "tasks": [r.index for r in requests], "gpus": [str(g) for g in ray.get_gpu_ids()],
+               "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "hidden": self.gpus_hidden}
         with open(self.placement_log, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(rec) + "\n")
         return super().measure_batch(requests, tests)
@@ -126,6 +128,10 @@ def test_model_actors_on_the_gpu_node_statistics_on_cpu_nodes(tmp_path, monkeypa
 
     recs = [json.loads(x) for x in log.read_text().splitlines()]
     actors_at = {(r["model"], r["node"], tuple(r["gpus"])) for r in recs if r["what"] == "actor"}
+    # what CUDA each worker sees: Ray's GPU for the Hugging Face model's; none for the static model's,
+    # which Ray (RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO off) would have left seeing every GPU of its node
+    seen = {(r["model"], r["visible"], r["hidden"]) for r in recs if r["what"] == "actor"}
+    assert seen == {("tiny-bert", "0", False), ("tiny-vec", "", True)}, seen
     stats = [r for r in recs if r["what"] == "stats"]
     # the Hugging Face model's actor holds the GPU; the static model's actor holds none
     [(bert_node, bert_gpus)] = [(n, g) for m, n, g in actors_at if m == "tiny-bert"]

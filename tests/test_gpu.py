@@ -262,6 +262,78 @@ def test_the_worker_gives_the_gpu_memory_back(medium_llama):
            f"weights {weights / 2 ** 20:.0f} MiB")
 
 
+class CudaProbe(ModelServer):
+    """The sweep's model server, telling what CUDA its process sees."""
+
+    def cuda_state(self) -> dict:
+        import os
+
+        import ray
+
+        on = torch.cuda.is_available()
+        return {"gpus": [str(g) for g in ray.get_gpu_ids()], "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "hidden": self.gpus_hidden, "cuda": on,
+                "device": str(self.model.handle.device) if self.model is not None else None,
+                "allocated": torch.cuda.memory_allocated() if on else 0,
+                "reserved": torch.cuda.memory_reserved() if on else 0}
+
+
+def test_a_sweeps_model_workers_use_the_gpus_ray_gave_them():
+    """The model worker as a sweep runs it: a Ray actor of :mod:`actors.model_actor` with the options
+    of :func:`actors.model_actor.actor_options`. ``actor_num_gpus: auto`` reserves the GPU for a
+    Hugging Face model, whose worker loads there and gives the CPU's numbers, then all of the memory
+    back when it is released for the next model. A worker reserving no GPU (``actor_num_gpus: 0``)
+    sees none (Ray alone would leave it every GPU of the node): it loads on the CPU, and a model that
+    names ``device: cuda`` fails there with one line."""
+    import ray
+
+    from actors.model_actor import actor_options, model_actor_class
+
+    ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False,
+             object_store_memory=300_000_000)
+    try:
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # CudaProbe travels by value
+        gpus = ray.cluster_resources().get("GPU", 0.0)
+        kw = dict(num_cpus=1, cluster_gpus=gpus, max_restarts=0, max_task_retries=0)
+        assert actor_options(kind="causal", num_gpus="auto", **kw)["num_gpus"] == 1.0
+        actor = model_actor_class(CudaProbe)
+        on_gpu = actor.options(**actor_options(kind="causal", num_gpus="auto", **kw)).remote()
+        off_gpu = actor.options(**actor_options(kind="causal", num_gpus=0, **kw)).remote()
+        test = runner.load_test(CROWS[0])
+        req = [MeasureRequest(index=0, test="t", metric=CROWS[1], params=CROWS[2])]
+        llama = str(tiny_models.tiny_model_dir("llama"))
+
+        def assign(name: str, **options) -> ModelAssignment:
+            return ModelAssignment(name=name, ref=llama, local_ref=llama, options=options)
+
+        (a,), (b,) = ray.get([on_gpu.serve.remote(assign("llama"), req, {"t": test}),
+                              off_gpu.serve.remote(assign("llama"), req, {"t": test})])
+        assert a.error is None and b.error is None, (a.error, b.error)
+        sa, sb = ray.get([on_gpu.cuda_state.remote(), off_gpu.cuda_state.remote()])
+        assert len(sa["gpus"]) == 1 and sa["cuda"] and sa["device"].startswith("cuda") and not sa["hidden"], sa
+        assert sa["allocated"] > 0, sa
+        assert sb["gpus"] == [] and sb["hidden"] and sb["visible"] == "" and not sb["cuda"], sb
+        assert sb["device"] == "cpu", sb
+        ref = table(runner.load_model(llama, device="cpu"), CROWS)
+        cols = score_columns(ref)
+        err_gpu = close_fp32(a.measurement.table[cols].to_numpy(np.float64), ref[cols].to_numpy(np.float64))
+        err_cpu = close_fp32(b.measurement.table[cols].to_numpy(np.float64), ref[cols].to_numpy(np.float64))
+
+        ray.get(on_gpu.release.remote())
+        after = ray.get(on_gpu.cuda_state.remote())
+        assert after["allocated"] <= 2 ** 20 and after["reserved"] <= 2 ** 20, (sa, after)
+
+        (c,) = ray.get(off_gpu.serve.remote(assign("llama-on-cuda", device="cuda"), req, {"t": test}))
+        assert c.error is not None and "\n" not in c.error and "CUDA_VISIBLE_DEVICES is empty" in c.error, c.error
+        report(f"Ray actors: GPU worker on {sa['device']} (Ray's GPU {sa['gpus']}, CUDA_VISIBLE_DEVICES="
+               f"{sa['visible']!r}), max |gpu - cpu| {err_gpu:.1e}; {sa['allocated'] / 2 ** 20:.1f} MiB held, "
+               f"{after['allocated'] / 2 ** 20:.2f} allocated and {after['reserved'] / 2 ** 20:.2f} reserved after "
+               f"release; no-GPU worker on {sb['device']} (CUDA hidden: {sb['hidden']}), max |diff| {err_cpu:.1e}; "
+               f"device: cuda there: {c.error}")
+    finally:
+        ray.shutdown()
+
+
 def test_a_real_out_of_memory_halves_the_batch_and_keeps_the_numbers(medium_llama):
     m = runner.load_model(str(medium_llama), device="cuda", dtype="float32")
     task = ("en/crows_pairs", "crows_pairs", {"limit": 300})

@@ -801,7 +801,10 @@ def pick_device(device: str | None) -> Any:
     except (RuntimeError, TypeError) as e:
         raise ParameterError(f"device: {device!r} is not a torch device ({e})") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ParameterError(f"device: {device!r} requested but CUDA is not available")
+        hidden = os.environ.get("CUDA_VISIBLE_DEVICES") == ""  # a Ray worker given no GPU (actors.model_actor)
+        raise ParameterError(f"device: {device!r} requested but CUDA is not available"
+                             + (" to this process (CUDA_VISIBLE_DEVICES is empty: a sweep's model worker gets a "
+                                "GPU only when it reserves one, ray.actor_num_gpus)" if hidden else ""))
     return dev
 
 

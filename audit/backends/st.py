@@ -38,7 +38,7 @@ import numpy as np
 
 from audit.backends import table as backend_table
 from audit.backends.batching import check_batch_size
-from audit.backends.hf import dir_digest
+from audit.backends.hf import dir_digest, pick_device
 from audit.backends.hf_embed import MODEL_METHOD
 from audit.errors import DataError, ModelError, ParameterError
 from audit.provenance import canonical_dtype
@@ -178,10 +178,9 @@ def load_st_model(ref: str, *, path: str | None = None, device: str | None = Non
     if not (folder / "modules.json").is_file():
         raise ModelError(f"model {ref!r}: {str(folder)!r} has no modules.json, so it is not a sentence-transformers "
                          "model; load it as a Hugging Face checkpoint (backend hf-encoder) instead")
-    import torch
     from sentence_transformers import SentenceTransformer
 
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = str(pick_device(device))
     try:
         enc = SentenceTransformer(str(folder), device=dev, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - one line naming the model
