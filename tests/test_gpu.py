@@ -1,12 +1,13 @@
 """The CUDA paths of the Hugging Face engine, on a real GPU: the defaults (CUDA, float32: the same
 numbers and key as on the CPU), the numbers against the same model on the CPU for every operation
 of the model interface (each through the family that uses it), ``device_map``, the token budget,
-a real out-of-memory error, the model worker's release of GPU memory and the LM debiasing steps.
+a real out-of-memory error, the model worker's release of GPU memory, the model workers as Ray
+actors (the GPU Ray gave them, none where they reserved none) and the LM debiasing steps.
 
 Every test here needs a CUDA device and is skipped without one (the ``gpu`` tier: CI's machines
 have none). On a GPU machine: ``python -m pytest -q -s -m gpu tests/test_gpu.py``; with only the
-core installed (no Ray, no MLflow), add ``--noconftest -o addopts=`` (the module uses no
-fixture of ``tests/conftest.py``). ``BIASAUDIT_DATA`` must name the shared data (CrowS-Pairs, BBQ in
+core and Ray installed (no MLflow: the Ray test starts its own head and calls the actors
+directly), add ``--noconftest -o addopts=`` (the module uses no fixture of ``tests/conftest.py``). ``BIASAUDIT_DATA`` must name the shared data (CrowS-Pairs, BBQ in
 English, the HONEST templates). Each test prints what it measured (``-s`` shows it).
 
 Tolerances. float32 on the GPU against float32 on the CPU: log-likelihood sums within
@@ -289,6 +290,8 @@ def test_a_sweeps_model_workers_use_the_gpus_ray_gave_them():
 
     from actors.model_actor import actor_options, model_actor_class
 
+    if ray.is_initialized():  # a Ray left connected by an earlier module (with tests/conftest.py)
+        ray.shutdown()
     ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False,
              object_store_memory=300_000_000)
     try:
