@@ -770,6 +770,13 @@ def _json_default(x: Any) -> Any:
     return str(x)
 
 
+#: How a Hugging Face model's weights were loaded (:meth:`audit.runner.LoadedModel.describe`), recorded
+#: on each child run as ``audit.<name>`` tags: a sweep whose model workers hold GPUs and one whose
+#: workers do not give the same keys (the device never enters a key) and numbers equal to float32
+#: rounding, and these tags tell them apart.
+LOAD_TAGS = ("device", "dtype", "device_map")
+
+
 def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None, outcome,
                 sweep_id: str = "", revision: str | None = None) -> dict[str, Any]:
     """Everything a task's child run consists of, as a JSON-ready dict (no I/O).
@@ -807,6 +814,9 @@ def task_record(task, *, sweep: str, model_spec, kind: str, plan_key: str | None
         tags["mlflow.note.content"] = f"Failed: {outcome.error[:_MAX_TAG]}"
     if outcome.load_id:
         tags["audit.load_id"] = outcome.load_id
+    for k in LOAD_TAGS:  # where the numbers came from (a GPU or the CPU, the weights' dtype): not keyed
+        if desc.get(k):
+            tags[f"audit.{k}"] = str(desc[k])
     for k, v in (getattr(model_spec, "run_tags", None) or {}).items():  # e.g. audit.mitigation
         tags.setdefault(str(k), str(v))
     params: dict[str, Any] = {

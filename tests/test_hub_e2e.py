@@ -177,6 +177,8 @@ def test_sweep_resume_branch_move_offline(cluster):
         assert len(mine) == 2, repo                                            # SEAT and CrowS-Pairs
         assert {r.data.params["revision"] for r in mine} == {heads[repo]}       # the commit, never "main"
         assert all("value" in r.data.metrics for r in mine)
+        # where the numbers came from: the CPU (no GPU here) in float32, the default
+        assert {(r.data.tags.get("audit.device"), r.data.tags.get("audit.dtype")) for r in mine} == {("cpu", "float32")}
     metrics = sorted({r.data.tags["audit.metric"] for r in runs})
     assert metrics == ["crows_pairs", "crows_pairs_causal", "seat"]
     keys1 = {r.data.tags["audit.key"]: r for r in runs}

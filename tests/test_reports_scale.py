@@ -93,6 +93,30 @@ def test_a_causal_child_run_is_named_by_its_measurement():
 
 
 @pytest.mark.unit
+def test_a_child_run_says_where_its_numbers_came_from():
+    """The device and dtype a Hugging Face model was loaded with (its ``describe()``) are tags of
+    each child run (``audit.device``, ``audit.dtype``; a device map too): never keyed, they tell a
+    GPU sweep's runs from a CPU one's. A static model has none, and a failed load records none."""
+    task = Task(model="m", language="en", test="en/crows_pairs", metric="crows_pairs", params={})
+    spec = ModelSpec(ref="hf:m", name="m")
+    desc = {"model": "hf:m", "backend": "hf-causal", "revision": "abc", "kind": "causal", "dtype": "bfloat16",
+            "device": "cuda:0"}
+    rec = task_record(task, sweep="s", model_spec=spec, kind="causal", plan_key="k",
+                      outcome=TaskOutcome(index=0, status="failed", error="boom", model=desc))
+    assert (rec["tags"]["audit.device"], rec["tags"]["audit.dtype"]) == ("cuda:0", "bfloat16")
+    assert "audit.device_map" not in rec["tags"]
+    rec = task_record(task, sweep="s", model_spec=spec, kind="causal", plan_key="k",
+                      outcome=TaskOutcome(index=0, status="failed", error="boom",
+                                          model={**desc, "device_map": "auto", "device": "cuda:0"}))
+    assert rec["tags"]["audit.device_map"] == "auto"
+    static = {"model": "v.vec", "backend": "word2vec-text", "revision": "sha256:1", "kind": "static"}
+    for model in (static, None):
+        rec = task_record(task, sweep="s", model_spec=spec, kind="static", plan_key="k",
+                          outcome=TaskOutcome(index=0, status="failed", error="boom", model=model))
+        assert not {"audit.device", "audit.dtype", "audit.device_map"} & set(rec["tags"]), rec["tags"]
+
+
+@pytest.mark.unit
 def test_child_runs_carry_adjusted_p_values_with_their_family_and_settings_as_params(tmp_path):
     """Metrics are the numbers a user compares: the seeds, classifier seeds, bootstrap size and
     confidence level of a result are params ``result.<name>``, not metrics; once the report is
