@@ -107,7 +107,7 @@ def test_a_child_run_says_where_its_numbers_came_from():
     assert "audit.device_map" not in rec["tags"]
     rec = task_record(task, sweep="s", model_spec=spec, kind="causal", plan_key="k",
                       outcome=TaskOutcome(index=0, status="failed", error="boom",
-                                          model={**desc, "device_map": "auto", "device": "cuda:0"}))
+                                          model={**desc, "device_map": "auto"}))
     assert rec["tags"]["audit.device_map"] == "auto"
     static = {"model": "v.vec", "backend": "word2vec-text", "revision": "sha256:1", "kind": "static"}
     for model in (static, None):
