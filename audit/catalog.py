@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +18,7 @@ import pandas as pd
 from audit import registry
 from audit.datasets import SUPPORTED_LANGUAGES, datasets_root, read_registered, stub_of
 from audit.datasets._common import _check_language as check_language
-from audit.outputs import write_text_atomic
+from audit.outputs import cache_dir, write_text_atomic
 from audit.datasets.external import FORMAT_TYPES
 from audit.datasets.registry import _scan
 from audit.entries import MODEL_KINDS
@@ -62,15 +61,6 @@ def _code_signature() -> tuple:
     this module): their name, size and modification time, part of the disk cache's key."""
     here = Path(__file__)
     return _signature(*sorted(here.with_name("datasets").rglob("*.py")), here.with_name("suites.py"), here)
-
-
-def cache_dir() -> Path:
-    """Where listings keep what they computed between processes: ``$BIASAUDIT_CACHE``, default
-    ``$XDG_CACHE_HOME/biasaudit`` (``~/.cache/biasaudit``)."""
-    env = os.environ.get("BIASAUDIT_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "biasaudit"
 
 
 def _cache_file(path: str, signature: tuple) -> Path:

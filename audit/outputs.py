@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -82,7 +83,37 @@ def check_output_file(path: str | os.PathLike, what: str, suffixes: Sequence[str
 
 
 __all__ = ["output_dir_problem", "output_file_problem", "ensure_output_dir", "check_output_file", "write_text_atomic",
-           "write_atomic"]
+           "write_atomic", "cache_dir", "private_folder"]
+
+
+def cache_dir() -> Path:
+    """Where biasaudit keeps what it computed between processes (listings' sizes, parsed data
+    files, the migrated MLflow schema): ``$BIASAUDIT_CACHE``, default ``$XDG_CACHE_HOME/biasaudit``
+    (``~/.cache/biasaudit``)."""
+    env = os.environ.get("BIASAUDIT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "biasaudit"
+
+
+def private_folder(root: str | os.PathLike) -> bool:
+    """Whether ``root`` can hold what only this user may have written (built models, pickled
+    tables): created here (mode 0755, parents as needed) if missing, else a real folder (not a
+    link) owned by this user and writable by nobody else."""
+    root = Path(root)
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o755, exist_ok=False)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        st = root.lstat()
+    except OSError:
+        return False
+    others_write = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not others_write
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:

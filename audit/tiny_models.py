@@ -38,7 +38,6 @@ import json
 import os
 import random
 import shutil
-import stat
 import tempfile
 from functools import partial
 from pathlib import Path
@@ -47,6 +46,7 @@ from typing import Any, Callable
 from audit import schema
 from audit.datasets.corpus import corpus_from_tests
 from audit.datasets.external import data_root
+from audit.outputs import private_folder
 
 __all__ = [
     "KINDS",
@@ -657,23 +657,6 @@ _MEMO: dict[tuple[str, str], Path] = {}
 _PRIVATE: dict[str, Path] = {}
 
 
-def _own_private(root: Path) -> bool:
-    """Whether ``root`` can serve as this user's cache: created here (mode 0755) if missing, else
-    owned by this user and writable by nobody else."""
-    try:
-        root.mkdir(mode=0o755, exist_ok=False)
-    except FileExistsError:
-        pass
-    except OSError:
-        return False
-    try:
-        st = root.lstat()
-    except OSError:
-        return False
-    others_write = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not others_write
-
-
 def _digest() -> str:
     """The cache folder's digest: this file, the corpus and the installed transformers version (read
     from its distribution's metadata: importing transformers costs a sweep driver that only copies a
@@ -711,7 +694,7 @@ def tiny_model_dir(kind: str, root: str | os.PathLike | None = None, *, language
         build = partial(build_tiny_causal, family=kind, languages=languages)
     if root is None:
         root = Path(tempfile.gettempdir()) / f"biasaudit-tiny-models-{_digest()}"
-        if not _own_private(root):
+        if not private_folder(root):
             if "root" not in _PRIVATE:  # one private folder per process, made once
                 _PRIVATE["root"] = Path(tempfile.mkdtemp(prefix="biasaudit-tiny-models-"))
             root = _PRIVATE["root"]

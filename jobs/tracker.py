@@ -71,7 +71,7 @@ import pandas as pd
 from filelock import FileLock
 
 from audit import registry
-from audit.catalog import cache_dir
+from audit.outputs import cache_dir
 from audit.errors import AuditError, ParameterError
 from audit.outputs import write_atomic
 from audit.result import json_cells
@@ -163,7 +163,7 @@ def store_lock(uri: str, timeout: float = STORE_LOCK_TIMEOUT) -> Iterator[None]:
 
 def sqlite_schema_template() -> Path | None:
     """An empty SQLite MLflow store already migrated to this MLflow version's schema (tables and
-    Alembic revision, no experiment), kept in the user cache (:func:`audit.catalog.cache_dir`:
+    Alembic revision, no experiment), kept in the user cache (:func:`audit.outputs.cache_dir`:
     ``mlflow/sqlite-schema-<mlflow version>.db``) and built there once, under a file lock, into a
     temporary file renamed into place; ``None`` where it cannot be built (a read-only cache, an
     MLflow whose internals moved): the caller then lets MLflow migrate as usual."""

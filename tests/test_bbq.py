@@ -164,6 +164,97 @@ def test_a_bbq_file_is_parsed_once_per_content_and_each_caller_gets_its_own_tabl
     assert c.digest() != d
 
 
+def test_a_parsed_bbq_folder_is_kept_on_disk_for_the_next_process(tmp_path, monkeypatch):
+    """BBQ-family data parsed in one process is loaded by the next from ``$BIASAUDIT_CACHE/parsed``
+    (``audit.datasets._common._disk_value``; a new process is this one with its in-memory values
+    cleared): the same table and digest without parsing; parsed again where the file changed, the
+    reader code changed, or the kept file is damaged (then replaced); never read from or written to
+    a folder that others may write to (a planted pickle there is not loaded); a parse quicker than
+    ``PARSED_DISK_MIN_S`` is not kept; at most ``PARSED_DISK_KEEP`` files, the least recently used
+    removed first."""
+    import pickle
+    import stat
+
+    from audit.datasets import _common
+    from audit.datasets import bbq as bbq_data
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("BIASAUDIT_CACHE", str(cache))
+    monkeypatch.setattr(_common, "PARSED_DISK_MIN_S", 0.0)
+    parsed = []
+    item = bbq_data._item
+    monkeypatch.setattr(bbq_data, "_item", lambda *a: parsed.append(1) or item(*a))
+
+    def new_process():
+        monkeypatch.setattr(_common, "_PARSED", {})
+
+    def kept():
+        return sorted((cache / "parsed").glob("bbq-*.pickle"))
+
+    p = tmp_path / "x.jsonl"
+    p.write_text(_bbq_line() + "\n" + _bbq_line(example_id=1) + "\n", encoding="utf-8")
+    a = read_bbq(p, language="en")
+    assert len(parsed) == 2 and len(kept()) == 1
+    new_process()
+    b = read_bbq(p, language="en")
+    assert len(parsed) == 2  # loaded, not parsed
+    pd.testing.assert_frame_equal(a.table, b.table)
+    assert b.digest() == a.digest() and (b.name, b.language) == (a.name, a.language)
+    # the file changed: parsed again, kept beside the first
+    p.write_text(_bbq_line(context="I saw a grandson and their grandmother.") + "\n" + _bbq_line(example_id=1)
+                 + "\n", encoding="utf-8")
+    new_process()
+    c = read_bbq(p, language="en")
+    assert len(parsed) == 4 and c.table.loc[0, "context"].endswith("grandmother.") and len(kept()) == 2
+    # damaged (cut short): parsed again and replaced
+    f = max(kept(), key=lambda f: f.stat().st_mtime_ns)
+    f.write_bytes(f.read_bytes()[:40])
+    new_process()
+    assert read_bbq(p, language="en").digest() == c.digest() and len(parsed) == 6
+    new_process()
+    assert read_bbq(p, language="en").digest() == c.digest() and len(parsed) == 6
+    # other reader code (or another pandas): parsed again
+    monkeypatch.setattr(_common, "_reader_code", lambda: "edited")
+    new_process()
+    read_bbq(p, language="en")
+    assert len(parsed) == 8 and len(kept()) == 3
+    # a folder others may write to: a planted pickle is not loaded, nothing is written
+    (cache / "parsed").chmod(0o777)
+    for f in kept():
+        f.write_bytes(pickle.dumps("planted"))
+    new_process()
+    got = read_bbq(p, language="en")
+    assert got.digest() == c.digest() and len(parsed) == 10
+    assert all(pickle.loads(f.read_bytes()) == "planted" for f in kept())
+    (cache / "parsed").chmod(0o755)
+    assert stat.S_IMODE((cache / "parsed").stat().st_mode) == 0o755
+    # at most PARSED_DISK_KEEP files, the least recently used go first
+    for f in kept():
+        f.unlink()
+    monkeypatch.setattr(_common, "PARSED_DISK_KEEP", 2)
+    files = []
+    for i in range(3):
+        q = tmp_path / f"y{i}.jsonl"
+        q.write_text(_bbq_line(example_id=i) + "\n", encoding="utf-8")
+        files.append(q)
+        read_bbq(q, language="en")
+    assert len(kept()) == 2
+    new_process()
+    n = len(parsed)
+    read_bbq(files[1], language="en")
+    read_bbq(files[2], language="en")
+    assert len(parsed) == n  # the two used last were kept
+    read_bbq(files[0], language="en")
+    assert len(parsed) == n + 1  # the first was removed
+    # a parse quicker than PARSED_DISK_MIN_S is not kept
+    monkeypatch.setattr(_common, "PARSED_DISK_MIN_S", 60.0)
+    for f in kept():
+        f.unlink()
+    new_process()
+    read_bbq(files[0], language="en")
+    assert kept() == []
+
+
 def test_bad_bbq_files(tmp_path):
     p = tmp_path / "x.jsonl"
     p.write_text(_bbq_line() + "\n{not json\n", encoding="utf-8")

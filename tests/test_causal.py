@@ -17,6 +17,7 @@ import transformers
 
 from audit import registry, tiny_models  # noqa: E402
 from audit.backends.hf import dir_digest, load_hf_model  # noqa: E402
+from audit.outputs import private_folder  # noqa: E402
 from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.measure.contextual import embed_sentences, seat_vectors  # noqa: E402
 from audit.backends.hf_scoring import causal_loglik, continuation_loglik, encode_continuation  # noqa: E402
@@ -167,7 +168,7 @@ def test_the_tiny_model_cache_is_used_only_where_this_user_alone_may_write(tmp_p
     shared.chmod(0o777)  # writable by anyone
     got = tiny_models.tiny_model_dir("bert")
     assert got.parent != shared and got.parent.name.startswith("biasaudit-tiny-models-") and len(calls) == 2
-    assert tiny_models._own_private(got.parent)
+    assert private_folder(got.parent)
     assert tiny_models.tiny_model_dir("bert") == got  # the same private folder, made once per process
     private = [d for d in tmp_path.iterdir() if d.name.startswith("biasaudit-tiny-models-") and d != shared]
     assert private == [got.parent]
@@ -175,9 +176,9 @@ def test_the_tiny_model_cache_is_used_only_where_this_user_alone_may_write(tmp_p
         other = tmp_path / "other"
         other.mkdir(mode=0o755)
         os.chown(other, 65534, 65534)
-        assert not tiny_models._own_private(other)
+        assert not private_folder(other)
     (tmp_path / "link").symlink_to(shared)
-    assert not tiny_models._own_private(tmp_path / "link")
+    assert not private_folder(tmp_path / "link")
 
 
 # --------------------------------------------------------------------------- scoring

@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import os
+import pickle
+import sys
 import threading
+import time
 import unicodedata
 from copy import deepcopy
 from pathlib import Path
@@ -15,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import yaml
 
 from audit.errors import DataError
+from audit.outputs import cache_dir, private_folder, write_atomic
 
 #: Languages of shipped tests and accepted language tags. Spanish, Catalan, Portuguese and Romanian
 #: have completion and question-answering tests (HONEST, the BBQ family) but no word lists.
@@ -50,7 +55,7 @@ def _contents_key(files: Sequence[Path]) -> tuple[tuple[str, str], ...] | None:
 
 
 def parsed_once(kind: str, args: tuple, files: Sequence[Path], parse: Callable[[], _T],
-                copy: Callable[[_T], _T] | None = None, keep: int = PARSED_KEEP) -> _T:
+                copy: Callable[[_T], _T] | None = None, keep: int = PARSED_KEEP, disk: bool = False) -> _T:
     """``parse()``, or the value an earlier call of this process parsed from the same ``files`` with
     the same ``kind`` and ``args``; ``copy`` (default: none) makes what each caller gets its own.
 
@@ -60,7 +65,10 @@ def parsed_once(kind: str, args: tuple, files: Sequence[Path], parse: Callable[[
     parsing it 1.0 s), so a file rewritten in place is parsed again even within one tick of the
     file system's clock and at the same size. The last ``keep`` (default :data:`PARSED_KEEP`) values
     of each kind are kept. A file that cannot be read, or a ``parse`` that raises, leaves nothing behind (the
-    reader's own error is raised)."""
+    reader's own error is raised).
+
+    disk: also keep the value between processes (:func:`_disk_value`), for data whose parsing
+    costs seconds (BBQ-family folders: EsBBQ 1.9 CPU-s to parse, 0.07 to load)."""
     key = _contents_key(files)
     if key is None:
         return parse()
@@ -71,12 +79,82 @@ def parsed_once(kind: str, args: tuple, files: Sequence[Path], parse: Callable[[
         if value is not _MISSING:
             table.move_to_end(key)
     if value is _MISSING:
-        value = parse()
+        value = _disk_value(kind, key, parse) if disk else parse()
         with _PARSED_LOCK:
             table[key] = value
             while len(table) > keep:
                 table.popitem(last=False)
     return copy(value) if copy is not None else value
+
+
+#: Parsing that takes less CPU time than this is not kept on disk (loading would save little).
+PARSED_DISK_MIN_S = 0.25
+#: Most files :func:`_disk_value` keeps (the least recently used go first): the four BBQ-family
+#: folders take 41 MB.
+PARSED_DISK_KEEP = 16
+
+
+@functools.cache
+def _reader_code() -> str:
+    """SHA-256 of what a parsed value depends on besides its files: the readers (this package),
+    the test types (``audit/suites.py``), and the pandas, numpy and Python versions that pickled it."""
+    import numpy
+    import pandas
+
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256(f"{pandas.__version__} {numpy.__version__} {sys.version_info[:2]}".encode())
+    for f in (*sorted(here.rglob("*.py")), here.parent / "suites.py"):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def _disk_value(kind: str, key: tuple, parse: Callable[[], _T]) -> _T:
+    """The value kept in ``$BIASAUDIT_CACHE/parsed/`` (:func:`audit.outputs.cache_dir`) for
+    ``kind`` and ``key`` (the arguments and the files' digests, :func:`parsed_once`) by an earlier
+    process, else ``parse()``, kept there when it took at least :data:`PARSED_DISK_MIN_S` CPU
+    seconds. The file's name is the SHA-256 of the key and of :func:`_reader_code`, so edited
+    reader code or another pandas parses again. Kept as a pickle, and therefore only in a folder
+    that this user owns and nobody else may write to (:func:`audit.outputs.private_folder`;
+    otherwise nothing is read or written there); written whole or not at all (a temporary file
+    renamed). A file that cannot be read or unpickled is parsed again and replaced; a folder that
+    cannot be written costs a parse, never a failure. At most :data:`PARSED_DISK_KEEP` files are
+    kept, the least recently used removed first."""
+    root = cache_dir() / "parsed"
+    if not private_folder(root):
+        return parse()
+    name = hashlib.sha256(repr((kind, key, _reader_code())).encode()).hexdigest()
+    f = root / f"{kind}-{name}.pickle"
+    try:
+        with open(f, "rb") as fh:
+            value = pickle.load(fh)
+        os.utime(f)  # recently used
+        return value
+    except Exception:  # noqa: BLE001 - none yet, or a damaged one: parsed (again) and written
+        pass
+    t = time.process_time()
+    value = parse()
+    if time.process_time() - t >= PARSED_DISK_MIN_S:
+        try:
+            write_atomic(f, lambda tmp: tmp.write_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)))
+            _prune(root, PARSED_DISK_KEEP)
+        except OSError:
+            pass
+    return value
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Remove all but the ``keep`` most recently used ``*.pickle`` files of ``root``."""
+    files = []
+    for f in root.glob("*.pickle"):
+        try:
+            files.append((f.stat().st_mtime_ns, f))
+        except OSError:
+            continue
+    for _, f in sorted(files, reverse=True)[keep:]:
+        try:
+            f.unlink()
+        except OSError:
+            pass
 
 
 # ======================================================================================

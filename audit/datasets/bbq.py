@@ -386,7 +386,7 @@ def read_bbq(path: str | os.PathLike, *, name: str | None = None, language: str,
     return parsed_once("bbq", (str(p), name, language, provenance, licence, description), files,
                        lambda: _read_files(p, files, name=name, language=language, provenance=provenance,
                                            licence=licence, description=description),
-                       copy=MultipleChoice.copy)
+                       copy=MultipleChoice.copy, disk=True)
 
 
 def _read_files(p: Path, files: list[Path], *, name: str | None, language: str, provenance: str, licence: str,
