@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import hashlib
 import os
@@ -127,10 +128,12 @@ def _disk_value(kind: str, key: tuple, parse: Callable[[], _T]) -> _T:
     try:
         with open(f, "rb") as fh:
             value = pickle.load(fh)
-        os.utime(f)  # recently used
-        return value
     except Exception:  # noqa: BLE001 - none yet, or a damaged one: parsed (again) and written
         pass
+    else:
+        with contextlib.suppress(OSError):
+            os.utime(f)  # recently used (pruned last)
+        return value
     t = time.process_time()
     value = parse()
     if time.process_time() - t >= PARSED_DISK_MIN_S:
