@@ -18,6 +18,7 @@ import pandas as pd
 from audit import registry
 from audit.datasets import SUPPORTED_LANGUAGES, datasets_root, read_registered, stub_of
 from audit.datasets._common import _check_language as check_language
+from audit.datasets._common import _reader_code
 from audit.outputs import cache_dir, write_text_atomic
 from audit.datasets.external import FORMAT_TYPES
 from audit.datasets.registry import _scan
@@ -57,10 +58,10 @@ def _signature(*paths: Path) -> tuple:
 
 @functools.cache
 def _code_signature() -> tuple:
-    """The modules a stub's size depends on besides its data (the readers, the test types' units,
-    this module): their name, size and modification time, part of the disk cache's key."""
-    here = Path(__file__)
-    return _signature(*sorted(here.with_name("datasets").rglob("*.py")), here.with_name("suites.py"), here)
+    """The code a stub's size depends on besides its data, part of the disk cache's key: the
+    readers and the test types (their digest, the one the parsed-data cache keys on:
+    :func:`audit.datasets._common._reader_code`) and this module (name, size, modification time)."""
+    return (_reader_code(), *_signature(Path(__file__)))
 
 
 def _cache_file(path: str, signature: tuple) -> Path:

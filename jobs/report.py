@@ -245,6 +245,10 @@ HEATMAP_COLUMNS = 30
 #: No heat map grows past this many inches a side for its labels (2,420 px at PLOT_DPI).
 MAX_FIGURE_IN = 22.0
 PLOT_DPI = 110
+#: Margins of the figures placed by measured text sizes (:func:`_forest_layout`,
+#: :func:`_heatmap_layout`), in inches: the padding at the figure's edge, and a tick's length with
+#: its label's pad (3.5 + 3.5 points).
+EDGE_PAD_IN, TICK_IN = 0.08, 0.1
 
 
 def _chunks(xs: list, size: int) -> list[list]:
@@ -418,7 +422,7 @@ def _forest_layout(fig, *, nrows: int, ncols: int, ylabels: list[str], ylabel_si
     label; top, the figure title and the panel titles; bottom, the x tick labels and the x label;
     between rows, a panel title and the x tick labels."""
     w_in, h_in = fig.get_size_inches()
-    pad, tick = 0.08, 0.1  # edge padding; tick length with its label pad
+    pad, tick = EDGE_PAD_IN, TICK_IN
     fig.suptitle(title, fontsize=8, y=1 - pad / h_in, va="top")
     fig.supxlabel(xlabel, fontsize=7, y=pad / h_in, va="bottom")
     label_w = max([_text_width_in(fig, t, ylabel_size) for t in ylabels] or [0.0])
@@ -532,7 +536,7 @@ def _heatmap_layout(fig, ax, cax, *, ylabels: list[str], ylabel_size: float, xla
     ticks it will draw). ``tests/test_reports_scale.py`` checks that the parts lie inside the
     figure and apart."""
     w_in, h_in = fig.get_size_inches()
-    pad, tick = 0.08, 0.1  # edge padding; tick length with its label pad (3.5 + 3.5 points)
+    pad, tick = EDGE_PAD_IN, TICK_IN
     label_w = max([_text_width_in(fig, t, ylabel_size) for t in ylabels] or [0.0])
     xtick_w = max([_text_width_in(fig, t, 7) for t in xlabels] or [0.0])
     xtick_h = (xtick_w + _lines_in(1, 7)) * math.sqrt(0.5)  # a label turned 45 degrees: its box's height

@@ -71,9 +71,8 @@ import pandas as pd
 from filelock import FileLock
 
 from audit import registry
-from audit.outputs import cache_dir
 from audit.errors import AuditError, ParameterError
-from audit.outputs import write_atomic
+from audit.outputs import cache_dir, write_atomic
 from audit.result import json_cells
 from jobs.uris import redact_uri
 

@@ -236,6 +236,12 @@ def _overlaps(a, b, tol: float = 0.5) -> bool:
     return a.x0 < b.x1 - tol and b.x0 < a.x1 - tol and a.y0 < b.y1 - tol and b.y0 < a.y1 - tol
 
 
+def _assert_inside(boxes, box) -> None:
+    """Each of ``boxes`` lies inside the figure's ``box`` (within half a pixel)."""
+    for b in boxes:
+        assert b.x0 >= -0.5 and b.y0 >= -0.5 and b.x1 <= box.x1 + 0.5 and b.y1 <= box.y1 + 0.5, (b, box)
+
+
 def _check_forest_layout(fig) -> bool:
     """In a dot-and-interval figure (placed by ``report._forest_layout``, not by a layout engine):
     each panel with its title and tick labels, the figure title and the x label lie inside the
@@ -246,8 +252,7 @@ def _check_forest_layout(fig) -> bool:
     box = fig.bbox
     parts = [ax.get_tightbbox(r) for ax in fig.axes if ax.get_visible()]
     parts += [fig._suptitle.get_window_extent(r), fig._supxlabel.get_window_extent(r)]
-    for b in parts:
-        assert b.x0 >= -0.5 and b.y0 >= -0.5 and b.x1 <= box.x1 + 0.5 and b.y1 <= box.y1 + 0.5, (b, box)
+    _assert_inside(parts, box)
     for i, a in enumerate(parts):
         for b in parts[i + 1:]:
             assert not _overlaps(a, b), (a, b)
@@ -267,8 +272,7 @@ def _check_heatmap_layout(fig) -> bool:
     # the map's parts: the cells, the test labels with the footnote below them, the model labels, the title
     xaxis, yaxis, title = ax.xaxis.get_tightbbox(r), ax.yaxis.get_tightbbox(r), ax.title.get_window_extent(r)
     bar = cax.get_tightbbox(r)
-    for b in (ax.bbox, xaxis, yaxis, title, bar):
-        assert b.x0 >= -0.5 and b.y0 >= -0.5 and b.x1 <= box.x1 + 0.5 and b.y1 <= box.y1 + 0.5, (b, box)
+    _assert_inside((ax.bbox, xaxis, yaxis, title, bar), box)
     for a, b in ((bar, ax.bbox), (bar, xaxis), (bar, yaxis), (bar, title), (title, xaxis), (title, yaxis)):
         assert not _overlaps(a, b), (a, b)
     assert ax.bbox.width >= fig.dpi and ax.bbox.height >= 0.5 * fig.dpi, ax.bbox

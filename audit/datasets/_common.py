@@ -98,7 +98,8 @@ PARSED_DISK_KEEP = 16
 @functools.cache
 def _reader_code() -> str:
     """SHA-256 of what a parsed value depends on besides its files: the readers (this package),
-    the test types (``audit/suites.py``), and the pandas, numpy and Python versions that pickled it."""
+    the test types (``audit/suites.py``), and the pandas, numpy and Python versions that pickled it.
+    Also part of the key of the catalog's sizes (:func:`audit.catalog._code_signature`)."""
     import numpy
     import pandas
 
