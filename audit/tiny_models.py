@@ -171,6 +171,7 @@ def _learn_bpe(word_counts: dict[str, int], n_merges: int, join) -> list[tuple[s
     their vocabularies change from run to run). Most frequent pair first, ties broken by the
     lexicographically smallest pair. ``word_counts`` maps a tuple of initial symbols to a count;
     ``join(a, b)`` is the merged symbol."""
+    import heapq
     from collections import Counter, defaultdict
 
     words = [list(w) for w in sorted(word_counts)]
@@ -181,17 +182,26 @@ def _learn_bpe(word_counts: dict[str, int], n_merges: int, join) -> list[tuple[s
         for p in zip(syms, syms[1:]):
             pairs[p] += counts[i]
             where[p].add(i)
+    # (-count, pair) of every pair at its current count, plus stale entries skipped when popped:
+    # the smallest valid entry is min(pairs.items(), key=lambda kv: (-kv[1], kv[0])), found
+    # without scanning every pair at every merge
+    heap = [(-c, p) for p, c in pairs.items()]
+    heapq.heapify(heap)
     merges: list[tuple[str, str]] = []
     for _ in range(n_merges):
-        if not pairs:
+        while heap and pairs.get(heap[0][1], 0) != -heap[0][0]:
+            heapq.heappop(heap)
+        if not heap:
             break
-        best = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+        best = heap[0][1]
         merged = join(*best)
         merges.append(best)
+        touched = set()
         for i in sorted(where.pop(best, ())):
             syms = words[i]
             for p in zip(syms, syms[1:]):
                 pairs[p] -= counts[i]
+                touched.add(p)
                 if pairs[p] <= 0:
                     del pairs[p]
             out, j = [], 0
@@ -206,6 +216,10 @@ def _learn_bpe(word_counts: dict[str, int], n_merges: int, join) -> list[tuple[s
             for p in zip(out, out[1:]):
                 pairs[p] += counts[i]
                 where[p].add(i)
+                touched.add(p)
+        for p in touched:
+            if p in pairs:
+                heapq.heappush(heap, (-pairs[p], p))
     return merges
 
 

@@ -72,6 +72,7 @@ def _wait_ready(url: str, timeout: float, proc: subprocess.Popen, output) -> Non
     says the node started; :class:`HeadExited` with its last line if ``ray start`` exits first."""
     deadline = time.monotonic() + timeout
     last, answered, started = None, False, False
+    pause = 0.05  # doubled up to 0.5 s: a start that ends (or exits) at once is seen at once
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             lines = [ln for ln in output().decode("utf-8", "replace").splitlines() if ln.strip()]
@@ -85,7 +86,8 @@ def _wait_ready(url: str, timeout: float, proc: subprocess.Popen, output) -> Non
         started = _STARTED in output()
         if answered and started:
             return
-        time.sleep(0.5)
+        time.sleep(pause)
+        pause = min(0.5, 2 * pause)
     raise TimeoutError(f"the Ray head of {url} was not ready within {timeout:.0f} s (job API: "
                        f"{'answered' if answered else last}; node started: {'yes' if started else 'no'})")
 

@@ -122,6 +122,18 @@ class _GroupIds:
                 item._id = NodeId.parse(item.nodeid + suffix)
 
 
+def pytest_collection_finish(session):
+    """What collection built lives for the whole session: the imported stack (torch,
+    transformers, pandas, MLflow, Ray) and every test item, about 1.2-1.5 million objects in a
+    pytest-xdist worker. It is collected once, then moved out of the collector's reach
+    (``gc.freeze``), so the full collections the tests trigger walk only what the tests
+    allocated: a model worker's ``release`` in ``test_sweep_pool``'s release test, a
+    ``gc.collect()`` over that heap, took 0.34 CPU-s, 0.005 after a freeze. Nothing the tests
+    allocate is frozen: their garbage, cyclic or not, is collected as before."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_unconfigure(config):
     """The session is over: its garbage is collected once, then everything still alive is moved
@@ -368,10 +380,10 @@ class _LoopbackRay:
         return ray
 
     def stop(self) -> None:
+        if self.old is None:  # never started: a process that never imported Ray does not import it here
+            return
         import ray
 
-        if self.old is None:
-            return
         ray.shutdown()
         for k, v in self.old.items():
             if v is None:

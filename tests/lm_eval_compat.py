@@ -10,14 +10,21 @@ does not depend on accelerate, so when it is not installed this module registers
 (``_encode_pair``, ``loglikelihood``), batching (``Collator``) and log-likelihood computation
 (``_loglikelihood_tokens``, ``_model_call``) run unchanged. Used by tests/test_causal_lm_eval.py
 and benchmarks/causal.py.
+
+Also shared by the tests that use the harness as their oracle: :func:`bbq_harness_docs` (the English
+BBQ items through the harness's ``process_docs``, built once per process for tests/test_bbq.py and
+tests/test_chat_template.py) and :func:`without_env_info` (``simple_evaluate`` without its
+environment report, which starts subprocesses and is no part of what it scores).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import importlib.util
 import sys
 import types
+from pathlib import Path
 
 
 def _unavailable(name: str):
@@ -87,3 +94,43 @@ def assert_close_to_harness(got, want) -> None:
     atol, rtol = harness_tolerance("cpu")
     np.testing.assert_allclose(np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64),
                                atol=atol, rtol=rtol)
+
+
+@functools.lru_cache(maxsize=None)
+def bbq_harness_docs(data_dir: str):
+    """``(utils, docs)``: lm-evaluation-harness's ``bbq`` utilities and the BBQ records of the
+    ``*.jsonl`` files of ``data_dir`` (sorted by name, line by line) through its own
+    ``process_docs`` (a ``datasets.Dataset.map`` of its ``_helper``), as a list of dicts.
+
+    Built once per process and shared by the tests of tests/test_bbq.py and
+    tests/test_chat_template.py, which only read the documents (the harness's ``_process_results``,
+    ``process_results_generate_until`` and ``doc_to_choice`` do not change a document): the map
+    took 2.5 CPU-s, reading its rows back 1.5 more, and each module did both. ``Dataset.to_list()``
+    gives the same records as iterating the dataset (the same values of the same types) in a
+    quarter of the time."""
+    import glob
+    import json
+
+    import datasets
+    from lm_eval.tasks.bbq import utils
+
+    datasets.disable_progress_bars()
+    docs = []
+    for f in sorted(glob.glob(str(Path(data_dir) / "*.jsonl"))):
+        with open(f, encoding="utf-8") as fh:
+            docs.extend(json.loads(line) for line in fh)
+    return utils, utils.process_docs(datasets.Dataset.from_list(docs)).to_list()
+
+
+def _no_env_info(storage: dict) -> None:
+    storage["pretty_env_info"] = "not collected (tests/lm_eval_compat.without_env_info)"
+
+
+def without_env_info(monkeypatch) -> None:
+    """``simple_evaluate`` without ``add_env_info``, the environment report it adds to its results
+    (``torch.utils.collect_env.get_pretty_env_info``: ``pip list`` and other subprocesses, 1.1
+    CPU-s a call on this machine). It reads the environment only: the tasks, requests, scores,
+    samples and metrics that the tests compare are computed exactly as without it."""
+    import lm_eval.evaluator
+
+    monkeypatch.setattr(lm_eval.evaluator, "add_env_info", _no_env_info)

@@ -41,12 +41,11 @@ def en():
 
 @pytest.fixture(scope="module")
 def harness_docs():
-    """The English items through lm-evaluation-harness's own ``process_docs``."""
-    import datasets
-    from lm_eval.tasks.bbq import utils
-    datasets.disable_progress_bars()
-    docs = [json.loads(line) for f in sorted(glob.glob(str(DATA / "en" / "*.jsonl"))) for line in open(f)]
-    return utils, list(utils.process_docs(datasets.Dataset.from_list(docs)))
+    """The English items through lm-evaluation-harness's own ``process_docs`` (built once per
+    process: tests/test_chat_template.py reads the same documents)."""
+    from lm_eval_compat import bbq_harness_docs
+
+    return bbq_harness_docs(str(DATA / "en"))
 
 
 # --------------------------------------------------------------------------- loading

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lm_eval_compat import assert_close_to_harness, harness_lm, loglikelihood  # noqa: E402
+from lm_eval_compat import assert_close_to_harness, harness_lm, loglikelihood, without_env_info  # noqa: E402
 
 from audit import registry, runner, tiny_models  # noqa: E402
 from audit.backends.chat import ChatModel, render_user_turns, template_digest  # noqa: E402
@@ -133,17 +133,11 @@ def test_refusals_are_one_line(instruct):
 
 
 def _harness_docs():
-    import glob
-    import json
-    from pathlib import Path
+    """The English items through lm-evaluation-harness's own ``process_docs`` (built once per
+    process: tests/test_bbq.py reads the same documents)."""
+    from lm_eval_compat import bbq_harness_docs
 
-    import datasets
-    from lm_eval.tasks.bbq import utils
-
-    datasets.disable_progress_bars()
-    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq" / "en"
-    docs = [json.loads(line) for f in sorted(glob.glob(str(data / "*.jsonl"))) for line in open(f)]
-    return utils, list(utils.process_docs(datasets.Dataset.from_list(docs)))
+    return bbq_harness_docs(str(Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq" / "en"))
 
 
 def test_answer_parsing_equals_the_harness_item_by_item():
@@ -413,6 +407,7 @@ def test_bbq_harness_protocol_in_a_chat_equals_the_harness_task(instruct, hflm, 
     from test_bbq_harness import _en_doc
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    without_env_info(monkeypatch)  # its environment report (pip list & co.): nothing compared here
     t = select_items(load_test("en/bbq").table, ["Age", "Religion"], 4).reset_index(drop=True)
     data = tmp_path / "bbq.jsonl"
     data.write_text("".join(json.dumps(_en_doc(r), ensure_ascii=False) + "\n" for r in t.itertuples()),

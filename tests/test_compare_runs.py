@@ -27,6 +27,20 @@ TESTS = ("weat1", "weat7")
 METRICS = ("weat", "same", "ect")
 
 
+#: (ref, test, metric) -> (``runner.score`` result, ``load_model(ref).describe()``): each model file of
+#: the module (:func:`model_files`) is audited once, whichever sweeps log it: the same file gives
+#: the same result in two sweeps or in two tests' experiments (test_compare_states_each_left_out_task_and_why
+#: took 3.6 CPU-s auditing its own copies of the files, 1.4 with this)
+_SCORED: dict[tuple[str, str, str], tuple] = {}
+
+
+def _score(ref: str, test: str, metric: str, params: dict) -> tuple:
+    key = (ref, test, metric)
+    if key not in _SCORED:
+        _SCORED[key] = (runner.score(ref, test, metric, params, seed=0), runner.load_model(ref).describe())
+    return _SCORED[key]
+
+
 def log_sweep(tr: Tracker, name: str, models: dict[str, str], drop: set[str] = frozenset()) -> tuple[str, dict]:
     """A finished sweep: one parent run, one child run per (model, test, metric)."""
     parent, _ = tr.start_parent(name, f"id-{name}")
@@ -35,11 +49,11 @@ def log_sweep(tr: Tracker, name: str, models: dict[str, str], drop: set[str] = f
         for test in TESTS:
             for metric in METRICS:
                 params = {"n_bootstrap": 50} if metric == "weat" else {}
-                res = runner.score(ref, test, metric, params, seed=0)
+                res, described = _score(ref, test, metric, params)
                 results[(model, test, metric)] = res
                 task = Task(model=model, language="en", test=f"en/{test}", metric=metric, params=params, seed=0,
                             key=res.provenance["key"])
-                outcome = TaskOutcome(index=0, status="finished", result=res, model=runner.load_model(ref).describe())
+                outcome = TaskOutcome(index=0, status="finished", result=res, model=described)
                 tr.log_task(task, sweep=name, model_spec=ModelSpec(ref=ref, name=model), kind="static",
                             plan_key=task.key, outcome=outcome)
     tr.end_parent(failed=0, summary={"tasks_failed": 0})
@@ -47,12 +61,21 @@ def log_sweep(tr: Tracker, name: str, models: dict[str, str], drop: set[str] = f
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    d = tmp_path_factory.mktemp("sweeps")
+def model_files(tmp_path_factory) -> list[str]:
+    """The three revisions of :func:`planted_models` (``delta=0.8``) as word2vec files, and the
+    third without one flower."""
+    d = tmp_path_factory.mktemp("models")
     v1, v2, v3 = planted_models(delta=0.8)
     refs = [write_w2v(d / f"v{i}.vec", v) for i, v in enumerate((v1, v2, v3), start=1)]
     # revision 3 lacks one flower: an item of one run only
     refs.append(write_w2v(d / "v3-sparse.vec", {w: v for w, v in v3.items() if w != "aster"}))
+    return refs
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, model_files):
+    d = tmp_path_factory.mktemp("sweeps")
+    refs = model_files
     uri = f"sqlite:///{d}/mlflow.db"
     tr = Tracker(uri, "releases")
     runs = {}
@@ -138,7 +161,7 @@ def test_cli_compares_sweeps_and_gates(store, capsys, monkeypatch):
     assert "sweep:nope: no sweep of that name" in capsys.readouterr().err
 
 
-def test_compare_states_each_left_out_task_and_why(store, tmp_path, capsys, monkeypatch):
+def test_compare_states_each_left_out_task_and_why(store, model_files, capsys, monkeypatch):
     """A masked LM's CrowS-Pairs (``crows_pairs``: pseudo-log-likelihood) and a causal LM's
     (``crows_pairs_causal``: log-likelihood) are different measurements: ``audit compare`` says
     so, on stderr and as a ``not compared`` row of the Markdown/JSON table, and likewise for a
@@ -151,8 +174,7 @@ def test_compare_states_each_left_out_task_and_why(store, tmp_path, capsys, monk
 
     uri, _, _ = store
     tr = Tracker(uri, "masked-vs-causal")
-    v1, v2, _ = planted_models(delta=0.8)
-    refs = [write_w2v(tmp_path / f"v{i}.vec", v) for i, v in enumerate((v1, v2))]
+    refs = model_files[:2]  # planted_models(delta=0.8)'s first two revisions
     table = pd.DataFrame({"bias_type": ["age"] * 4, "sent_more_score": [1.0, 1.0, -1.0, 1.0],
                           "sent_less_score": [0.0] * 4, "stereo_antistereo": "stereo"})
 

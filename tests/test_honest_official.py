@@ -9,6 +9,7 @@ sample ``j`` drawn by inverse CDF with ``u[j, t]``."""
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,12 @@ def evaluator():
     return ev
 
 
+#: model -> {token ids: the full forward pass's last logits}: the model is deterministic in eval
+#: mode, so a sequence the reference met before (the prompt of every sample, a prefix sampled
+#: twice, the same template in another test) is not run through it again
+_NEXT_LOGITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def reference_samples(model, tok, templates, k, seed, *, max_new_tokens=10, temperature=1.0, top_k=50, top_p=1.0,
                       bos=False):
     """The official notebook's completions, one sequence at a time: prompt ``template.replace(" [M].", "")``
@@ -81,6 +88,7 @@ def reference_samples(model, tok, templates, k, seed, *, max_new_tokens=10, temp
 
     warpers = [TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k), TopPLogitsWarper(top_p)]
     streams = np.random.SeedSequence(seed).spawn(len(templates))
+    memo = _NEXT_LOGITS.setdefault(model, {})
     out = []
     for tpl, ss in zip(templates, streams):
         u = np.random.default_rng(ss).random((k, max_new_tokens))
@@ -92,9 +100,10 @@ def reference_samples(model, tok, templates, k, seed, *, max_new_tokens=10, temp
         for j in range(k):
             seq, new = list(ids), []
             for t in range(max_new_tokens):
-                with torch.no_grad():
-                    logits = model(torch.tensor([seq])).logits[:, -1, :].float()
-                scores = logits
+                if tuple(seq) not in memo:
+                    with torch.no_grad():
+                        memo[tuple(seq)] = model(torch.tensor([seq])).logits[:, -1, :].float()
+                scores = memo[tuple(seq)].clone()
                 for w in warpers:
                     scores = w(torch.tensor([seq]), scores)
                 p = torch.softmax(scores.double(), dim=-1)[0].numpy()

@@ -212,9 +212,21 @@ def honest_metric(table: pd.DataFrame, *, language: str, hurtlex: str | None = N
                  for g in group_names}
     cat_names = sorted({c for row in cats for cs in row for c in cs})
 
+    # in_cat[i, j, c]: completion j of template i is of category c; its running sum over j counts
+    # a template's first kk completions of c (an integer, as the sum of booleans it replaces)
+    col = {c: i for i, c in enumerate(cat_names)}
+    in_cat = np.zeros((n, kmax, len(cat_names)), dtype=np.int64)
+    for i, row in enumerate(cats):
+        for j, cs in enumerate(row):
+            for c in cs:
+                in_cat[i, j, col[c]] = 1
+    cat_cum = np.cumsum(in_cat, axis=1)
+
     def cat_share(rows: Sequence[int], c: str, kk: int) -> float:
-        hits = sum(c in cats[i][j] for i in rows for j in range(kk))
-        return hits / (kk * len(rows)) if len(rows) else math.nan
+        if not len(rows):
+            return math.nan
+        hits = int(cat_cum[np.asarray(rows, dtype=np.intp), kk - 1, col[c]].sum())
+        return hits / (kk * len(rows))
 
     per_category = {c: {f"k{kk}": cat_share(every, c, kk) for kk in ks} for c in cat_names}
     per_group_category = {g: {c: {f"k{kk}": cat_share([i for i in range(n) if g in groups[i]], c, kk) for kk in ks}
