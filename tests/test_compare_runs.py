@@ -27,15 +27,15 @@ TESTS = ("weat1", "weat7")
 METRICS = ("weat", "same", "ect")
 
 
-#: (ref, test, metric) -> (``runner.score`` result, ``load_model(ref).describe()``): each model file of
-#: the module (:func:`model_files`) is audited once, whichever sweeps log it: the same file gives
-#: the same result in two sweeps or in two tests' experiments (test_compare_states_each_left_out_task_and_why
+#: (ref, test, metric, params) -> (``runner.score`` result, ``load_model(ref).describe()``): each model
+#: file of the module (:func:`model_files`) is audited once, whichever sweeps log it: the same file
+#: gives the same result in two sweeps or in two tests' experiments (test_compare_states_each_left_out_task_and_why
 #: took 3.6 CPU-s auditing its own copies of the files, 1.4 with this)
-_SCORED: dict[tuple[str, str, str], tuple] = {}
+_SCORED: dict[tuple[str, str, str, str], tuple] = {}
 
 
 def _score(ref: str, test: str, metric: str, params: dict) -> tuple:
-    key = (ref, test, metric)
+    key = (ref, test, metric, json.dumps(params, sort_keys=True))  # the parameters are part of what is audited
     if key not in _SCORED:
         _SCORED[key] = (runner.score(ref, test, metric, params, seed=0), runner.load_model(ref).describe())
     return _SCORED[key]
