@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -305,15 +306,33 @@ def test_wrong_kind_is_refused():
 # --------------------------------------------------------------------------- decoder embeddings
 
 
+#: model -> {token ids: every layer's hidden states of the one-sequence pass}: the reference pass of
+#: a sentence is the same whatever the pooling and the layer read from it (the decoder-embedding test
+#: pools each of its sentences 10 ways, the SEAT and word-vector tests embed the same sentences).
+#: Read-only arrays; a model changed in place (the private copies of the refusal tests) never gets here.
+_REF_STATES = weakref.WeakKeyDictionary()
+
+
+def _ref_hidden_states(model, ids: list[int]) -> tuple[np.ndarray, ...]:
+    """Every layer's hidden states of ``ids``, one sequence, no padding (float64 copies)."""
+    memo = _REF_STATES.setdefault(model, {})
+    key = tuple(ids)
+    if key not in memo:
+        with torch.no_grad():
+            states = model.base_model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+        memo[key] = tuple(h[0].double().numpy() for h in states)
+        for h in memo[key]:
+            h.setflags(write=False)  # shared between calls: pooled by hand, never written
+    return memo[key]
+
+
 def ref_embedding(hm, sentence: str, method: str, span=None, layer: int = -1) -> np.ndarray:
     """One sentence: [start] + tokens, hidden states of the base model, pooled by hand."""
     tok = hm.tokenizer
     enc = tok(sentence, add_special_tokens=False, return_offsets_mapping=True)
     ids = [start_id(tok)] + enc["input_ids"]
     offs = [(0, 0)] + list(enc["offset_mapping"])
-    with torch.no_grad():
-        hs = hm.model.base_model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[layer][0]
-    hs = hs.double().numpy()
+    hs = _ref_hidden_states(hm.model, ids)[layer]
     own = hs[1:]  # the sentence's tokens, start token excluded
     if method == "mean":
         return own.mean(0)

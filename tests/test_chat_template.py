@@ -132,12 +132,13 @@ def test_refusals_are_one_line(instruct):
 # --------------------------------------------------------------------------- generative BBQ
 
 
-def _harness_docs():
-    """The English items through lm-evaluation-harness's own ``process_docs`` (built once per
-    process: tests/test_bbq.py reads the same documents)."""
-    from lm_eval_compat import bbq_harness_docs
+def _harness_docs(rows):
+    """The English items at positions ``rows`` through lm-evaluation-harness's own ``process_docs``
+    (``{row: document}``; read from the documents tests/test_bbq.py built where it ran in this
+    process, else only those rows mapped)."""
+    from lm_eval_compat import bbq_harness_docs_at
 
-    return bbq_harness_docs(str(Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq" / "en"))
+    return bbq_harness_docs_at(str(Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq" / "en"), rows)
 
 
 def test_answer_parsing_equals_the_harness_item_by_item():
@@ -150,10 +151,10 @@ def test_answer_parsing_equals_the_harness_item_by_item():
     from audit.measure.bbq_generate import UNKNOWN_RESPONSES_ALL, parse_answer
     from audit.metrics.bbq_generate import _counts
 
-    utils, docs = _harness_docs()
-    assert tuple(utils.UNKNOWN_RESPONSES_ALL) == UNKNOWN_RESPONSES_ALL
     table = load_test("en/bbq").table
     pick = np.random.default_rng(0).choice(len(table), 150, replace=False)
+    utils, docs = _harness_docs(pick)
+    assert tuple(utils.UNKNOWN_RESPONSES_ALL) == UNKNOWN_RESPONSES_ALL
     preds, refs, hows, multi = [], [], [], []
     for i in pick:
         row, doc = table.iloc[i], docs[i]

@@ -175,9 +175,9 @@ def test_a_sweep_that_can_never_start_fails_at_once_naming_the_resource(tmp_path
     """Another submitted job's driver reserves 1 of the 2 CPUs and runs nothing (the watch's
     deadlock); the sweep's worker needs 2 CPUs: it can never start. With ``pending_timeout_s``
     600 its tasks fail at the second look at the cluster (the first says it), one line naming
-    the resource and the holder, exit status 4. The grace period is 10 s here (looks 5 s apart;
-    the product's 30 s: 15 s apart), so the sweep fails after about 10 s, not 600."""
-    res, out = _sweep_beside_another_job(tmp_path, "reservation", timeout=600, hold=300, cpus=2, grace=10)
+    the resource and the holder, exit status 4. The grace period is 4 s here (looks 2 s apart;
+    the product's 30 s: 15 s apart), so the sweep fails about 4 s after its last progress, not 600."""
+    res, out = _sweep_beside_another_job(tmp_path, "reservation", timeout=600, hold=300, cpus=2, grace=4)
     assert res["exit"] == 4 and res["failed"] == 2 and res["finished"] == 0, (res, out[-3000:])
     assert res["elapsed"] < 60, res
     assert "stuck: waiting: needs 2 CPU" in out  # said at the first look, failed at the next

@@ -62,10 +62,15 @@ def test_official_templates_ship_unchanged_and_load():
     assert load_test("en/honest").digest() == load_test("en/honest").digest()
     for lang in OFFICIAL:  # the same frame as pandas' groupby, one row built per distinct template
         table = load_test(f"{lang}/honest").table
-        want = pd.DataFrame([{"template": tpl, "identity": g["identity"].iloc[0],
-                              "groups": tuple(dict.fromkeys(g["group"])), "number": g["number"].iloc[0],
-                              "type": g["type"].iloc[0], "lines": tuple(int(x) for x in g["line"])}
-                             for tpl, g in table.groupby("template", sort=False)])
+        # the groups (their rows, their order, NaN templates dropped) are pandas'; each group's
+        # fields are read at its rows' positions (a sub-frame per group cost 10 times as much)
+        by = table.groupby("template", sort=False)
+        rows, col = by.indices, {c: table[c].to_numpy() for c in ("identity", "group", "number", "type", "line")}
+        want = pd.DataFrame([{"template": tpl, "identity": col["identity"][rows[tpl][0]],
+                              "groups": tuple(dict.fromkeys(col["group"][rows[tpl]])),
+                              "number": col["number"][rows[tpl][0]], "type": col["type"][rows[tpl][0]],
+                              "lines": tuple(int(x) for x in col["line"][rows[tpl]])}
+                             for tpl in by.size().index])
         pd.testing.assert_frame_equal(distinct_templates(table), want, check_exact=True)
 
 

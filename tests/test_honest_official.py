@@ -1,10 +1,10 @@
 """HONEST ``official`` protocol (the sampled GPT protocol of MilaNLProc/honest) against an
-independent reimplementation: its own unbatched sampling loop with transformers' logits warpers,
-the notebook's prompt and completion slicing, and the ``honest`` package's own any-word rule
-(``HonestEvaluator.honest_score_inner_sentence``). The only thing shared with the code under test
-is the specification of the random numbers: one ``numpy`` stream per template,
-``default_rng(SeedSequence(seed).spawn(n)[i]).random((k, max_new_tokens))``, token ``t`` of
-sample ``j`` drawn by inverse CDF with ``u[j, t]``."""
+independent reimplementation: its own sampling loop (whole unpadded sequences through the model,
+no KV cache) with transformers' logits warpers, the notebook's prompt and completion slicing, and
+the ``honest`` package's own any-word rule (``HonestEvaluator.honest_score_inner_sentence``). The
+only thing shared with the code under test is the specification of the random numbers: one
+``numpy`` stream per template, ``default_rng(SeedSequence(seed).spawn(n)[i]).random((k, max_new_tokens))``,
+token ``t`` of sample ``j`` drawn by inverse CDF with ``u[j, t]``."""
 
 from __future__ import annotations
 
@@ -80,15 +80,19 @@ _NEXT_LOGITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def reference_samples(model, tok, templates, k, seed, *, max_new_tokens=10, temperature=1.0, top_k=50, top_p=1.0,
                       bos=False):
-    """The official notebook's completions, one sequence at a time: prompt ``template.replace(" [M].", "")``
+    """The official notebook's completions, each sequence on its own: prompt ``template.replace(" [M].", "")``
     tokenised by the tokenizer (``bos``: the start token put first), ``max_new_tokens`` tokens sampled
     through transformers' temperature / top-k / top-p warpers (stop at EOS), completion
-    ``generated_text[len(template.replace(" [M]", "")):]``."""
+    ``generated_text[len(template.replace(" [M]", "")):]``. Each step runs the whole sequence
+    through the model (no KV cache, no padding, no attention mask); the ``k`` samples of a template,
+    all of one length at a step, go through it as the rows of one batch (the notebook's
+    ``num_return_sequences``), each row's logits those of its sequence alone."""
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     warpers = [TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k), TopPLogitsWarper(top_p)]
     streams = np.random.SeedSequence(seed).spawn(len(templates))
     memo = _NEXT_LOGITS.setdefault(model, {})
+    cdfs = {}  # token ids -> the warped distribution's CDF (the prompt's, for all k samples, warped once)
     out = []
     for tpl, ss in zip(templates, streams):
         u = np.random.default_rng(ss).random((k, max_new_tokens))
@@ -96,26 +100,36 @@ def reference_samples(model, tok, templates, k, seed, *, max_new_tokens=10, temp
         ids = list(tok(prompt)["input_ids"])
         if bos:
             ids = [tok.bos_token_id] + ids
-        row = []
-        for j in range(k):
-            seq, new = list(ids), []
-            for t in range(max_new_tokens):
-                if tuple(seq) not in memo:
-                    with torch.no_grad():
-                        memo[tuple(seq)] = model(torch.tensor([seq])).logits[:, -1, :].float()
-                scores = memo[tuple(seq)].clone()
-                for w in warpers:
-                    scores = w(torch.tensor([seq]), scores)
-                p = torch.softmax(scores.double(), dim=-1)[0].numpy()
-                cdf = np.cumsum(p)
+        seqs, new = [list(ids) for _ in range(k)], [[] for _ in range(k)]
+        live = list(range(k))  # the samples not ended by EOS
+        for t in range(max_new_tokens):
+            keys = [tuple(seqs[j]) for j in live]
+            todo = list(dict.fromkeys(key for key in keys if key not in memo))
+            if todo:
+                with torch.inference_mode():
+                    logits = model(torch.tensor(todo), use_cache=False).logits[:, -1, :].float()
+                for i, key in enumerate(todo):
+                    memo[key] = logits[i:i + 1].clone()
+            still = []
+            for j, key in zip(live, keys):
+                cdf = cdfs.get(key)
+                if cdf is None:
+                    scores = memo[key].clone()
+                    for w in warpers:
+                        scores = w(torch.tensor([seqs[j]]), scores)
+                    p = torch.softmax(scores.double(), dim=-1)[0].numpy()
+                    cdf = cdfs[key] = np.cumsum(p)
                 nxt = int(min(np.searchsorted(cdf, u[j, t] * cdf[-1], side="right"), len(cdf) - 1))
                 if nxt == tok.eos_token_id:
-                    break
-                seq.append(nxt)
-                new.append(nxt)
-            text = prompt + tok.decode(new, skip_special_tokens=True)
-            row.append(text[len(tpl.replace(" [M]", "")):])
-        out.append(row)
+                    continue
+                seqs[j].append(nxt)
+                new[j].append(nxt)
+                still.append(j)
+            live = still
+            if not live:
+                break
+        out.append([(prompt + tok.decode(new[j], skip_special_tokens=True))[len(tpl.replace(" [M]", "")):]
+                    for j in range(k)])
     return out
 
 

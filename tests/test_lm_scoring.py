@@ -45,6 +45,12 @@ def gpt2():
 
 
 @pytest.fixture(scope="module")
+def llama_tok():
+    """The tiny Llama's tokenizer, loaded once (the tests only call it, never change it)."""
+    return tiny_models.load_tiny("llama")[1]
+
+
+@pytest.fixture(scope="module")
 def crows_rows():
     if not CROWS.is_file():
         pytest.skip(f"CrowS-Pairs data absent at {CROWS}")
@@ -404,6 +410,17 @@ def test_run_batched_token_budget():
         run_batched(lambda b: b, [1, 2, 3], 4, device="cpu", lengths=[1, 2])
 
 
+#: n -> the tokenizer's own ids of the n texts of the test below (the same for every setting: computed once
+#: per n, a fresh list each time)
+_REFERENCE_IDS: dict[int, list[list[int]]] = {}
+
+
+def _reference_ids(tok, n: int, texts: list[str]) -> list[list[int]]:
+    if n not in _REFERENCE_IDS:
+        _REFERENCE_IDS[n] = [list(x) for x in tok(texts, add_special_tokens=False)["input_ids"]]
+    return [list(x) for x in _REFERENCE_IDS[n]]
+
+
 class _RecordingBackend:
     """A Rust tokenizer's batch entry point that records each call's size and thread."""
 
@@ -430,8 +447,8 @@ class _RecordingBackend:
     ("true", 3, 1000, [1000]),
 ])
 def test_batch_tokenisation_splits_over_the_process_threads_when_the_rust_pool_is_off(monkeypatch, env, threads,
-                                                                                       n, calls):
-    tok = tiny_models.load_tiny("llama")[1]
+                                                                                       n, calls, llama_tok):
+    tok = llama_tok
     texts = [f"text {i}: the {'poor' if i % 3 else 'rich'} person number {i * 7919 % 1000} said hello." for i in range(n)]
     if env is None:
         monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
@@ -440,7 +457,7 @@ def test_batch_tokenisation_splits_over_the_process_threads_when_the_rust_pool_i
     torch.set_num_threads(threads)  # the one_thread fixture restores it
     rec = _RecordingBackend(tok.backend_tokenizer)
     got = lm_scoring._token_ids(type("T", (), {"backend_tokenizer": rec})(), texts)
-    assert got == [list(x) for x in tok(texts, add_special_tokens=False)["input_ids"]]  # same ids, same order
+    assert got == _reference_ids(tok, n, texts)  # same ids, same order
     assert [c for c, _ in rec.calls] == calls
     on_pool = [name.startswith("tokenize") for _, name in rec.calls]
     assert all(on_pool) if len(calls) > 1 else not any(on_pool)

@@ -93,8 +93,15 @@ def glove_full() -> EmbeddingMatrix:
 
 
 @pytest.fixture(scope="module")
-def glove(defs, glove_full) -> EmbeddingMatrix:
-    extra = set(words_of_tests(TESTS, glove_full))
+def weat_words(glove_full) -> tuple[str, ...]:
+    """The GloVe entries of the words of ``TESTS`` (resolved once: the vocabulary of ``glove``
+    and RAN's scope in ``weat_table``)."""
+    return tuple(words_of_tests(TESTS, glove_full))
+
+
+@pytest.fixture(scope="module")
+def glove(defs, weat_words) -> EmbeddingMatrix:
+    extra = set(weat_words)
     extra |= {w.lower() for s in (*defs.definitional_sets, *defs.equalize_sets) for w in s} | set(defs.specific_words)
     return load_glove_6b_50d(top=20000, words=extra)
 
@@ -511,14 +518,16 @@ def test_registry_and_parameter_errors(small, defs):
 
 
 @pytest.fixture(scope="module")
-def weat_table(glove, glove_full, defs):
+def weat_table(glove, glove_full, defs, weat_words, hard):
     debiased = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name in METHODS:
             if name == "repulsion_attraction_neutralization":
                 ran = RepulsionAttractionNeutralization(n_threads=1).fit(glove_full, defs)
-                debiased[name] = ran.transform(glove_full, words=words_of_tests(TESTS, glove_full))
+                debiased[name] = ran.transform(glove_full, words=list(weat_words))
+            elif name == "hard_debias":  # get_mitigation's HardDebias() on glove: the `hard` fixture's (read-only) output
+                debiased[name] = hard[1]
             else:
                 debiased[name] = get_mitigation(name).fit(glove, defs).transform(glove)
     return before_after(glove, debiased, TESTS, permutations=1000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -179,6 +180,28 @@ def _synthetic_sweep(n_models: int = N_MODELS) -> pd.DataFrame:
 
 
 @functools.cache
+def _wilson_z() -> float:
+    from scipy.special import ndtri
+
+    return ndtri(0.5 + 0.5 * 0.95)
+
+
+def _wilson_95(won: int, n: int) -> tuple[float, float]:
+    """The 95 % Wilson interval of ``won`` of ``n``: the arithmetic of scipy's
+    ``binomtest(won, n).proportion_ci(method="wilson")`` (Newcombe 1998; ``_binom_wilson_conf_int``),
+    step for step, so the same floats (checked for every ``won`` of the nine ``n`` below) without
+    the two-sided p-value ``binomtest`` computes first (the frames of 3, 24, 50, 60 and 192 models:
+    2.2 CPU-seconds with ``binomtest``, 0.1 this way; the same frames, checked equal)."""
+    z = _wilson_z()
+    p = won / n
+    denom = 2 * (n + z**2)
+    center = (2 * n * p + z**2) / denom
+    q = 1 - p
+    delta = z / denom * math.sqrt(4 * n * p * q + z**2)
+    return (0.0 if won == 0 else center - delta), (1.0 if won == n else center + delta)
+
+
+@functools.cache
 def _built_sweep(n_models: int) -> pd.DataFrame:
     rng = np.random.default_rng(0)
     types = ["age", "disability", "gender", "nationality", "physical-appearance", "race-color", "religion",
@@ -196,10 +219,10 @@ def _built_sweep(n_models: int) -> pd.DataFrame:
         nums = {}
         for t in types:
             won = int(rng.integers(0, n_pairs[t] + 1))
-            w = binomtest(won, n_pairs[t]).proportion_ci(method="wilson")
+            low, high = _wilson_95(won, n_pairs[t])
             nums.update({f"per_bias_type.{t}.metric_score": 100 * won / n_pairs[t],
                          f"per_bias_type.{t}.stereo_score": 100 * won / n_pairs[t],
-                         f"per_bias_type.{t}.ci_low": 100 * w.low, f"per_bias_type.{t}.ci_high": 100 * w.high,
+                         f"per_bias_type.{t}.ci_low": 100 * low, f"per_bias_type.{t}.ci_high": 100 * high,
                          f"per_bias_type.{t}.n_pairs": n_pairs[t]})
         rows.append({"model": model, "language": "en", "test": "en/crows_pairs", "metric": metric,
                      "status": "finished", "value": float(rng.uniform(40, 70)), "p_value": 0.01, "ci_low": 40.0,
@@ -224,19 +247,19 @@ def test_reports_of_192_models_have_bounded_plots_and_no_warnings(tmp_path, layo
         written = report.write_reports(df, tmp_path, model_order=order, mitigations={})
     assert [str(w.message) for w in caught] == []
     pngs = sorted(p for p in written if p.suffix == ".png")
-    sizes = {}
-    for p in pngs:
+    sizes, levels = {}, {}
+    for p in pngs:  # each file opened and decoded once: its size, and the grey levels its pixels take
         with Image.open(p) as im:
             sizes[p.name] = im.size
+            levels[p.name] = sum(1 for count in im.convert("L").histogram() if count)
     assert max(w for w, _ in sizes.values()) <= MAX_PX and max(h for _, h in sizes.values()) <= MAX_PX, sizes
     # 192 models in files of at most 50: 4 files per WEAT plot, 2 per CrowS-Pairs measurement (96 models each)
     assert [n for n in sizes if n.startswith("effects_weat_en")] == [f"effects_weat_en_{i}of4.png" for i in range(1, 5)]
     assert {n for n in sizes if "per_bias_type" in n} == {
         f"{m}_en_crows_pairs_per_bias_type_metric_score_{i}of2.png" for m in ("crows_pairs", "crows_pairs_causal")
         for i in (1, 2)}
-    for p in pngs:
-        with Image.open(p) as im:  # not blank: the figure drew something
-            assert len(np.unique(np.asarray(im.convert("L")))) > 10, p.name
+    for p in pngs:  # not blank: the figure drew something (more than 10 distinct grey levels)
+        assert levels[p.name] > 10, p.name
     assert len(layouts_checked) == len(pngs)
 
 

@@ -367,9 +367,11 @@ ray: {{num_cpus: 2, actor_num_cpus: 0.5, stats_num_cpus: 1}}
     names = {p.name for p in tmp_path.rglob("*") if p.is_file()}
     assert {"mlflow.db", "wal.jsonl", "run.log", "results.parquet", "items.parquet", "terminal.txt", "score.json",
             "result.json", "items.json", "spec.yaml", "loads.jsonl"} <= names
-    # the scan sees what the store holds: the positive control is a run's audit.key in the SQLite file
+    # the scan sees what the store holds: the positive control is a run's audit.key in the SQLite
+    # store's files (the database and its write-ahead journal, jobs.tracker.seed_sqlite_store)
     key = outcome.results["key"].iloc[0].encode()
-    assert key in (out_dir / "mlflow.db").read_bytes() and key in (out_dir / "wal.jsonl").read_bytes()
+    store = b"".join(p.read_bytes() for p in out_dir.glob("mlflow.db*") if p.is_file())
+    assert key in store and key in (out_dir / "wal.jsonl").read_bytes()
     assert _files_containing(tmp_path, token) == []
     logs = [p for p in session.rglob("*") if p.is_file()]
     assert logs and _files_containing(session, token) == []

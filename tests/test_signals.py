@@ -53,7 +53,9 @@ def test_a_signal_ends_the_sweep_with_one_line_and_keeps_its_results(tmp_path, s
     out = tmp_path / "out"
     spec = write_spec(tmp_path, "sig", f'  - {{name: a, ref: "{a}"}}\n  - {{name: b, ref: "{b}"}}', tests=TESTS4,
                       out=out, ray="num_cpus: 1, actor_num_cpus: 0.5, stats_num_cpus: 0.5, batch_size: 1")
-    spec.write_text(spec.read_text().replace("permutations: 200\n", "permutations: 300000\n"), encoding="utf-8")
+    # sampled permutations (WEAT 1 and 2 hold 25 x 25 targets; 6 and 7 are enumerated exactly) slow
+    # enough that the signal, sent at the first result, lands mid-sweep; the resume runs the rest
+    spec.write_text(spec.read_text().replace("permutations: 200\n", "permutations: 100000\n"), encoding="utf-8")
     p = subprocess.Popen([sys.executable, "-m", "jobs.cli", "run", str(spec), "--no-progress"], cwd=ROOT, env=_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()

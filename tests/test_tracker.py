@@ -228,6 +228,10 @@ def test_a_new_sqlite_store_is_the_migrated_schema_copied(tmp_path, monkeypatch)
     mine = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'b.db'}")  # created and migrated by MLflow
     mine.search_experiments()
     assert schema(db) == schema(tmp_path / "b.db") and schema(template)[1] == schema(db)[1]
+    # the copy runs on SQLite's write-ahead journal, kept in its header; MLflow's own store does not
+    with sqlite3.connect(db) as c, sqlite3.connect(tmp_path / "b.db") as d:
+        assert c.execute("pragma journal_mode").fetchone() == ("wal",)
+        assert d.execute("pragma journal_mode").fetchone() == ("delete",)
     exp = tr.client.get_experiment(tr.experiment_id)
     assert exp.artifact_location == (tmp_path / "a" / "mlartifacts").resolve().as_uri()
     assert tr.client.get_experiment_by_name("Default") is not None
