@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sentence_transformers import SentenceTransformer
 
 from audit import runner, tiny_models
 from audit.backends.hf import load_hf_model
@@ -15,6 +14,15 @@ from audit.provenance import load_key
 from audit.measure.contextual import ContextualWordVectors, seat_sentences
 from audit.datasets import load_test
 from jobs.resolve import model_kind, probe_revision, resolve_ref
+
+
+def _st(path):
+    """``SentenceTransformer(path, device="cpu")``, the reference encoder, imported where it is
+    used: only the pytest worker that runs these tests pays for importing the package."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(path), device="cpu")
+
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -37,7 +45,7 @@ def test_tiny_model_embeds_as_sentence_transformers_does(tiny_st):
     assert (m.kind, m.backend, m.handle.dim) == ("sentence", "sentence-transformers", 8)
     assert [type(x).__name__ for x in m.handle.encoder] == ["Transformer", "Pooling", "Dense", "Normalize"]
     got = m.handle.embed(SENTENCES, batch_size=3)
-    ref = SentenceTransformer(tiny_st, device="cpu").encode(SENTENCES, convert_to_numpy=True)
+    ref = _st(tiny_st).encode(SENTENCES, convert_to_numpy=True)
     assert got.dtype == np.float32 and got.shape == (4, 8)
     np.testing.assert_allclose(got, ref, atol=1e-6, rtol=0)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)  # Normalize applied
@@ -52,7 +60,7 @@ def test_minilm_uses_its_own_pooling_and_normalisation(minilm_path):
     items = seat_sentences(load_test("weat7"), "model")
     sents = list(items["sentence"])[:40]
     got = m.handle.embed(sents, batch_size=16)
-    ref = SentenceTransformer(minilm_path, device="cpu").encode(sents, convert_to_numpy=True)
+    ref = _st(minilm_path).encode(sents, convert_to_numpy=True)
     np.testing.assert_allclose(got, ref, atol=1e-6, rtol=0)
     # the same weights through the Hugging Face engine: mean pooling (special tokens included), then L2
     hf = load_hf_model(minilm_path, kind="encoder")
@@ -71,7 +79,7 @@ def test_seat_and_word_metrics_run_on_the_engine(tiny_st):
     assert np.isfinite(weat.value)
     # the word vectors are the encoded template sentences averaged (Dusi et al.), by the model's modules
     wv = ContextualWordVectors(model.handle, method="model", templates=["This is WORD.", "WORD is there."])
-    enc = SentenceTransformer(tiny_st, device="cpu").encode(["This is rose.", "rose is there."])
+    enc = _st(tiny_st).encode(["This is rose.", "rose is there."])
     np.testing.assert_allclose(wv.lookup(["rose"]).vectors["rose"], enc.astype(np.float64).mean(0), atol=1e-6)
     assert seat.provenance["backend"] == "sentence-transformers" and seat.provenance["revision"] == model.revision
 
