@@ -207,9 +207,9 @@ def seed_sqlite_store(uri: str) -> bool:
     database and deleting the journal, each synced (``synchronous`` stays SQLite's ``FULL``: a
     committed run survives a crash as before). A task's child run (create, one batch, artifacts,
     terminate; ``benchmarks/tracker.py``) took 23.5 instead of 29.4 ms (1.25x) and 22.1 instead of
-    25.7 CPU-ms on a quiet 2-core machine, 58-65 instead of 95-120 ms on the same machine loaded. SQLite's WAL needs the store's folder on a local file system (shared memory
-    beside the file), as SQLite's locking already does: teams share an MLflow server instead
-    (``infra/mlflow/``)."""
+    25.7 CPU-ms on a quiet 2-core machine, 58-65 instead of 95-120 ms on the same machine loaded.
+    SQLite's WAL needs the store's folder on a local file system (shared memory beside the file),
+    as SQLite's locking already does: teams share an MLflow server instead (``infra/mlflow/``)."""
     db = sqlite_path(uri)
     if db is None or db.exists():
         return False

@@ -111,13 +111,7 @@ def bbq_harness_docs(data_dir: str):
     quarter of the time."""
     from lm_eval.tasks.bbq import utils
 
-    out = utils, utils.process_docs(_bbq_dataset(data_dir)).to_list()
-    _BBQ_DOCS[str(Path(data_dir).resolve())] = out[1]
-    return out
-
-
-#: The documents :func:`bbq_harness_docs` built in this process, by resolved folder.
-_BBQ_DOCS: dict[str, list] = {}
+    return utils, utils.process_docs(_bbq_dataset(data_dir)).to_list()
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,19 +136,13 @@ def bbq_harness_docs_at(data_dir: str, rows) -> tuple:
     """``(utils, {row: document})``: the documents of :func:`bbq_harness_docs` at the positions
     ``rows`` only (equal, value for value, to ``bbq_harness_docs(data_dir)[1][row]``).
 
-    Where :func:`bbq_harness_docs` ran in this process already (tests/test_bbq.py on the same
-    worker), its documents are read; else the harness's ``process_docs`` maps only those rows of
-    the whole dataset (``Dataset.select``: the columns keep the types inferred from every record;
-    ``process_docs`` is a row-by-row ``map`` of its ``_helper``, one document in, one out). Mapping
-    all 11,956 English documents took 1.8 of the 2.4 CPU-s of building them, for a test that reads
-    150 of them."""
+    The harness's ``process_docs`` maps only those rows of the whole dataset (``Dataset.select``:
+    the columns keep the types inferred from every record; ``process_docs`` is a row-by-row ``map``
+    of its ``_helper``, one document in, one out). Mapping all 11,956 English documents took 1.8
+    of the 2.4 CPU-s of building them, for a test that reads 150 of them."""
     from lm_eval.tasks.bbq import utils
 
-    rows = [int(r) for r in rows]
-    full = _BBQ_DOCS.get(str(Path(data_dir).resolve()))
-    if full is not None:
-        return utils, {r: full[r] for r in rows}
-    order = sorted(set(rows))
+    order = sorted({int(r) for r in rows})
     docs = utils.process_docs(_bbq_dataset(data_dir).select(order)).to_list()
     return utils, dict(zip(order, docs))
 

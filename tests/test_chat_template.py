@@ -134,8 +134,7 @@ def test_refusals_are_one_line(instruct):
 
 def _harness_docs(rows):
     """The English items at positions ``rows`` through lm-evaluation-harness's own ``process_docs``
-    (``{row: document}``; read from the documents tests/test_bbq.py built where it ran in this
-    process, else only those rows mapped)."""
+    (``{row: document}``; only those rows mapped)."""
     from lm_eval_compat import bbq_harness_docs_at
 
     return bbq_harness_docs_at(str(Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq" / "en"), rows)
