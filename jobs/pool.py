@@ -745,6 +745,9 @@ class WorkerPool:
                     self.last_progress = now
                 for ref in done:
                     self.on_done(ref, now)
+                # its own cadence (half a grace period): on the watchdog's alone, looks meant 15 s
+                # apart came 20 s apart (every second check of 10 s), and 2 s apart came 10 s apart
+                self.tell_contention(now)
                 if now - last_check >= check_every:
                     last_check = now
                     self.watchdog(now)

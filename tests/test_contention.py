@@ -157,12 +157,12 @@ def _sweep_beside_another_job(tmp_path, mode: str, *, timeout: float, hold: floa
 @pytest.mark.e2e
 def test_a_sweep_behind_another_jobs_work_keeps_waiting_past_the_timeout_and_finishes(tmp_path):
     """Another job's actor holds both CPUs until the sweep has said it is busy and waited 5 s
-    longer than ``ray.pending_timeout_s`` (16 s here: a look at the cluster every 8 s); the
-    sweep's worker (1 CPU) waits. Busy, not stuck: it says who holds what, keeps waiting past
-    the timeout (before, its tasks failed as stuck after the timeout) and finishes once the other
-    job ends."""
-    timeout = 16
-    res, out = _sweep_beside_another_job(tmp_path, "busy", timeout=timeout, hold=600, cpus=1)
+    longer than ``ray.pending_timeout_s`` (8 s here, with a grace period of 4 s: a look at the
+    cluster every 2 s, four in each timeout); the sweep's worker (1 CPU) waits. Busy, not stuck:
+    it says who holds what, keeps waiting past the timeout (before, its tasks failed as stuck
+    after the timeout) and finishes once the other job ends."""
+    timeout = 8
+    res, out = _sweep_beside_another_job(tmp_path, "busy", timeout=timeout, hold=600, cpus=1, grace=4)
     said = [x for x in out.splitlines() if x.startswith(("busy:", "stuck:"))]
     assert res["exit"] == 0 and res["failed"] == 0 and res["finished"] == 2 and res["stuck"] is None, (res, said)
     assert "busy: waiting: needs 1 CPU, held by other jobs (" in out

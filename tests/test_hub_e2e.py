@@ -1,7 +1,7 @@
 """End to end against a loopback Hugging Face Hub (issue 12): a sweep over 12 tiny checkpoints
 of four architectures (BERT, RoBERTa, DistilBERT masked LMs; GPT-2) under two authors, served by
-``tests/hub_server.LoopbackHub`` and submitted with a real ``ray job submit`` to a throw-away
-loopback Ray head (``jobs.cluster.local_head``); the jobs reach the hub through ``HF_ENDPOINT``
+``tests/hub_server.LoopbackHub`` and submitted with Ray's job client (what ``ray job submit`` and
+the watcher use; ``Cluster.submit``) to a throw-away loopback Ray head (``jobs.cluster.local_head``); the jobs reach the hub through ``HF_ENDPOINT``
 with the real ``huggingface_hub`` client and Transformers.
 
 One hub and one head serve the module's three tests:
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -47,7 +48,6 @@ from jobs.watch.index import AuditIndex  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 CROWS = SHARED / "crows-pairs" / "crows_pairs_anonymized.csv"
-RAY = str(Path(sys.executable).parent / "ray")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not CROWS.is_file(), reason=f"reference data not found at {SHARED}")]
 
@@ -70,15 +70,30 @@ class Cluster:
         return {**self.env, **extra}
 
     def submit(self, spec: Path, log: str, *, offline: bool = False, args: tuple[str, ...] = ()) -> tuple[int, str]:
-        """``ray job submit`` of ``python -m jobs.sweep SPEC``; returns (exit status, output)."""
-        runtime_env = {"env_vars": self.job_env(HF_HUB_OFFLINE="1" if offline else "0")}
-        cmd = [RAY, "job", "submit", "--address", self.address, "--working-dir", ".",
-               "--runtime-env-json", json.dumps(runtime_env), "--",
-               "python", "-m", "jobs.sweep", str(spec), "--no-progress", "--progress-interval", "10", *args]
-        r = subprocess.run(cmd, cwd=REPO, env=ray_env(), capture_output=True, text=True, timeout=400)
-        text = r.stdout + "\n--- stderr ---\n" + r.stderr
+        """``python -m jobs.sweep SPEC`` submitted with the working directory, as ``ray job submit
+        --working-dir .`` does, through the client that both it and the watcher use
+        (:class:`ray.job_submission.JobSubmissionClient`); returns (exit status, output) as the
+        command gives them: 1 for a failed job, its logs, then its status and Ray's message (``Job
+        entrypoint command failed with exit code 1``). Not the command itself: its log tail sleeps
+        a second at every end of the log, 8.7 s for a job that prints one line against 1.2 s here;
+        ``test_sweep_e2e`` and ``test_docs_commands`` run ``ray job submit`` as written."""
+        from ray.job_submission import JobStatus, JobSubmissionClient
+
+        client = JobSubmissionClient(self.address)
+        entrypoint = shlex.join(["python", "-m", "jobs.sweep", str(spec), "--no-progress", "--progress-interval", "10",
+                                 *args])
+        runtime_env = {"working_dir": str(REPO), "env_vars": self.job_env(HF_HUB_OFFLINE="1" if offline else "0")}
+        job = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+        deadline = time.monotonic() + 400
+        while not (status := client.get_job_status(job)).is_terminal():
+            if time.monotonic() > deadline:
+                client.stop_job(job)
+                raise TimeoutError(f"job {job} ({log}) still {status} after 400 s")
+            time.sleep(0.2)
+        info = client.get_job_info(job)
+        text = f"{client.get_job_logs(job)}\nJob '{job}' {status.value.lower()}\nStatus message: {info.message}\n"
         (self.root / f"{log}.log").write_text(text, encoding="utf-8")
-        return r.returncode, text
+        return (0 if status == JobStatus.SUCCEEDED else 1), text
 
 
 @pytest.fixture(scope="module")

@@ -290,6 +290,29 @@ def test_busy_work_fails_after_the_timeout_once_the_other_jobs_let_go_and_nothin
     assert wp.stuck.startswith("stuck: waited more than 20 s (ray.pending_timeout_s)") and sorted(records) == [0, 1, 2]
 
 
+def test_the_run_loop_looks_at_the_cluster_every_half_grace_period_not_every_watchdog_check(monkeypatch):
+    """:meth:`WorkerPool.run` with ``pending_timeout_s`` 600 (its watchdog checks every 10 s) and a
+    grace period of 4 s: the looks come 2 s apart, so work that can never start fails about 4 s
+    after the last progress, not at the watchdog's second check (20 s); one tick is 1 s here."""
+    import jobs.pool
+
+    monkeypatch.setattr(jobs.pool, "CONTENTION_GRACE_S", 4.0)
+    wp, edge, clock, records, said, _ = make_pool(models("a"), timeout=600.0)
+    edge.snapshot = ([{"CPU": 0.5}], {}, "mine", {})  # no node can ever hold the 1-CPU worker
+
+    def wait(refs, timeout):
+        clock.t += 1.0
+        return []
+
+    edge.wait = wait
+    looked = []
+    contention = edge.contention
+    edge.contention = lambda: looked.append(clock.t) or contention()
+    wp.run(tick_s=1.0, progress=types.SimpleNamespace(tick=lambda now: None))
+    assert looked == [2.0, 4.0] and wp.stuck.startswith("stuck: needs 1 CPU on one node") and sorted(records) == [0, 1, 2]
+    assert said[0].startswith("stuck: waiting: needs 1 CPU on one node")
+
+
 def test_progress_restarts_the_stuck_clock():
     wp, edge, clock, records, _, _ = make_pool(models("a", "b"), timeout=10.0)
     wp.fill()
