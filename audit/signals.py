@@ -11,6 +11,13 @@ So the handler records the signal before it raises (:func:`interrupt`). Loops ca
 command calls it before reporting how it ended. The command that catches :class:`Interrupted`
 calls :func:`clear`. While :func:`raised_in_main_thread` holds, the lost raise prints nothing
 (``sys.unraisablehook``): it is raised again, and the command's one line says how it ended.
+
+Inside :func:`deferred` (a write to a database-backed tracking store: ``jobs.tracker.tracking_client``)
+the signal is recorded and raised when the block ends, not in the middle of it: raised inside an
+MLflow commit on SQLite it left that connection's write transaction open, and the driver's
+cleanup (the parent run marked KILLED, the sweep's lease released) then waited 20 s per write
+for SQLite's lock and failed: a signalled sweep took about 50 s to exit and left its lease behind
+(5 of 60 signals at random moments of a write loop, ``tests/test_signals.py``).
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator, NoReturn
+from typing import Callable, Iterator
 
 #: The signal delivered as :class:`Interrupted` and not yet handled by its command (``None``: none).
 _pending: int | None = None
+#: How many :func:`deferred` blocks the main thread is in (a signal is then recorded, not raised).
+_deferring = 0
 
 
 class Interrupted(BaseException):
@@ -33,11 +42,34 @@ class Interrupted(BaseException):
         self.signum = int(signum)
 
 
-def interrupt(signum: int) -> NoReturn:
-    """Record ``signum`` as pending, then raise :class:`Interrupted`: the last step of a handler."""
+def interrupt(signum: int) -> None:
+    """Record ``signum`` as pending, then raise :class:`Interrupted`: the last step of a handler.
+    Inside :func:`deferred` it only records: the block raises it when it ends."""
     global _pending
     _pending = int(signum)
+    if _deferring:
+        return
     raise Interrupted(signum)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Run the block whole: a signal that :func:`interrupt` handles meanwhile is recorded and
+    raised (:func:`raise_pending`) when the outermost block ends normally; when the block
+    raises, its exception goes on and the signal stays pending for the next safe point. Only
+    the main thread defers (Python runs signal handlers there); in another thread the block
+    runs unchanged."""
+    global _deferring
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    if not _deferring:
+        raise_pending()
 
 
 def raise_pending() -> None:
@@ -52,7 +84,7 @@ def clear() -> None:
     _pending = None
 
 
-def _raise(signum, frame) -> NoReturn:  # noqa: ARG001 - the signal module's signature
+def _raise(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature
     interrupt(signum)
 
 

@@ -39,7 +39,7 @@ from audit import cli as core_cli
 from audit import regression, registry
 from audit.entries import KIND_NAMES
 from audit.errors import AuditError, DataError, ParameterError
-from jobs.tracker import ROLE_SWEEP, ROLE_TASK, search_all as _search, unavailable
+from jobs.tracker import ROLE_SWEEP, ROLE_TASK, search_all as _search, tracking_client, unavailable
 from jobs.uris import TRACKING_URI_ENV, tracking_uri_problem
 
 __all__ = ["find_parent", "finished_tasks", "load_items", "left_out", "compare_parents", "command", "add_options"]
@@ -270,8 +270,6 @@ def _left_out_line(message: str) -> None:
 def command(a: argparse.Namespace) -> int:
     """``audit compare`` of two finished sweeps: print the table and return the exit status of
     :func:`audit.regression.exit_status`."""
-    from mlflow import MlflowClient
-
     refs = (a.a, a.b)
     if not all(r.startswith(regression.RUN_PREFIXES) for r in refs):
         raise ParameterError(f"compare {a.a} {a.b}: give two finished sweeps (run:<id>, sweep:<name>) or two models, "
@@ -283,7 +281,7 @@ def command(a: argparse.Namespace) -> int:
     if problem:
         raise ParameterError(f"--tracking-uri: {problem}")
     try:
-        client = MlflowClient(tracking_uri=uri)
+        client = tracking_client(uri)
         pa = find_parent(client, a.a, experiment=a.experiment)
         pb = find_parent(client, a.b, experiment=a.experiment)
         df, sides = compare_parents(client, pa, pb, model_a=a.model_a, model_b=a.model_b, metrics=a.metric,

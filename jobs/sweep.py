@@ -189,8 +189,9 @@ def _raise_interrupted(signum, frame) -> None:  # noqa: ARG001 - the signal modu
     import signal
 
     install(signal.SIG_IGN)  # one interruption: a second signal does not cut the cleanup
-    # The signal can land inside a store commit; MLflow then logs the broken commit with a traceback.
-    # The results are in the write-ahead log and the driver's one line says so: no traceback.
+    # A database store's writes run whole (jobs.tracker.tracking_client: raised when the call
+    # returns); a call to an MLflow server can still be cut, and MLflow logs the cut call with a
+    # traceback. The results are in the write-ahead log and the driver's one line says so.
     logging.getLogger("mlflow").setLevel(logging.CRITICAL)
     interrupt(signum)  # recorded first: a raise lost in a finalizer is raised again (audit.signals)
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -72,6 +73,7 @@ from filelock import FileLock
 
 from audit import registry
 from audit.errors import AuditError, ParameterError
+from audit.signals import deferred
 from audit.outputs import cache_dir, write_atomic
 from audit.result import json_cells
 from jobs.uris import redact_uri
@@ -136,6 +138,48 @@ def sqlite_path(uri: str) -> Path | None:
         return None
     path = uri[len("sqlite:///"):].split("?", 1)[0]
     return Path(path) if path and path != ":memory:" else None
+
+
+class _WholeWrites:
+    """An :class:`mlflow.MlflowClient` whose every call runs whole with respect to SIGINT and
+    SIGTERM (:func:`audit.signals.deferred`): see :func:`tracking_client`."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def whole(*args, **kwargs):
+            with deferred():
+                return attr(*args, **kwargs)
+
+        return whole
+
+
+def tracking_client(uri: str):
+    """The :class:`mlflow.MlflowClient` of ``uri`` that every writer of a tracking store uses.
+
+    For a database store (SQLite, PostgreSQL, MySQL, MSSQL: MLflow's own ``DATABASE_ENGINES``,
+    a SQLAlchemy store in this process) each call runs whole: a SIGINT or SIGTERM that arrives
+    meanwhile is raised when the call returns (:func:`audit.signals.deferred`). Raised inside a
+    commit, it left the connection's write transaction open, and the next write of the same
+    process waited 20 s for SQLite's lock and failed ("database is locked"): the sweep's cleanup
+    after a signal (parent run KILLED, lease released) took about 50 s and did neither. An HTTP
+    store holds no lock in this process: its client is MLflow's own, and a signal stops a call
+    that waits for the server at once."""
+    import urllib.parse
+
+    from mlflow import MlflowClient
+    from mlflow.store.db.db_types import DATABASE_ENGINES
+
+    client = MlflowClient(tracking_uri=uri)
+    if urllib.parse.urlparse(uri).scheme.split("+", 1)[0] in DATABASE_ENGINES:
+        return _WholeWrites(client)
+    return client
 
 
 @contextlib.contextmanager
@@ -410,8 +454,6 @@ class Tracker:
     """
 
     def __init__(self, uri: str, experiment: str, *, artifact_location: str | Path | None = None):
-        from mlflow import MlflowClient
-
         if uri.startswith("file:") or (not re.match(r"^[a-z][a-z0-9+]*:", uri)):
             raise ParameterError(
                 f"tracking URI {uri!r}: MLflow 3 does not support the file store; use "
@@ -427,7 +469,7 @@ class Tracker:
         try:
             with store_lock(uri):  # create and migrate a new SQLite store once, whoever comes first
                 seed_sqlite_store(uri)  # a new one starts as the migrated schema's copy
-                self.client = MlflowClient(tracking_uri=uri)
+                self.client = tracking_client(uri)
                 exp = self.client.get_experiment_by_name(experiment)
                 if exp is None:
                     loc = Path(artifact_location).resolve().as_uri() if isinstance(artifact_location, Path) else artifact_location

@@ -166,3 +166,105 @@ def test_a_sweep_driver_that_lost_its_signal_exits_with_its_status_and_one_line(
     assert err == [f"interrupted (SIGTERM): 0 result(s) kept; resume with: audit run {tmp_path / 'missing.yaml'}"]
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     signals.raise_pending()
+
+
+@pytest.fixture
+def signal_in_each_commit(monkeypatch):
+    """SIGTERM sent to this process from inside every SQLAlchemy commit while ``armed`` holds a
+    count (Python then runs the handler inside the commit: where a signal can land in a sweep's
+    driver); yields ``armed``."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    armed = [0]
+
+    def on_commit(conn):
+        if armed[0]:
+            armed[0] -= 1
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    event.listen(Engine, "commit", on_commit)
+    try:
+        yield armed
+    finally:
+        event.remove(Engine, "commit", on_commit)
+        signals.clear()
+
+
+@pytest.mark.unit
+def test_a_signal_inside_a_store_commit_is_raised_after_it_and_the_cleanup_writes_at_once(tmp_path,
+                                                                                          signal_in_each_commit):
+    """SIGTERM in the middle of a commit to the SQLite store: the tracker's client finishes the
+    write and raises :class:`audit.signals.Interrupted` when the call returns, and the writes a
+    driver makes after a signal (its parent run KILLED, its lease) go through at once. Before, the
+    signal was raised inside the commit, the connection kept its write transaction open, and the
+    next write waited 20 s for SQLite's lock and failed ("database is locked"). The control: the
+    same signal through MLflow's own client is raised inside the call, before the write is done."""
+    from jobs.tracker import Tracker
+
+    tr = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "signals")
+    run = tr.client.create_run(tr.experiment_id).info.run_id
+    signal_in_each_commit[0] = 1
+    with signals.raised_in_main_thread(), pytest.raises(signals.Interrupted):
+        tr.client.set_tag(run, "written", "yes")
+    signals.clear()
+    assert signal_in_each_commit[0] == 0  # the signal came, inside the commit
+    t0 = time.monotonic()
+    tr.client.set_terminated(run, "KILLED")
+    assert time.monotonic() - t0 < 2.0
+    got = tr.client.get_run(run)
+    assert got.data.tags["written"] == "yes" and got.info.status == "KILLED"
+    # the control, on a store of its own: MLflow's client is cut inside the commit
+    other = Tracker(f"sqlite:///{tmp_path / 'other.db'}", "signals")
+    raw = other.client._client
+    run2 = raw.create_run(other.experiment_id).info.run_id
+    signal_in_each_commit[0] = 1
+    with signals.raised_in_main_thread(), pytest.raises(signals.Interrupted):
+        raw.set_tag(run2, "written", "yes")
+    assert signal_in_each_commit[0] == 0
+
+
+@pytest.mark.unit
+def test_deferred_raises_at_the_end_of_the_outermost_block_and_only_in_the_main_thread():
+    import threading
+
+    got = []
+    with signals.raised_in_main_thread():
+        with pytest.raises(signals.Interrupted) as e:
+            with signals.deferred():
+                with signals.deferred():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.01)  # the handler runs here and only records it
+                    got.append("inner done")
+                got.append("outer done")
+        assert e.value.signum == signal.SIGTERM and got == ["inner done", "outer done"]
+        signals.clear()
+        # a block that raises keeps its own exception; the signal stays pending for the next safe point
+        with pytest.raises(KeyError):
+            with signals.deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.01)
+                raise KeyError("x")
+        with pytest.raises(signals.Interrupted):
+            signals.raise_pending()
+        signals.clear()
+        # another thread's block defers nothing: the main thread's signal is raised where it lands
+        inside = threading.Event()
+        release = threading.Event()
+
+        def other():
+            with signals.deferred():
+                inside.set()
+                release.wait(5)
+
+        t = threading.Thread(target=other)
+        t.start()
+        inside.wait(5)
+        try:
+            with pytest.raises(signals.Interrupted):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+        finally:
+            release.set()
+            t.join()
+        signals.clear()

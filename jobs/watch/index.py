@@ -8,7 +8,7 @@ from pathlib import Path
 
 from audit.errors import AuditError
 from audit.retry import first_line
-from jobs.tracker import STATE_TAG, STUCK, STUCK_EXIT_CODE, STUCK_REASON_TAG, search_all
+from jobs.tracker import STATE_TAG, STUCK, STUCK_EXIT_CODE, STUCK_REASON_TAG, search_all, tracking_client
 from jobs.uris import redact_uri
 from jobs.watch.backoff import SourceUnavailable
 from jobs.watch.sweeps import REPO_TAG, REVISION_TAG, SOURCE_TAG, WHEN_TAG
@@ -97,9 +97,7 @@ class AuditIndex:
         if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
             return cls()
         try:
-            from mlflow import MlflowClient
-
-            client = MlflowClient(tracking_uri=uri)
+            client = tracking_client(uri)
             exp = client.get_experiment_by_name(experiment)
             if exp is None:
                 return cls()

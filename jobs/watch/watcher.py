@@ -20,7 +20,7 @@ from filelock import FileLock, Timeout
 from audit.errors import AuditError
 from audit.outputs import write_text_atomic
 from jobs.lease import BUSY_EXIT_CODE
-from jobs.tracker import driver_alive
+from jobs.tracker import driver_alive, tracking_client
 from jobs.uris import redact_uri, store_identity
 from jobs.watch.backoff import SourceUnavailable, retry
 from jobs.watch.decisions import Decision, DecisionLog, PollReport, worst
@@ -234,12 +234,10 @@ class Watcher:
         tags and report on its parent run, a ``regression``/``compared`` decision, the
         notification. Racing watchers of one output directory take turns (a file lock) and the
         second sees the first one's tag."""
-        from mlflow import MlflowClient
-
         lock = FileLock(str(self.out_dir / "regression.lock"), timeout=600)
         try:
             with lock:
-                client = MlflowClient(tracking_uri=self.spec.resolved_tracking_uri)
+                client = tracking_client(self.spec.resolved_tracking_uri)
                 if client.get_run(rec.run_id).data.tags.get(REGRESSION_TAG):
                     return  # another watcher checked it meanwhile
                 check = check_revision(self.spec, index, rec, client)
