@@ -40,6 +40,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from audit.cli import OneLineParser
 from audit.errors import AuditError, ParameterError, one_line
 from audit.outputs import output_dir_problem
+from audit.signals import deferred
 from jobs.spec import load_spec
 from jobs.tracker import Tracker, TrackingUnavailable, driver_alive, record_row, redact_uri, unavailable
 from jobs.uris import store_identity
@@ -94,7 +95,7 @@ class WriteAheadLog:
     def _append(self, entry: dict[str, Any]) -> None:
         line = json.dumps(entry, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "ab") as fh:
+        with deferred(), open(self.path, "ab") as fh:  # a signal waits for the line and its fsync
             if fh.tell() > 0:  # a torn last line (writer killed mid-line) must not swallow this one
                 with open(self.path, "rb") as rd:
                     rd.seek(-1, os.SEEK_END)

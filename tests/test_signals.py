@@ -268,3 +268,25 @@ def test_deferred_raises_at_the_end_of_the_outermost_block_and_only_in_the_main_
             release.set()
             t.join()
         signals.clear()
+
+
+@pytest.mark.unit
+def test_a_signal_during_a_write_ahead_log_append_waits_for_the_line_and_its_fsync(tmp_path, monkeypatch):
+    from jobs.wal import WriteAheadLog
+
+    wal = WriteAheadLog(tmp_path / "wal.jsonl")
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if not synced:
+            os.kill(os.getpid(), signal.SIGTERM)  # lands before the fsync below
+            time.sleep(0.01)
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with signals.raised_in_main_thread(), pytest.raises(signals.Interrupted):
+        wal.append({"id": "r1", "key": "k"})
+    signals.clear()
+    assert len(synced) == 1 and [r["id"] for r in wal.records()] == ["r1"]
