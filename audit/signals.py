@@ -32,6 +32,8 @@ from typing import Callable, Iterator
 _pending: int | None = None
 #: How many :func:`deferred` blocks the main thread is in (a signal is then recorded, not raised).
 _deferring = 0
+#: The signal that arrived inside the current :func:`deferred` blocks, raised when they end.
+_held: int | None = None
 
 
 class Interrupted(BaseException):
@@ -45,9 +47,10 @@ class Interrupted(BaseException):
 def interrupt(signum: int) -> None:
     """Record ``signum`` as pending, then raise :class:`Interrupted`: the last step of a handler.
     Inside :func:`deferred` it only records: the block raises it when it ends."""
-    global _pending
+    global _pending, _held
     _pending = int(signum)
     if _deferring:
+        _held = int(signum)
         return
     raise Interrupted(signum)
 
@@ -55,21 +58,27 @@ def interrupt(signum: int) -> None:
 @contextmanager
 def deferred() -> Iterator[None]:
     """Run the block whole: a signal that :func:`interrupt` handles meanwhile is recorded and
-    raised (:func:`raise_pending`) when the outermost block ends normally; when the block
-    raises, its exception goes on and the signal stays pending for the next safe point. Only
+    raised when the outermost block ends normally; when the block raises, its exception goes on
+    and the signal stays pending for the next safe point (:func:`raise_pending`). Only a signal
+    that arrived inside the blocks is raised at their end: the writes of a command's cleanup,
+    after its signal was raised and before :func:`clear`, run whole and raise nothing (raising
+    the pending signal again there cut the sweep's lease release after its first write). Only
     the main thread defers (Python runs signal handlers there); in another thread the block
     runs unchanged."""
-    global _deferring
+    global _deferring, _held
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    held = None
     _deferring += 1
     try:
         yield
     finally:
         _deferring -= 1
-    if not _deferring:
-        raise_pending()
+        if not _deferring:  # the outermost block: what it held is its own to raise, or to leave pending
+            held, _held = _held, None
+    if held is not None:
+        raise Interrupted(held)
 
 
 def raise_pending() -> None:
@@ -80,8 +89,8 @@ def raise_pending() -> None:
 
 def clear() -> None:
     """The command handled the interruption (one line, its exit status)."""
-    global _pending
-    _pending = None
+    global _pending, _held
+    _pending = _held = None
 
 
 def _raise(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature

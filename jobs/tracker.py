@@ -73,9 +73,9 @@ from filelock import FileLock
 
 from audit import registry
 from audit.errors import AuditError, ParameterError
-from audit.signals import deferred
 from audit.outputs import cache_dir, write_atomic
 from audit.result import json_cells
+from audit.signals import deferred
 from jobs.uris import redact_uri
 
 log = logging.getLogger("jobs.tracker")

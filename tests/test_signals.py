@@ -81,6 +81,8 @@ def test_a_signal_ends_the_sweep_with_one_line_and_keeps_its_results(tmp_path, s
     done = sum(1 for x in recs if x.get("status") == "finished")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert f"{8 - done} task(s) run, {done} resumed" in r.stdout, r.stdout[-2000:]
+    # the interrupted driver released its lease: the resume had none to take over
+    assert "took over the lease" not in r.stdout + r.stderr, r.stdout[-2000:]
 
 
 class _LosesASignal:
@@ -239,7 +241,8 @@ def test_deferred_raises_at_the_end_of_the_outermost_block_and_only_in_the_main_
                 got.append("outer done")
         assert e.value.signum == signal.SIGTERM and got == ["inner done", "outer done"]
         signals.clear()
-        # a block that raises keeps its own exception; the signal stays pending for the next safe point
+        # a block that raises keeps its own exception; the signal stays pending for the next safe
+        # point, and the writes of the cleanup after it run whole, raising nothing again
         with pytest.raises(KeyError):
             with signals.deferred():
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -247,6 +250,19 @@ def test_deferred_raises_at_the_end_of_the_outermost_block_and_only_in_the_main_
                 raise KeyError("x")
         with pytest.raises(signals.Interrupted):
             signals.raise_pending()
+        with signals.deferred():
+            got.append("cleanup after the exception")
+        signals.clear()
+        # a signal raised where it landed (outside any block): the cleanup's blocks before clear()
+        # raise nothing (the sweep's lease release had been cut after its first write)
+        with pytest.raises(signals.Interrupted):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        with signals.deferred():
+            got.append("cleanup 1")
+        with signals.deferred():
+            got.append("cleanup 2")
+        assert got[-3:] == ["cleanup after the exception", "cleanup 1", "cleanup 2"]
         signals.clear()
         # another thread's block defers nothing: the main thread's signal is raised where it lands
         inside = threading.Event()
