@@ -4,12 +4,12 @@ when another head was started on the machine after it."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 
 from jobs.cluster import local_head  # noqa: E402
+from ray_jobs import wait_for_job  # noqa: E402
 
 PROBE = ("python -c \"import json, os, ray; ray.init(); "
          "print('PROBE', json.dumps([os.environ['RAY_ADDRESS'], ray.cluster_resources().get('CPU')]))\"")
@@ -20,10 +20,7 @@ def _probe(address: str) -> tuple[str, float]:
 
     client = JobSubmissionClient(address)
     sid = client.submit_job(entrypoint=PROBE)
-    deadline = time.monotonic() + 90
-    while (st := client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):
-        assert time.monotonic() < deadline, f"job on {address} did not end: {client.get_job_logs(sid)[-2000:]}"
-        time.sleep(0.5)
+    st = wait_for_job(client, sid, 90, poll=0.5).value
     logs = client.get_job_logs(sid)
     assert st == "SUCCEEDED", logs[-2000:]
     line = next(x for x in logs.splitlines() if x.startswith("PROBE "))

@@ -1,8 +1,9 @@
 """End to end against a loopback Hugging Face Hub (issue 12): a sweep over 12 tiny checkpoints
 of four architectures (BERT, RoBERTa, DistilBERT masked LMs; GPT-2) under two authors, served by
 ``tests/hub_server.LoopbackHub`` and submitted with Ray's job client (what ``ray job submit`` and
-the watcher use; ``Cluster.submit``) to a throw-away loopback Ray head (``jobs.cluster.local_head``); the jobs reach the hub through ``HF_ENDPOINT``
-with the real ``huggingface_hub`` client and Transformers.
+the watcher use; ``Cluster.submit``) to a throw-away loopback Ray head
+(``jobs.cluster.local_head``); the jobs reach the hub through ``HF_ENDPOINT`` with the real
+``huggingface_hub`` client and Transformers.
 
 One hub and one head serve the module's three tests:
 
@@ -39,6 +40,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import LoopbackHub, variant_files  # noqa: E402
+from ray_jobs import wait_for_job  # noqa: E402
 
 from audit.tiny_models import tiny_model_dir  # noqa: E402
 from jobs.cluster import ray_env  # noqa: E402
@@ -84,12 +86,7 @@ class Cluster:
                                  *args])
         runtime_env = {"working_dir": str(REPO), "env_vars": self.job_env(HF_HUB_OFFLINE="1" if offline else "0")}
         job = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
-        deadline = time.monotonic() + 400
-        while not (status := client.get_job_status(job)).is_terminal():
-            if time.monotonic() > deadline:
-                client.stop_job(job)
-                raise TimeoutError(f"job {job} ({log}) still {status} after 400 s")
-            time.sleep(0.2)
+        status = wait_for_job(client, job, 400)
         info = client.get_job_info(job)
         text = f"{client.get_job_logs(job)}\nJob '{job}' {status.value.lower()}\nStatus message: {info.message}\n"
         (self.root / f"{log}.log").write_text(text, encoding="utf-8")
@@ -363,11 +360,9 @@ def test_watchers_on_separate_stores_and_racing_watchers(cluster):
     ids = [sub_a[0]["submission_id"], sub_b[0]["submission_id"]]
     watch_jobs = [j for j in client.list_jobs() if (j.metadata or {}).get("biasaudit.watch")]
     assert sorted(j.submission_id for j in watch_jobs if j.submission_id not in jobs_before) == sorted(ids)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 240  # for both jobs
     for sid in ids:
-        while (st := client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):
-            assert time.monotonic() < deadline, client.get_job_logs(sid)[-3000:]
-            time.sleep(0.2)
+        st = wait_for_job(client, sid, deadline - time.monotonic()).value
         assert st == "SUCCEEDED", client.get_job_logs(sid)[-3000:]
     for name in ("watch-a", "watch-b"):
         index = AuditIndex.load(f"sqlite:///{root / name}/mlflow.db", "biasaudit-watch-hub-e2e-watch")
@@ -438,10 +433,7 @@ def test_sweep_and_watch_on_a_postgresql_tracking_server(cluster, pg_mlflow):
     assert not (root / "pg-watch" / "mlflow.db").exists()
     client = JobSubmissionClient(cluster.address)
     sid = sub[0]["submission_id"]
-    deadline = time.monotonic() + 240
-    while (st := client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):
-        assert time.monotonic() < deadline, client.get_job_logs(sid)[-3000:]
-        time.sleep(0.2)
+    st = wait_for_job(client, sid, 240).value
     assert st == "SUCCEEDED", client.get_job_logs(sid)[-3000:]
     index = AuditIndex.load(uri, "biasaudit-watch-hub-e2e-watch")
     assert index.finished_revisions(watched) == {new: 1}

@@ -24,6 +24,7 @@ from audit.errors import DataError, ParameterError
 from jobs import watch as W
 from jobs.watch import (AuditIndex, Backoff, LocalSource, SourceUnavailable, Watcher,
                         generate_sweep, load_watch_spec, spec_digest, submission_id)
+from ray_jobs import wait_for_job  # noqa: E402
 from watch_fakes import Receiver, Recorder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -657,10 +658,7 @@ def test_real_ray_head_racing_watchers_submit_one_job_which_audits_the_revision(
     assert skips[0].submission_id == sid and skips[0].reason.startswith(f"already submitted as {sid} (Ray job status ")
     assert new_jobs() == [sid]
 
-    deadline = time.monotonic() + 240
-    while (st := client.get_job_status(sid).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):
-        assert time.monotonic() < deadline, client.get_job_logs(sid)[-3000:]
-        time.sleep(0.2)
+    st = wait_for_job(client, sid, 240).value
     logs = client.get_job_logs(sid)
     assert st == "SUCCEEDED", logs[-3000:]
     assert "1 task(s) run, 0 resumed, 0 failed" in logs
