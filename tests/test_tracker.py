@@ -361,3 +361,37 @@ def test_nested_fields_reach_mlflow_as_dotted_metrics():
     assert (m["cis.s_dis_low"], m["cis.s_dis_high"]) == (-0.1, 0.4) and (m["ci_low"], m["ci_high"]) == (0.0, 0.2)
     assert (m["n_attributes.0"], m["n_attributes.1"]) == (8.0, 9.0)
     assert "bad" not in m and not any("p_value_counts" in k for k in m) and m["value"] == 0.1
+
+
+@pytest.mark.unit
+def test_list_cells_are_json_text_whichever_path_writes_them():
+    """``audit.result.json_cells``: a flat list or tuple cell goes straight to the C encoder, any
+    other cell through ``_jsonable``; both give the text of ``json.dumps(_jsonable(cell))`` (the
+    rule before the fast path, written here without it), NaN and inf as ``null``, numpy scalars as
+    plain numbers, sets sorted, other objects as their ``str``."""
+    import pandas as pd
+
+    from audit.result import json_cells
+
+    def rule(x):  # the general path, element by element (NaN/inf -> None, numpy -> Python)
+        def plain(v):
+            if isinstance(v, dict):
+                return {str(k): plain(e) for k, e in v.items()}
+            if isinstance(v, (list, tuple, np.ndarray)):
+                return [plain(e) for e in (v.tolist() if isinstance(v, np.ndarray) else v)]
+            if isinstance(v, (np.integer, np.bool_)):
+                return v.item()
+            if isinstance(v, (float, np.floating)):
+                return float(v) if np.isfinite(v) else None
+            return v
+        return json.dumps(plain(sorted(x) if isinstance(x, set) else x), ensure_ascii=False, default=str)
+
+    cells = [["Ärger", "naïve", "x"], ("a", "b"), [1, 2.5, -0.0, True, None, 10**20], [np.float64(0.1), 1e-300],
+             [1.0, float("nan")], (float("inf"), "w"), [np.int64(3), np.float32(0.5), np.bool_(True)],
+             [[1, 2], [3.0, float("-inf")]], [{"k": 1, 2: float("nan")}], {"b": (1, 2), 3: np.float64(2.0)},
+             {"z", "a"}, np.array([0.25, np.nan]), [Path("/p")], []]
+    out = json_cells(pd.DataFrame({"c": pd.Series(cells, dtype=object), "n": range(len(cells))}))
+    assert out["c"].tolist() == [rule(x) for x in cells]
+    assert out["c"].tolist()[:6] == ['["Ärger", "naïve", "x"]', '["a", "b"]', "[1, 2.5, -0.0, true, null, 100000000000000000000]",
+                                     "[0.1, 1e-300]", "[1.0, null]", '[null, "w"]']
+    assert out["c"].tolist()[10] == '["a", "z"]' and out["n"].tolist() == list(range(len(cells)))
