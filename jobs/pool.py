@@ -37,6 +37,8 @@ its tasks recorded as failed with the pending demand named (``stuck: waited more
 for resources: ...``): a model worker that could not start on any node, and, where Ray's public
 state API answers (``ray.util.state``: a cluster with a dashboard, as under ``ray job submit``),
 a busy worker waiting for a node to restart on and a statistics task still waiting for a node.
+There, a worker that Ray has given its resources and a process is *starting*, not waiting
+(:meth:`WorkerPool.observe`): it gets the timeout, at least :data:`START_GRACE_S`, to answer.
 The sweep then ends with exit status 4 (:mod:`jobs.sweep`). Before that, where the state API
 answers, waiting model workers are told apart (:meth:`WorkerPool.tell_contention`): *stuck*
 (no node will ever hold them) fails their work at the second look that finds it (seconds, not
@@ -86,6 +88,12 @@ RAY_DEFAULTS: dict[str, Any] = {k: RaySpec.model_fields[k].default for k in POOL
 
 #: Actor states in which a worker waits for a node (Ray's GCS actor table).
 _WAITING_STATES = ("PENDING_CREATION", "RESTARTING", "DEPENDENCIES_UNREADY")
+
+#: The least time a model worker that Ray has given its resources and a process gets to answer
+#: (its imports: torch and transformers take seconds, tens of seconds on a loaded machine) before
+#: it fails as not starting; ``ray.pending_timeout_s`` where that is longer. A short timeout for
+#: resources (5 s) must not fail a start.
+START_GRACE_S = 120.0
 
 
 def ray_option(spec, name: str) -> Any:
@@ -294,9 +302,11 @@ class _StateAPI:
             return None
         return {t.task_id: dict(t.required_resources or {}) for t in ts}
 
-    def actor_state(self, actor_id: str) -> str | None:
-        """An actor's state (``ALIVE``, ``PENDING_CREATION``, ``RESTARTING``, ``DEAD``), or ``None``
-        when it cannot be read."""
+    def actor_state(self, actor_id: str) -> tuple[str, int] | None:
+        """An actor's state (``ALIVE``, ``PENDING_CREATION``, ``RESTARTING``, ``DEAD``) and the
+        process id Ray has for it, or ``None`` when it cannot be read. The pid is 0 until Ray has
+        given a first start its resources and a process; while a restart waits for resources it is
+        the dead process's, and the new one's once it is placed (Ray 2.60, measured)."""
         if not self.ok:
             return None
         try:
@@ -306,7 +316,7 @@ class _StateAPI:
         except Exception as e:  # noqa: BLE001 - no dashboard (embedded local Ray): not available
             self._off(e, "statistics tasks and restarting workers are not watched")
             return None
-        return str(a.state) if a is not None else None
+        return (str(a.state), int(getattr(a, "pid", 0) or 0)) if a is not None else None
 
 
 # --------------------------------------------------------------------------------------
@@ -339,7 +349,10 @@ class Worker:
     """A model worker as the pool sees it. ``ready``: it answered since it started or last
     finished a model; ``model``: the one it serves; ``pending``: its unanswered measure requests;
     ``waiting_seen``/``waiting_state``: since when (and in which state) a busy worker waits for a
-    node to restart on."""
+    node to restart on; ``starting_seen``: since when it is seen placed (given its resources and a
+    process) but not answering yet; ``pid_alive``: its process id when last seen alive (0: never),
+    which tells a restart that waits for resources from one that is placed
+    (:meth:`WorkerPool.observe`)."""
 
     actor: Any
     group: tuple
@@ -352,6 +365,8 @@ class Worker:
     retire: bool = False
     waiting_seen: float | None = None
     waiting_state: str | None = None
+    starting_seen: float | None = None
+    pid_alive: int = 0
     ident: int = 0
 
 
@@ -426,7 +441,8 @@ class RayEdge:
     def task_id(self, ref) -> str:
         return ref.task_id().hex()
 
-    def actor_state(self, actor) -> str | None:
+    def actor_state(self, actor) -> tuple[str, int] | None:
+        """``(state, pid)`` of :meth:`_StateAPI.actor_state`, ``None`` where it cannot be read."""
         return self.state.actor_state(actor._actor_id.hex())  # noqa: SLF001 - the handle's id
 
     def pending_tasks(self) -> dict[str, dict[str, float]] | None:
@@ -460,6 +476,7 @@ class WorkerPool:
                  say: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
         self.queues, self.sizes, self.edge = queues, sizes, edge
         self.reuse, self.timeout, self.max_restarts = reuse, timeout, max_restarts
+        self.start_timeout = max(timeout, START_GRACE_S)  # for a placed worker to answer (observe)
         self.record, self.recorded, self.ctx, self.prefetcher = record, recorded, ctx, prefetcher
         self.say, self.clock = say, clock
         self.workers: list[Worker] = []
@@ -545,9 +562,13 @@ class WorkerPool:
             self.prefetcher.started(m.name)
             self.fail(m.indices(), reason)
 
-    def mark_stuck(self, reason: str) -> str:
-        msg = (f"stuck: waited more than {self.timeout:g} s (ray.pending_timeout_s) for resources: {reason}; "
-               f"{self.edge.cluster_state()}")
+    def mark_stuck(self, reason: str, *, starting: bool = False) -> str:
+        """Say (once) and return the line a stuck task fails with: waiting for resources longer than
+        ``ray.pending_timeout_s``, or (``starting``) placed and not answering longer than that or
+        :data:`START_GRACE_S`, whichever is longer."""
+        waited = (f"{self.start_timeout:g} s (ray.pending_timeout_s, at least {START_GRACE_S:g} s for a start) "
+                  "for a model worker to start") if starting else f"{self.timeout:g} s (ray.pending_timeout_s) for resources"
+        msg = f"stuck: waited more than {waited}: {reason}; {self.edge.cluster_state()}"
         if self.stuck is None:
             self.stuck = msg
             self.say(msg)
@@ -626,31 +647,41 @@ class WorkerPool:
         worker started, no measurement, no result) for ``timeout`` seconds: a long queue that
         moves is not stuck."""
         busy = [w for w in self.workers if w.model is not None and w.pending > 0]
-        for w in busy:  # when did a busy worker start waiting for a node (to restart on)?
-            st = self.edge.actor_state(w.actor)
-            w.waiting_state = st if st in _WAITING_STATES else None
-            w.waiting_seen = (w.waiting_seen or now) if w.waiting_state else None
+        phase = {w.ident: self.observe(w, now) for w in busy}  # waiting for a node to restart on, or starting
         self.tell_contention(now)
         if now - max(self.last_progress, self.busy_at) <= self.timeout:  # busy: other jobs free it up
             return
         # (a) a group has work but none of its workers could start
-        for g, q in self.queues.items():
-            ws = [w for w in self.workers if w.group == g]
-            if not q or not ws or any(w.ready or w.model is not None for w in ws):
-                continue
-            if now - min(w.since for w in ws) > self.timeout:
-                names = ", ".join(m.name for m in list(q)[:3]) + (", ..." if len(q) > 3 else "")
+        for g, ws in self.unstarted().items():
+            q = self.queues[g]
+            names = ", ".join(m.name for m in list(q)[:3]) + (", ..." if len(q) > 3 else "")
+            need = shape({"CPU": g[0], "GPU": g[1]})
+            starting = [w for w in ws if self.observe(w, now) == "starting"]
+            if starting:  # given its resources, its process is starting (a loaded machine): no wait for resources
+                if now - min(w.starting_seen for w in starting) <= self.start_timeout:
+                    continue
+                reason = self.mark_stuck(f"{len(q)} model(s) ({names}) wait for a model worker that was given "
+                                         f"{need} and has not answered", starting=True)
+            elif now - min(w.since for w in ws) > self.timeout:
                 reason = self.mark_stuck(f"{len(q)} model(s) ({names}) wait for a model worker that needs "
-                                         f"{shape({'CPU': g[0], 'GPU': g[1]})} and could not start")
-                for w in ws:
-                    self.end_worker(w)
-                self.fail_queue(g, reason)
-        # (b) a busy worker waiting for a node to restart on
+                                         f"{need} and could not start")
+            else:
+                continue
+            for w in ws:
+                self.end_worker(w)
+            self.fail_queue(g, reason)
+        # (b) a busy worker waiting for a node to restart on, or placed and not answering
         for w in busy:
-            if w.waiting_seen is not None and now - w.waiting_seen > self.timeout and w in self.workers:
-                reason = self.mark_stuck(f"the worker of model {w.model.name!r} needs "
-                                         f"{shape({'CPU': w.group[0], 'GPU': w.group[1]})} "
+            if w not in self.workers:
+                continue
+            need = shape({"CPU": w.group[0], "GPU": w.group[1]})
+            if phase[w.ident] == "waiting" and now - w.waiting_seen > self.timeout:
+                reason = self.mark_stuck(f"the worker of model {w.model.name!r} needs {need} "
                                          f"to restart ({w.waiting_state.lower()})")
+                self.drop_model_work(w, reason)
+            elif phase[w.ident] == "starting" and now - w.starting_seen > self.start_timeout:
+                reason = self.mark_stuck(f"the worker of model {w.model.name!r} was given {need} to restart "
+                                         f"and has not answered", starting=True)
                 self.drop_model_work(w, reason)
         # (c) statistics tasks waiting for a node (where Ray's state API answers)
         ready_stats = [r for r in self.stats_refs if r in self.stats_since]
@@ -666,6 +697,38 @@ class WorkerPool:
                 self.stats_since.pop(r, None)
                 self.edge.cancel(r)
                 self.fail(indices, self.mark_stuck(f"a statistics task of model {name!r} needs {shape(pending[tid])}"))
+
+    def unstarted(self) -> dict[tuple, list["Worker"]]:
+        """group -> its workers, for each group with models queued and workers none of which is
+        ready or serving a model (they wait for resources, or their processes are starting)."""
+        out = {}
+        for g, q in self.queues.items():
+            ws = [w for w in self.workers if w.group == g]
+            if q and ws and not any(w.ready or w.model is not None for w in ws):
+                out[g] = ws
+        return out
+
+    def observe(self, w: "Worker", now: float) -> str | None:
+        """``"waiting"`` (``w`` waits for resources: a first start or a restart not placed yet),
+        ``"starting"`` (Ray has given it its resources and a process, which has not answered yet:
+        on a loaded machine a worker's imports take seconds; no wait for resources) or ``None``
+        (alive, or where Ray's state API does not answer), from its state and process id
+        (:meth:`RayEdge.actor_state`): in a waiting state (:data:`_WAITING_STATES`) it is placed
+        once its pid is neither 0 (no process yet) nor the one it had when last seen alive. A
+        restart first seen waiting takes the pid shown then as the dead process's, so a restart
+        placed before the first look counts as waiting (the timeout applies, as before). Records
+        since when it is waiting or starting (``waiting_seen``, ``starting_seen``)."""
+        st, pid = self.edge.actor_state(w.actor) or (None, 0)
+        if st == "ALIVE":
+            w.pid_alive = pid
+        elif st in _WAITING_STATES and w.served and not w.pid_alive:
+            w.pid_alive = pid  # a restart first seen waiting: the pid shown is taken as the dead one's
+        placed = st in _WAITING_STATES and pid not in (0, w.pid_alive)
+        phase = "starting" if placed else "waiting" if st in _WAITING_STATES else None
+        w.waiting_state = st if phase == "waiting" else None
+        w.waiting_seen = (w.waiting_seen or now) if phase == "waiting" else None
+        w.starting_seen = (w.starting_seen or now) if phase == "starting" else None
+        return phase
 
     def tell_contention(self, now: float) -> None:
         """Tell busy from stuck long before ``timeout``: once the sweep has made no progress for
@@ -688,11 +751,7 @@ class WorkerPool:
         if now - self.contention_at < min(CONTENTION_GRACE_S, self.timeout) / 2:
             return  # looks closer together than the timeout: a busy look always comes before it
         self.contention_at = now
-        waiting = []
-        for g, q in self.queues.items():
-            ws = [w for w in self.workers if w.group == g]
-            if q and ws and not any(w.ready or w.model is not None for w in ws):
-                waiting.append(g)
+        waiting = [g for g, ws in self.unstarted().items() if not any(self.observe(w, now) == "starting" for w in ws)]
         if not waiting:
             return
         try:

@@ -27,7 +27,7 @@ class Ref:
 
 class FakeEdge:
     """Records every call in ``events``; ``errors``: ``(kind, model or actor number)`` -> the
-    exception that reference raises; ``states``: actor number -> its state."""
+    exception that reference raises; ``states``: actor number -> its state, or ``(state, pid)``."""
 
     def __init__(self):
         self.events: list[tuple] = []
@@ -74,7 +74,10 @@ class FakeEdge:
         return str(id(ref))
 
     def actor_state(self, actor):
-        return self.states.get(actor, "ALIVE")
+        """``(state, pid)``: ``states`` holds a state (its pid then 100 + the actor's number, as if
+        its one process had been placed) or a ``(state, pid)`` pair."""
+        st = self.states.get(actor, "ALIVE")
+        return st if isinstance(st, tuple) else (st, 100 + actor)
 
     def pending_tasks(self):
         return None
@@ -288,6 +291,87 @@ def test_busy_work_fails_after_the_timeout_once_the_other_jobs_let_go_and_nothin
     clock.t = 36.5
     wp.watchdog(clock.t)
     assert wp.stuck.startswith("stuck: waited more than 20 s (ray.pending_timeout_s)") and sorted(records) == [0, 1, 2]
+
+
+def test_a_worker_given_its_resources_and_still_starting_is_not_stuck_for_resources(monkeypatch):
+    """CI's case: the other job lets go, Ray gives the worker its CPU and a process (a pid), whose
+    imports take longer than the rest of the timeout on a loaded machine. Starting is not waiting
+    for resources: from when it is first seen starting it gets the timeout, or at least
+    ``START_GRACE_S`` (120 s; 10 s here), and only then fails, saying so; without a pid (not
+    placed) the timeout holds as before."""
+    import jobs.pool
+
+    monkeypatch.setattr(jobs.pool, "START_GRACE_S", 10.0)  # less than the timeout: the timeout holds
+    wp, edge, clock, records, said, _ = make_pool(models("a", "b"), timeout=20.0)
+    wp.fill()
+    edge.snapshot = ([{"CPU": 2.0}], {"other-job": {"CPU": 2.0}}, "mine", {})
+    edge.states[1] = ("PENDING_CREATION", 0)  # waits for resources: no process yet
+    clock.t = 16.0
+    wp.watchdog(clock.t)  # busy look at 16 s
+    edge.snapshot = ([{"CPU": 2.0}], {}, "mine", {})
+    edge.states[1] = ("PENDING_CREATION", 4242)  # placed: its process imports
+    for t in (31.0, 36.5, 51.0):  # 20 s after the last busy look, and on
+        clock.t = t
+        wp.watchdog(clock.t)
+        assert records == {} and wp.stuck is None, t
+    # first seen starting by the look at 31 s (it no longer counts the group as waiting)
+    assert wp.workers[0].starting_seen == 31.0 and len(said) == 1 and said[0].startswith("busy: waiting")
+    clock.t = 51.5  # more than 20 s seen starting and not answering
+    wp.watchdog(clock.t)
+    assert wp.stuck.startswith("stuck: waited more than 20 s (ray.pending_timeout_s, at least 10 s for a start) for "
+                               "a model worker to start: 2 model(s) (a, b) wait for a model worker that was given "
+                               "{'CPU': 1} and has not answered; the cluster has")
+    assert sorted(records) == list(range(6)) and edge.killed == [1]
+    # the same without a process: stuck for resources at the timeout after the last busy look
+    wp, edge, clock, records, said, _ = make_pool(models("a"), timeout=20.0)
+    wp.fill()
+    edge.states[1] = ("PENDING_CREATION", 0)
+    clock.t = 20.5
+    wp.watchdog(clock.t)
+    assert wp.stuck.startswith("stuck: waited more than 20 s (ray.pending_timeout_s) for resources: 1 model(s) (a)")
+
+
+def test_the_look_at_the_cluster_leaves_a_starting_worker_alone():
+    """A look whose snapshot would say stuck (other drivers' reservations) says nothing about a
+    group whose worker Ray has already placed: it is starting, not waiting."""
+    wp, edge, clock, records, said, _ = make_pool(models("a"), timeout=20.0)
+    wp.fill()
+    edge.snapshot = ([{"CPU": 1.0}], {}, "mine", {"other": {"CPU": 1.0}})
+    edge.states[1] = ("PENDING_CREATION", 4242)
+    for t in (11.0, 22.0):
+        clock.t = t
+        wp.tell_contention(clock.t)
+    assert said == [] and records == {}
+    edge.states[1] = ("PENDING_CREATION", 0)  # not placed: the deadlock is said, then failed
+    for t in (33.0, 44.0):
+        clock.t = t
+        wp.tell_contention(clock.t)
+    assert said[0].startswith("stuck: waiting: needs 1 CPU, held by other jobs' drivers") and sorted(records) == [0, 1, 2]
+
+
+def test_a_restart_placed_on_a_node_is_starting_and_one_not_placed_waits():
+    """A busy worker dies: while its restart waits for resources Ray shows the dead process's pid,
+    and the new one's once placed. Waiting fails at the timeout (10 s); placed, it gets
+    ``START_GRACE_S`` (120 s, longer than the timeout) from when it is first seen starting."""
+    wp, edge, clock, records, said, _ = make_pool(models("a"), timeout=10.0)
+    assert wp.start_timeout == 120.0
+    settle(wp, only=("ready",))
+    clock.t = 1.0
+    wp.watchdog(clock.t)  # seen alive, pid 101
+    edge.states[1] = ("RESTARTING", 101)  # its restart waits for a node
+    clock.t = 5.0
+    wp.watchdog(clock.t)
+    edge.states[1] = ("RESTARTING", 202)  # placed: a new process
+    for t in (12.0, 16.0, 132.0):  # 11 s after it was first seen waiting, and on: starting since 12 s
+        clock.t = t
+        wp.watchdog(clock.t)
+    assert records == {} and wp.stuck is None and wp.workers[0].starting_seen == 12.0
+    clock.t = 132.5
+    wp.watchdog(clock.t)
+    assert wp.stuck.startswith("stuck: waited more than 120 s (ray.pending_timeout_s, at least 120 s for a start) "
+                               "for a model worker to start: the worker of model 'a' was given {'CPU': 1} to "
+                               "restart and has not answered; ")
+    assert sorted(records) == [0, 1, 2] and all(o.status == "failed" for o in records.values())
 
 
 def test_the_run_loop_looks_at_the_cluster_every_half_grace_period_not_every_watchdog_check(monkeypatch):
