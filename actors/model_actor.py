@@ -39,6 +39,7 @@ from typing import Any
 
 from actors.gc_tuning import tune_gc
 from actors.shared import resolve
+from audit.errors import one_line
 from audit.runner import load_model, measure
 
 
@@ -91,9 +92,13 @@ class ModelAssignment:
 
 
 def format_error(e: BaseException) -> str:
-    """A one-line failure reason: the type and message (AuditError messages name the culprit)."""
-    msg = str(e).strip() or repr(e)
-    return f"{type(e).__name__}: {msg}"
+    """A one-line failure reason: the type and message (AuditError messages name the culprit),
+    made one line by :func:`audit.errors.one_line` (a worker's traceback in Ray's errors: its last
+    line). Ray's ``RayTaskError`` gives the exception the task raised (its ``cause``)."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException) and cause is not e:
+        return format_error(cause)
+    return f"{type(e).__name__}: {one_line(str(e).strip() or repr(e))}"
 
 
 class ModelServer:

@@ -8,7 +8,11 @@ the file, the field, the word or the parameter. The command line prints the mess
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Iterable
+
+_COLOUR = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # a terminal's colour codes (Ray colours its task names)
+_MARKS = re.compile(r"^[\s^~]+$")             # a traceback's ``^^^^`` lines under the source
 
 
 class AuditError(Exception):
@@ -37,8 +41,25 @@ class UnsafeModelError(ModelError):
 
 def one_line(e: BaseException | str) -> str:
     """An error message as the one line a command prints: its whitespace (a YAML parser's
-    ``in "<unicode string>"`` continuation, a wrapped message) collapsed to single spaces."""
-    return " ".join(str(e).split()) or type(e).__name__
+    ``in "<unicode string>"`` continuation, a wrapped message) collapsed to single spaces. A
+    Python traceback inside the message (Ray's ``ActorDiedError`` of a worker whose constructor
+    raised carries the worker's) keeps only what is not a frame: its ``Traceback (most recent
+    call last):`` header, its ``File "..."`` lines with the indented source under each and the
+    ``^^^`` marker lines are dropped, so its last line, the exception raised, remains; terminal
+    colour codes are dropped."""
+    kept, frame = [], False
+    for line in _COLOUR.sub("", str(e)).splitlines():
+        s = line.strip()
+        if not s or _MARKS.match(line) or s.startswith("Traceback (most recent call last)"):
+            continue
+        if s.startswith('File "'):
+            frame = True
+            continue
+        if frame and line[:1].isspace():
+            continue  # a frame's source line
+        frame = False
+        kept.append(s)
+    return " ".join(" ".join(kept).split()) or type(e).__name__
 
 
 def suggest(word: object, choices: Iterable[object], *, cutoff: float = 0.6) -> str:

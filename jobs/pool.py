@@ -36,7 +36,8 @@ impossible spec is refused with one line naming the resources (:class:`Schedulin
 its tasks recorded as failed with the pending demand named (``stuck: waited more than 600 s
 for resources: ...``): a model worker that could not start on any node, and, where Ray's public
 state API answers (``ray.util.state``: a cluster with a dashboard, as under ``ray job submit``),
-a busy worker waiting for a node to restart on and a statistics task still waiting for a node.
+a busy worker waiting for a node to restart on and a statistics task still waiting for a node
+(not one queued behind this sweep's own running statistics tasks: their queue moves).
 There, a worker that Ray has given its resources and a process is *starting*, not waiting
 (:meth:`WorkerPool.observe`): it gets the timeout, at least :data:`START_GRACE_S`, to answer.
 The sweep then ends with exit status 4 (:mod:`jobs.sweep`). Before that, where the state API
@@ -243,21 +244,29 @@ def pool_size(n_models: int, worker: dict[str, float], *, reuse: bool, max_worke
     return max(1, n)
 
 
-def pending_demand() -> str:
-    """The cluster's pending resource requests (``{'CPU': 2.0} x1, ...``), as Ray's autoscaler
-    reports them; ``""`` where Ray cannot say."""
+def pending_bundles() -> list[tuple[dict[str, float], int]] | None:
+    """The cluster's pending task and actor resource requests as Ray's autoscaler reports them
+    (from the GCS: also on an embedded Ray without a dashboard), ``(bundle, count)`` pairs; ``None``
+    where Ray cannot say. Reported by the raylets about once a second: a request made in the
+    last second may be missing."""
     try:
         import ray
         from ray.autoscaler.v2.sdk import get_cluster_status
 
         st = get_cluster_status(ray.get_runtime_context().gcs_address)
-        out = collections.Counter()
-        for d in st.resource_demands.ray_task_actor_demand:
-            for b in d.bundles_by_count:
-                out[shape(b.bundle)] += b.count
-        return ", ".join(f"{k} x{v}" for k, v in out.items())
+        return [(dict(b.bundle), int(b.count)) for d in st.resource_demands.ray_task_actor_demand
+                for b in d.bundles_by_count]
     except Exception:  # noqa: BLE001 - an older or newer Ray: leave it out
-        return ""
+        return None
+
+
+def pending_demand() -> str:
+    """The cluster's pending resource requests (``{'CPU': 2.0} x1, ...``) of :func:`pending_bundles`;
+    ``""`` where Ray cannot say."""
+    out = collections.Counter()
+    for b, n in pending_bundles() or ():
+        out[shape(b)] += n
+    return ", ".join(f"{k} x{v}" for k, v in out.items())
 
 
 def cluster_state() -> str:
@@ -288,7 +297,8 @@ class _StateAPI:
         self.ok = False
 
     def pending_tasks(self) -> dict[str, dict[str, float]] | None:
-        """task id -> required resources of this job's tasks waiting for a node."""
+        """task id -> required resources of this job's tasks waiting for a node (``detail=True``:
+        without it Ray 2.60 leaves ``required_resources`` out, and a stuck line said ``needs {}``)."""
         if not self.ok:
             return None
         try:
@@ -296,7 +306,7 @@ class _StateAPI:
 
             ts = list_tasks(address=self.address, filters=[("job_id", "=", self.job_id),
                                                            ("state", "=", "PENDING_NODE_ASSIGNMENT")],
-                            limit=10000, timeout=5, raise_on_missing_output=False)
+                            limit=10000, timeout=5, raise_on_missing_output=False, detail=True)
         except Exception as e:  # noqa: BLE001 - no dashboard (embedded local Ray): not available
             self._off(e, "statistics tasks and restarting workers are not watched")
             return None
@@ -450,6 +460,17 @@ class RayEdge:
 
     def cluster_state(self) -> str:
         return cluster_state()
+
+    def pending_groups(self) -> collections.Counter | None:
+        """``(num_cpus, num_gpus)`` -> how many pending requests of the cluster ask for that much
+        CPU and GPU (:func:`pending_bundles`, other resources aside); ``None`` where Ray cannot say."""
+        bundles = pending_bundles()
+        if bundles is None:
+            return None
+        out = collections.Counter()
+        for b, n in bundles:
+            out[(float(b.get("CPU", 0.0)), float(b.get("GPU", 0.0)))] += n
+        return out
 
     def contention(self):
         """``(nodes, held, own, reserved)`` of :func:`jobs.contention.cluster_snapshot` for this
@@ -605,7 +626,7 @@ class WorkerPool:
             try:
                 outcomes = self.edge.get(ref)
             except Exception as e:  # noqa: BLE001 - the worker died for good, or a task crashed
-                err = format_error(getattr(e, "cause", None) or e)
+                err = format_error(e)
                 outcomes = [TaskOutcome(index=i, status="failed", error=f"system error: {err}") for i in indices]
             self.record(outcomes)
 
@@ -621,7 +642,7 @@ class WorkerPool:
             log.warning("a model worker could not start: %s", format_error(e))
             if self.creation_failures[w.group] > max(1, self.max_restarts):
                 self.fail_queue(w.group, "system error: a model worker could not start: "
-                                         f"{format_error(getattr(e, 'cause', None) or e)}")
+                                         f"{format_error(e)}")
             return
         w.ready = True
 
@@ -647,7 +668,14 @@ class WorkerPool:
         worker started, no measurement, no result) for ``timeout`` seconds: a long queue that
         moves is not stuck."""
         busy = [w for w in self.workers if w.model is not None and w.pending > 0]
-        phase = {w.ident: self.observe(w, now) for w in busy}  # waiting for a node to restart on, or starting
+        phase = {}  # a busy worker Ray's state API shows restarting: waiting for a node, or given one and starting
+        for w in busy:
+            p = self.observe(w, now)
+            restarting = p in ("waiting", "starting")
+            phase[w.ident] = ("starting" if self.starting(w.group, [w], now, {w.ident: p}) else "waiting") \
+                if restarting else None
+            if not restarting:
+                w.starting_seen = None
         self.tell_contention(now)
         if now - max(self.last_progress, self.busy_at) <= self.timeout:  # busy: other jobs free it up
             return
@@ -656,7 +684,7 @@ class WorkerPool:
             q = self.queues[g]
             names = ", ".join(m.name for m in list(q)[:3]) + (", ..." if len(q) > 3 else "")
             need = shape({"CPU": g[0], "GPU": g[1]})
-            starting = [w for w in ws if self.observe(w, now) == "starting"]
+            starting = self.starting(g, ws, now)
             if starting:  # given its resources, its process is starting (a loaded machine): no wait for resources
                 if now - min(w.starting_seen for w in starting) <= self.start_timeout:
                     continue
@@ -688,10 +716,14 @@ class WorkerPool:
         pending = self.edge.pending_tasks() if ready_stats else None
         if pending is None:
             return
+        # one of this sweep's statistics tasks runs: the others queue behind it for its CPUs (a
+        # long exact test), not for resources the cluster lacks; before, a task waiting behind a
+        # running one for longer than the timeout failed as stuck
+        running = any(self.edge.task_id(r) not in pending for r in ready_stats)
         for r in ready_stats:
             tid = self.edge.task_id(r)
-            if tid not in pending:
-                self.stats_since[r] = now  # running or not yet ready: restart the clock
+            if tid not in pending or running:
+                self.stats_since[r] = now  # running, not yet ready, or queued behind its own: restart the clock
             elif now - self.stats_since[r] > self.timeout:
                 name, indices = self.stats_refs.pop(r)
                 self.stats_since.pop(r, None)
@@ -709,26 +741,48 @@ class WorkerPool:
         return out
 
     def observe(self, w: "Worker", now: float) -> str | None:
-        """``"waiting"`` (``w`` waits for resources: a first start or a restart not placed yet),
-        ``"starting"`` (Ray has given it its resources and a process, which has not answered yet:
-        on a loaded machine a worker's imports take seconds; no wait for resources) or ``None``
-        (alive, or where Ray's state API does not answer), from its state and process id
-        (:meth:`RayEdge.actor_state`): in a waiting state (:data:`_WAITING_STATES`) it is placed
-        once its pid is neither 0 (no process yet) nor the one it had when last seen alive. A
-        restart first seen waiting takes the pid shown then as the dead process's, so a restart
-        placed before the first look counts as waiting (the timeout applies, as before). Records
-        since when it is waiting or starting (``waiting_seen``, ``starting_seen``)."""
-        st, pid = self.edge.actor_state(w.actor) or (None, 0)
+        """``"waiting"`` (in a waiting state, :data:`_WAITING_STATES`, with no process of its own
+        yet), ``"starting"`` (in a waiting state with a process: its pid is neither 0 nor the one
+        it had when last seen alive), ``"other"`` (alive, or dead) or ``None`` (Ray's state API does
+        not answer: nothing is changed), from ``w``'s state and process id
+        (:meth:`RayEdge.actor_state`). A restart first seen waiting takes the pid shown then as
+        the dead process's. Records since when it waits (``waiting_seen``, ``waiting_state``)."""
+        got = self.edge.actor_state(w.actor)
+        if got is None:
+            return None
+        st, pid = got
         if st == "ALIVE":
             w.pid_alive = pid
         elif st in _WAITING_STATES and w.served and not w.pid_alive:
             w.pid_alive = pid  # a restart first seen waiting: the pid shown is taken as the dead one's
-        placed = st in _WAITING_STATES and pid not in (0, w.pid_alive)
-        phase = "starting" if placed else "waiting" if st in _WAITING_STATES else None
+        phase = ("starting" if pid not in (0, w.pid_alive) else "waiting") if st in _WAITING_STATES else "other"
         w.waiting_state = st if phase == "waiting" else None
         w.waiting_seen = (w.waiting_seen or now) if phase == "waiting" else None
-        w.starting_seen = (w.starting_seen or now) if phase == "starting" else None
         return phase
+
+    def starting(self, g: tuple, ws: list["Worker"], now: float, phases: dict | None = None) -> list["Worker"]:
+        """Those of ``ws`` (workers of group ``g`` that have not answered since they started or
+        restarted) that Ray has given their resources, whose processes start (imports take
+        seconds, tens of seconds on a loaded machine): not waiting for resources. Told by Ray's
+        state API, a process id (:meth:`observe`); else, when no pending request of the cluster
+        asks for ``g``'s CPU and GPU (:meth:`RayEdge.pending_groups`, Ray's autoscaler demand,
+        read from the GCS: also on the embedded Ray of ``audit run``), every one of them not seen
+        alive: a process that boots has its resources before Ray shows its pid. A pending request
+        of that shape (theirs, or another job's) or no answer keeps them waiting (the timeout for
+        resources applies, as before). Sets since when each is seen starting (``starting_seen``).
+        ``phases``: worker ident -> what :meth:`observe` said just now (not asked again)."""
+        phases = phases or {w.ident: self.observe(w, now) for w in ws}
+        out = [w for w in ws if phases[w.ident] == "starting"]
+        rest = [w for w in ws if phases[w.ident] in ("waiting", None)]
+        if not out and rest:
+            pending = self.edge.pending_groups()
+            if pending is not None and pending.get((float(g[0]), float(g[1])), 0) == 0:
+                out = rest
+        for w in ws:
+            w.starting_seen = (w.starting_seen or now) if w in out else None
+            if w in out:
+                w.waiting_state = w.waiting_seen = None
+        return out
 
     def tell_contention(self, now: float) -> None:
         """Tell busy from stuck long before ``timeout``: once the sweep has made no progress for
@@ -751,7 +805,7 @@ class WorkerPool:
         if now - self.contention_at < min(CONTENTION_GRACE_S, self.timeout) / 2:
             return  # looks closer together than the timeout: a busy look always comes before it
         self.contention_at = now
-        waiting = [g for g, ws in self.unstarted().items() if not any(self.observe(w, now) == "starting" for w in ws)]
+        waiting = [g for g, ws in self.unstarted().items() if not self.starting(g, ws, now)]
         if not waiting:
             return
         try:

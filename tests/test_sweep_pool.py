@@ -171,6 +171,66 @@ def test_work_waiting_longer_than_the_pending_timeout_fails_with_the_demand_name
     assert "the sweep is stuck (exit status 4)" in r.stdout
 
 
+_SLOW_START = r"""
+import json, socket, sys, time
+import ray
+from actors.model_actor import ModelServer
+from jobs.pool import with_ray_options
+from jobs.spec import load_spec
+from jobs.sweep import run_sweep
+
+
+START_S = float(sys.argv[3])  # a global: sent with the class to the worker
+
+
+class SlowServer(ModelServer):  # a worker whose start outlasts the timeout (imports on a loaded machine)
+    def __init__(self, *a, **kw):
+        time.sleep(START_S)
+        super().__init__(*a, **kw)
+
+
+spec = with_ray_options(load_spec(sys.argv[1]), pending_timeout_s=float(sys.argv[2]))
+dash = {}
+if sys.argv[4] == "dashboard":  # Ray's state API answers, as under ray job submit
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    dash = {"include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port}
+ray.init(address="local", num_cpus=2, object_store_memory=80_000_000, log_to_driver=False,
+         **(dash or {"include_dashboard": False}))
+if dash:
+    from jobs.contention import cluster_snapshot
+    deadline = time.monotonic() + 90  # the dashboard answers the state API some seconds after ray.init
+    while cluster_snapshot() is None and time.monotonic() < deadline:
+        time.sleep(1)
+t0 = time.monotonic()
+out = run_sweep(spec, progress=False, server_cls=SlowServer)
+print("RESULT " + json.dumps({"exit": out.exit_code, "stuck": out.stuck, "failed": out.failed,
+                              "finished": int((out.results["status"] == "finished").sum()),
+                              "errors": sorted(set(out.results["error"].dropna())), "elapsed": time.monotonic() - t0}))
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("ray_kind", ["embedded", "dashboard"])
+def test_a_worker_that_starts_slower_than_the_pending_timeout_is_not_stuck_for_resources(tmp_path, ray_kind):
+    """Nothing else holds the CPUs; the model worker's start (its constructor, as imports on a
+    loaded machine) takes 5 s, five times ``ray.pending_timeout_s`` (1 s). Ray has given it its
+    CPU and a process, so it is starting, not waiting for resources: the sweep finishes. Told
+    from Ray's state API (the actor's pid, with a dashboard) or, on the embedded Ray of ``audit
+    run``, from Ray's pending demand (no request asks for its CPU). Before, both failed after
+    the timeout: ``stuck: waited more than 1 s (ray.pending_timeout_s) for resources: ... could
+    not start; the cluster has {'CPU': 2} in all, {'CPU': 1} free now`` (CI's failure, where
+    the start outlasted what an 8 s timeout had left)."""
+    vec = write_vec(tmp_path / "m.vec", 0)
+    spec_path = write_spec(tmp_path, "slowstart", f'  - {{name: a, ref: "{vec}"}}',
+                           ray="actor_num_cpus: 1, stats_num_cpus: 1, batch_size: 1")
+    r = _run_child(_SLOW_START, spec_path, 1, 5, ray_kind)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert lines, (r.stdout[-3000:], r.stderr[-3000:])
+    res = json.loads(lines[0][7:])
+    assert res["exit"] == 0 and res["stuck"] is None and res["failed"] == 0 and res["finished"] == 2, json.dumps(res)
+    assert res["elapsed"] > 5, res  # it waited for the start, past the timeout
+
+
 # --------------------------------------------------------------------------------------
 # Reused workers
 # --------------------------------------------------------------------------------------

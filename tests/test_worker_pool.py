@@ -37,6 +37,8 @@ class FakeEdge:
         self.cancelled: list[Ref] = []
         self.killed: list[int] = []
         self.snapshot = None  # (nodes, held, own, reserved) of jobs.contention.cluster_snapshot
+        self.demand = None    # (num_cpus, num_gpus) -> pending requests (RayEdge.pending_groups)
+        self.pending = None   # task id -> resources of this job's tasks waiting for a node
 
     def start(self, opts):
         self.actors += 1
@@ -80,7 +82,11 @@ class FakeEdge:
         return st if isinstance(st, tuple) else (st, 100 + actor)
 
     def pending_tasks(self):
-        return None
+        return self.pending
+
+
+    def pending_groups(self):
+        return self.demand
 
     def contention(self):
         return self.snapshot
@@ -331,6 +337,61 @@ def test_a_worker_given_its_resources_and_still_starting_is_not_stuck_for_resour
     assert wp.stuck.startswith("stuck: waited more than 20 s (ray.pending_timeout_s) for resources: 1 model(s) (a)")
 
 
+@pytest.mark.parametrize("demand, starting", [({}, True), ({(1.0, 0.0): 1}, False), ({(2.0, 0.0): 3}, True),
+                                             (None, False)])
+def test_without_the_state_api_the_pending_demand_tells_a_start_from_a_wait(monkeypatch, demand, starting):
+    """The embedded Ray of ``audit run`` has no dashboard: no actor states. When no pending request
+    of the cluster asks for the group's 1 CPU, none of its workers waits for resources: they are
+    starting (the timeout, at least ``START_GRACE_S``, from then); a pending request of that shape
+    (theirs, or another job's), or no answer from Ray: the timeout for resources, as before."""
+    import collections as c
+
+    import jobs.pool
+
+    monkeypatch.setattr(jobs.pool, "START_GRACE_S", 30.0)
+    wp, edge, clock, records, said, _ = make_pool(models("a"), timeout=10.0)
+    edge.actor_state = lambda actor: None
+    edge.demand = None if demand is None else c.Counter(demand)
+    wp.fill()
+    clock.t = 10.5
+    wp.watchdog(clock.t)
+    if not starting:
+        assert wp.stuck.startswith("stuck: waited more than 10 s (ray.pending_timeout_s) for resources: 1 model(s)")
+        return
+    assert wp.stuck is None and records == {} and wp.workers[0].starting_seen == 10.5
+    clock.t = 40.5
+    wp.watchdog(clock.t)
+    assert wp.stuck is None and records == {}
+    clock.t = 41.0
+    wp.watchdog(clock.t)
+    assert wp.stuck.startswith("stuck: waited more than 30 s (ray.pending_timeout_s, at least 30 s for a start) for a "
+                               "model worker to start: 1 model(s) (a) wait for a model worker that was given "
+                               "{'CPU': 1} and has not answered; ") and sorted(records) == [0, 1, 2]
+
+
+def test_a_worker_whose_process_boots_before_ray_shows_its_pid_is_starting():
+    """Ray gives a worker its CPU, then boots its process (Python, Ray's worker) and only then
+    shows its pid: for those seconds the state API says PENDING_CREATION with pid 0. No pending
+    request asks for its CPU: it is starting (found in a loop of the end-to-end test on a loaded
+    machine). A pending request of its shape: it waits, and fails at the timeout."""
+    import collections as c
+
+    for demand, stuck_at in ((c.Counter(), None), (c.Counter({(1.0, 0.0): 1}), 10.5)):
+        wp, edge, clock, records, said, _ = make_pool(models("a"), timeout=10.0)
+        edge.states[1], edge.demand = ("PENDING_CREATION", 0), demand
+        wp.fill()
+        clock.t = 10.5
+        wp.watchdog(clock.t)
+        if stuck_at is None:
+            assert wp.stuck is None and records == {} and wp.workers[0].starting_seen == 10.5
+            clock.t = 131.0  # START_GRACE_S (120 s) after it was first seen starting
+            wp.watchdog(clock.t)
+            assert wp.stuck.startswith("stuck: waited more than 120 s (ray.pending_timeout_s, at least 120 s for a "
+                                       "start) for a model worker to start: 1 model(s) (a) wait")
+        else:
+            assert wp.stuck.startswith("stuck: waited more than 10 s (ray.pending_timeout_s) for resources: ")
+
+
 def test_the_look_at_the_cluster_leaves_a_starting_worker_alone():
     """A look whose snapshot would say stuck (other drivers' reservations) says nothing about a
     group whose worker Ray has already placed: it is starting, not waiting."""
@@ -490,3 +551,58 @@ def test_the_driver_keeps_no_record_of_keyed_tasks(caplog):
     assert sorted(rec2.records) == list(range(2000))  # the report needs these: nothing else holds them
     # before: every record stayed (what the keyless run keeps, some KB per task); now a byte or so
     assert kept_keyless / 2000 > 1000 and kept_keyed / 2000 < 100, (kept_keyed, kept_keyless)
+
+
+def test_a_workers_error_from_ray_is_recorded_in_one_line():
+    """Ray's errors carry the worker's traceback: a model worker whose constructor raised fails its
+    models with ``ActorDiedError: The actor died because of an error raised in its creation task,
+    ray::...`` followed by the frames and the exception, in colour. The recorded reason is one
+    line: the frames and colour codes dropped, the exception raised kept; a task's
+    ``RayTaskError`` gives the exception itself. Before, the recorded error held the traceback."""
+    import traceback
+
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from actors.model_actor import format_error
+    from audit.errors import one_line
+
+    try:
+        float("--object-store-name")
+    except ValueError as v:
+        rte = RayTaskError("SlowServer.__init__", traceback.format_exc(), v, proctitle="ray::SlowServer.__init__",
+                           pid=7, ip="192.0.2.2", actor_repr="<SlowServer>")
+    assert "\n" in str(ActorDiedError(rte)) and "\x1b[36m" in str(ActorDiedError(rte))  # as Ray gives it
+    assert format_error(rte) == "ValueError: could not convert string to float: '--object-store-name'"
+    assert format_error(ActorDiedError(rte)) == (
+        "ActorDiedError: The actor died because of an error raised in its creation task, ray::SlowServer.__init__() "
+        "(pid=7, ip=192.0.2.2, actor_id=None, repr=<SlowServer>) ValueError: could not convert string to float: "
+        "'--object-store-name'")
+    # a plain message of several lines: whitespace collapsed, nothing dropped
+    assert one_line("mapping values are not allowed here\n  in \"<unicode string>\", line 3, column 5:\n    a: b: c") == (
+        'mapping values are not allowed here in "<unicode string>", line 3, column 5: a: b: c')
+    tb = 'boom\nTraceback (most recent call last):\n  File "x.py", line 1, in <module>\n    f()\n    ~^^\nKeyError: \'k\'\n'
+    assert one_line(tb) == "boom KeyError: 'k'"
+
+
+def test_a_statistics_task_queued_behind_the_sweeps_own_running_one_is_not_stuck():
+    """Two statistics tasks, 1 CPU free for them: one runs (a long exact test), the other waits
+    for its CPU, longer than the timeout. Its queue moves when the running one ends: not stuck.
+    When none of the sweep's statistics tasks runs (other work holds the CPUs), the waiting one
+    fails after the timeout, naming what it needs."""
+    wp, edge, clock, records, said, _ = make_pool(models("a", n=4, batch=2), timeout=10.0)
+    settle(wp, only=("ready", "measure"))  # both measurements answered at 0 s: both tasks may start
+    first, second = list(wp.stats_refs)
+    edge.pending = {edge.task_id(second): {"CPU": 1.0}}  # the first runs, the second waits
+    for t in (5.0, 11.0, 30.0):
+        clock.t = t
+        wp.watchdog(clock.t)
+    assert records == {} and wp.stuck is None
+    wp.on_done(first, 30.0)  # the first ends; nothing of the sweep runs now, the second still waits
+    wp.last_progress = 30.0
+    edge.pending = {edge.task_id(second): {"CPU": 1.0}}
+    clock.t = 40.5
+    wp.watchdog(clock.t)
+    assert wp.stuck.startswith("stuck: waited more than 10 s (ray.pending_timeout_s) for resources: a statistics "
+                               "task of model 'a' needs {'CPU': 1}; ")
+    assert sorted(records) == [0, 1, 2, 3] and [records[i].status for i in (0, 1)] == ["finished"] * 2
+    assert {records[i].status for i in (2, 3)} == {"failed"}
