@@ -38,8 +38,9 @@ for resources: ...``): a model worker that could not start on any node, and, whe
 state API answers (``ray.util.state``: a cluster with a dashboard, as under ``ray job submit``),
 a busy worker waiting for a node to restart on and a statistics task still waiting for a node
 (not one queued behind this sweep's own running statistics tasks: their queue moves).
-There, a worker that Ray has given its resources and a process is *starting*, not waiting
-(:meth:`WorkerPool.observe`): it gets the timeout, at least :data:`START_GRACE_S`, to answer.
+A worker that Ray has given its resources and a process is *starting*, not waiting (told by
+its pid where the state API answers, else by Ray's pending demand; :meth:`WorkerPool.starting`):
+it gets the timeout, at least :data:`START_GRACE_S`, to answer.
 The sweep then ends with exit status 4 (:mod:`jobs.sweep`). Before that, where the state API
 answers, waiting model workers are told apart (:meth:`WorkerPool.tell_contention`): *stuck*
 (no node will ever hold them) fails their work at the second look that finds it (seconds, not
