@@ -669,13 +669,12 @@ class WorkerPool:
         worker started, no measurement, no result) for ``timeout`` seconds: a long queue that
         moves is not stuck."""
         busy = [w for w in self.workers if w.model is not None and w.pending > 0]
-        phase = {}  # a busy worker Ray's state API shows restarting: waiting for a node, or given one and starting
+        restarting = {}  # busy workers Ray's state API shows restarting -> "waiting" for a node, or "starting" on one
         for w in busy:
             p = self.observe(w, now)
-            restarting = p in ("waiting", "starting")
-            phase[w.ident] = ("starting" if self.starting(w.group, [w], now, {w.ident: p}) else "waiting") \
-                if restarting else None
-            if not restarting:
+            if p in ("waiting", "starting"):
+                restarting[w.ident] = "starting" if self.starting(w.group, [w], now, {w.ident: p}) else "waiting"
+            else:
                 w.starting_seen = None
         self.tell_contention(now)
         if now - max(self.last_progress, self.busy_at) <= self.timeout:  # busy: other jobs free it up
@@ -704,11 +703,11 @@ class WorkerPool:
             if w not in self.workers:
                 continue
             need = shape({"CPU": w.group[0], "GPU": w.group[1]})
-            if phase[w.ident] == "waiting" and now - w.waiting_seen > self.timeout:
+            if restarting.get(w.ident) == "waiting" and now - w.waiting_seen > self.timeout:
                 reason = self.mark_stuck(f"the worker of model {w.model.name!r} needs {need} "
                                          f"to restart ({w.waiting_state.lower()})")
                 self.drop_model_work(w, reason)
-            elif phase[w.ident] == "starting" and now - w.starting_seen > self.start_timeout:
+            elif restarting.get(w.ident) == "starting" and now - w.starting_seen > self.start_timeout:
                 reason = self.mark_stuck(f"the worker of model {w.model.name!r} was given {need} to restart "
                                          f"and has not answered", starting=True)
                 self.drop_model_work(w, reason)

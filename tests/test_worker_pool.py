@@ -84,7 +84,6 @@ class FakeEdge:
     def pending_tasks(self):
         return self.pending
 
-
     def pending_groups(self):
         return self.demand
 
