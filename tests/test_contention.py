@@ -85,25 +85,20 @@ time.sleep(hold)
 """
 
 _SWEEP = r"""
-import json, socket, subprocess, sys, threading, time
+import json, subprocess, sys, threading, time
 import ray
 from jobs.pool import with_ray_options
+from tests.ray_jobs import init_ray_with_dashboard
 from jobs.spec import load_spec
 from jobs.sweep import run_sweep
 
 spec_path, timeout, mode, hold, other = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 import jobs.pool
 jobs.pool.CONTENTION_GRACE_S = float(sys.argv[6])  # how long without progress before a look at the cluster
-s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-ray.init(address="local", num_cpus=2, object_store_memory=80_000_000, include_dashboard=True,
-         dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=False)
+init_ray_with_dashboard(num_cpus=2, object_store_memory=80_000_000, log_to_driver=False)
 job = subprocess.Popen([sys.executable, "-c", other, ray.get_runtime_context().gcs_address, mode, hold],
                        stdout=subprocess.PIPE, text=True)
 assert job.stdout.readline().strip() == "held"
-from jobs.contention import cluster_snapshot
-deadline = time.monotonic() + 90  # the dashboard answers the state API some seconds after ray.init
-while cluster_snapshot() is None and time.monotonic() < deadline:
-    time.sleep(1)
 spec = with_ray_options(load_spec(spec_path), pending_timeout_s=timeout)
 
 

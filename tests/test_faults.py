@@ -164,7 +164,7 @@ def test_driver_killed_mid_sweep_then_rerun_completes_only_the_missing_tasks(tmp
     assert out.synced <= len(pending_before) and out.loads == 1
     assert out.reaped >= 1 and tr.client.get_run(half).info.status == "KILLED"
     assert tr.client.get_run(half).data.tags["audit.status"] == "killed"
-    finished = assert_exactly_once(tr, keys)
+    assert_exactly_once(tr, keys)
     assert not wal.pending() and len(wal.records()) == len(keys)  # every record synced, none written twice
     assert (tr.client.get_run(parent.info.run_id).info.status == "FINISHED")
     assert len(out.results) == len(keys) and (out.results["status"] == "finished").all()

@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 
-from audit.backends import hf  # noqa: E402
+from audit.backends import batching  # noqa: E402
 from audit.backends.hf import (HFModel, dir_digest, is_hf_ref, load_hf_model,  # noqa: E402
                                parse_hf_ref, run_batched)
 from audit.errors import ModelError, ParameterError, UnsafeModelError  # noqa: E402
@@ -329,8 +329,8 @@ def test_run_batched_gives_up_at_one_and_validates():
             run_batched(lambda b: b, [1], bad, device="cpu")
     sizes: list[int] = []
     run_batched(lambda b: sizes.append(len(b)) or b, list(range(70)), None, device=torch.device("cpu"))
-    assert sizes == [hf.AUTO_BATCH_CPU, hf.AUTO_BATCH_CPU, 70 - 2 * hf.AUTO_BATCH_CPU]
-    assert hf.default_batch_size(torch.device("cuda")) == hf.AUTO_BATCH_CUDA
+    assert sizes == [batching.AUTO_BATCH_CPU, batching.AUTO_BATCH_CPU, 70 - 2 * batching.AUTO_BATCH_CPU]
+    assert batching.default_batch_size(torch.device("cuda")) == batching.AUTO_BATCH_CUDA
     assert run_batched(lambda b: b, [], 4, device="cpu") == []
 
 

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import ray
-
 from jobs.plan import expand  # noqa: E402
 from jobs.spec import load_spec  # noqa: E402
 from jobs.sweep import run_sweep  # noqa: E402

@@ -31,8 +31,6 @@ from test_regression import planted_models, write_w2v
 from watch_fakes import InlineSubmitter, Receiver
 
 REPO = Path(__file__).resolve().parents[1]
-import ray
-
 
 @pytest.fixture(autouse=True)
 def _cwd(monkeypatch):

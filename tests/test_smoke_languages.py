@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-import ray
-
 from audit.catalog import list_tests  # noqa: E402
 from audit.datasets import SUPPORTED_LANGUAGES  # noqa: E402
 from jobs.spec import load_spec  # noqa: E402

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-import ray
-
 from actors.model_actor import ModelServer  # noqa: E402
 from audit import runner  # noqa: E402
 from jobs.spec import load_spec  # noqa: E402

@@ -172,12 +172,13 @@ def test_work_waiting_longer_than_the_pending_timeout_fails_with_the_demand_name
 
 
 _SLOW_START = r"""
-import json, socket, sys, time
+import json, sys, time
 import ray
 from actors.model_actor import ModelServer
 from jobs.pool import with_ray_options
 from jobs.spec import load_spec
 from jobs.sweep import run_sweep
+from tests.ray_jobs import init_ray_with_dashboard
 
 
 START_S = float(sys.argv[3])  # a global: sent with the class to the worker
@@ -190,17 +191,11 @@ class SlowServer(ModelServer):  # a worker whose start outlasts the timeout (imp
 
 
 spec = with_ray_options(load_spec(sys.argv[1]), pending_timeout_s=float(sys.argv[2]))
-dash = {}
+init = {"num_cpus": 2, "object_store_memory": 80_000_000, "log_to_driver": False}
 if sys.argv[4] == "dashboard":  # Ray's state API answers, as under ray job submit
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    dash = {"include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port}
-ray.init(address="local", num_cpus=2, object_store_memory=80_000_000, log_to_driver=False,
-         **(dash or {"include_dashboard": False}))
-if dash:
-    from jobs.contention import cluster_snapshot
-    deadline = time.monotonic() + 90  # the dashboard answers the state API some seconds after ray.init
-    while cluster_snapshot() is None and time.monotonic() < deadline:
-        time.sleep(1)
+    init_ray_with_dashboard(**init)
+else:
+    ray.init(address="local", include_dashboard=False, **init)
 t0 = time.monotonic()
 out = run_sweep(spec, progress=False, server_cls=SlowServer)
 print("RESULT " + json.dumps({"exit": out.exit_code, "stuck": out.stuck, "failed": out.failed,

@@ -59,7 +59,7 @@ import numpy as np
 
 from audit import schema
 from audit.backends import chat, hf_embed, hf_generate, hf_scoring
-from audit.backends.batching import AUTO_BATCH_CPU, AUTO_BATCH_CUDA, default_batch_size, run_batched, transformers_quiet
+from audit.backends.batching import default_batch_size, run_batched, transformers_quiet
 from audit.errors import ModelError, ParameterError, UnsafeModelError
 from audit.outputs import write_text_atomic
 from audit.provenance import canonical_dtype
