@@ -514,6 +514,7 @@ class WorkerPool:
         self.contention_at = -float("inf")           # the last stuck-or-busy look (jobs.contention)
         self.contention_said: str | None = None      # the last reason said
         self.busy_at = -float("inf")                 # the last look that found other jobs holding the demand
+        self.observed: tuple[float, dict[int, str | None]] = (-float("inf"), {})  # (now, worker -> observe's answer)
 
     # ---- workers
     def spawn(self, g: tuple, opts: dict) -> Worker:
@@ -673,7 +674,7 @@ class WorkerPool:
         for w in busy:
             p = self.observe(w, now)
             if p in ("waiting", "starting"):
-                restarting[w.ident] = "starting" if self.starting(w.group, [w], now, {w.ident: p}) else "waiting"
+                restarting[w.ident] = "starting" if self.starting(w.group, [w], now) else "waiting"
             else:
                 w.starting_seen = None
         self.tell_contention(now)
@@ -746,7 +747,19 @@ class WorkerPool:
         it had when last seen alive), ``"other"`` (alive, or dead) or ``None`` (Ray's state API does
         not answer: nothing is changed), from ``w``'s state and process id
         (:meth:`RayEdge.actor_state`). A restart first seen waiting takes the pid shown then as
-        the dead process's. Records since when it waits (``waiting_seen``, ``waiting_state``)."""
+        the dead process's. Records since when it waits (``waiting_seen``, ``waiting_state``).
+        Asked again at the same ``now`` (one check: the busy workers, the look at the cluster and
+        rule (a) of :meth:`watchdog`), it answers what it read then, without reading again."""
+        at, seen = self.observed
+        if at == now and w.ident in seen:
+            return seen[w.ident]
+        if at != now:
+            seen = {}
+            self.observed = (now, seen)
+        seen[w.ident] = phase = self._observe(w, now)
+        return phase
+
+    def _observe(self, w: "Worker", now: float) -> str | None:
         got = self.edge.actor_state(w.actor)
         if got is None:
             return None
@@ -760,7 +773,7 @@ class WorkerPool:
         w.waiting_seen = (w.waiting_seen or now) if phase == "waiting" else None
         return phase
 
-    def starting(self, g: tuple, ws: list["Worker"], now: float, phases: dict | None = None) -> list["Worker"]:
+    def starting(self, g: tuple, ws: list["Worker"], now: float) -> list["Worker"]:
         """Those of ``ws`` (workers of group ``g`` that have not answered since they started or
         restarted) that Ray has given their resources, whose processes start (imports take
         seconds, tens of seconds on a loaded machine): not waiting for resources. Told by Ray's
@@ -769,9 +782,8 @@ class WorkerPool:
         read from the GCS: also on the embedded Ray of ``audit run``), every one of them not seen
         alive: a process that boots has its resources before Ray shows its pid. A pending request
         of that shape (theirs, or another job's) or no answer keeps them waiting (the timeout for
-        resources applies, as before). Sets since when each is seen starting (``starting_seen``).
-        ``phases``: worker ident -> what :meth:`observe` said just now (not asked again)."""
-        phases = phases or {w.ident: self.observe(w, now) for w in ws}
+        resources applies, as before). Sets since when each is seen starting (``starting_seen``)."""
+        phases = {w.ident: self.observe(w, now) for w in ws}
         out = [w for w in ws if phases[w.ident] == "starting"]
         rest = [w for w in ws if phases[w.ident] in ("waiting", None)]
         if not out and rest:

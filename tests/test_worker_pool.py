@@ -409,6 +409,26 @@ def test_the_look_at_the_cluster_leaves_a_starting_worker_alone():
     assert said[0].startswith("stuck: waiting: needs 1 CPU, held by other jobs' drivers") and sorted(records) == [0, 1, 2]
 
 
+def test_one_check_reads_each_workers_state_once(monkeypatch):
+    """A watchdog check that also looks at the cluster asks Ray's state API for each worker's
+    state once: the look and rule (a) share what it said (before, the unstarted worker's state
+    was read by both). The next check, at a later time, reads it again."""
+    wp, edge, clock, records, said, _ = make_pool(models("a", "b", group=(1.0, 0.0)), size=2, timeout=20.0)
+    wp.fill()
+    edge.snapshot = ([{"CPU": 2.0}], {}, "mine", {})
+    edge.states[1] = edge.states[2] = ("PENDING_CREATION", 0)
+    edge.demand = {(1.0, 0.0): 2}
+    reads: list[int] = []
+    read = edge.actor_state
+    monkeypatch.setattr(edge, "actor_state", lambda actor: reads.append(actor) or read(actor))
+    for t in (11.0, 21.0):
+        clock.t = t
+        reads.clear()
+        wp.watchdog(clock.t)
+        assert sorted(reads) == [1, 2], (t, reads)
+    assert wp.stuck.startswith("stuck: waited more than 20 s (ray.pending_timeout_s) for resources")
+
+
 def test_a_restart_placed_on_a_node_is_starting_and_one_not_placed_waits():
     """A busy worker dies: while its restart waits for resources Ray shows the dead process's pid,
     and the new one's once placed. Waiting fails at the timeout (10 s); placed, it gets
