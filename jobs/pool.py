@@ -514,7 +514,8 @@ class WorkerPool:
         self.contention_at = -float("inf")           # the last stuck-or-busy look (jobs.contention)
         self.contention_said: str | None = None      # the last reason said
         self.busy_at = -float("inf")                 # the last look that found other jobs holding the demand
-        self.observed: tuple[float, dict[int, str | None]] = (-float("inf"), {})  # (now, worker -> observe's answer)
+        self.observed_at = -float("inf")             # the check whose answers observe keeps
+        self.observed: dict[int, str | None] = {}   # worker ident -> observe's answer at observed_at
 
     # ---- workers
     def spawn(self, g: tuple, opts: dict) -> Worker:
@@ -750,14 +751,11 @@ class WorkerPool:
         the dead process's. Records since when it waits (``waiting_seen``, ``waiting_state``).
         Asked again at the same ``now`` (one check: the busy workers, the look at the cluster and
         rule (a) of :meth:`watchdog`), it answers what it read then, without reading again."""
-        at, seen = self.observed
-        if at == now and w.ident in seen:
-            return seen[w.ident]
-        if at != now:
-            seen = {}
-            self.observed = (now, seen)
-        seen[w.ident] = phase = self._observe(w, now)
-        return phase
+        if self.observed_at != now:
+            self.observed_at, self.observed = now, {}
+        if w.ident not in self.observed:
+            self.observed[w.ident] = self._observe(w, now)
+        return self.observed[w.ident]
 
     def _observe(self, w: "Worker", now: float) -> str | None:
         got = self.edge.actor_state(w.actor)

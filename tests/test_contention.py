@@ -88,9 +88,9 @@ _SWEEP = r"""
 import json, subprocess, sys, threading, time
 import ray
 from jobs.pool import with_ray_options
-from tests.ray_jobs import init_ray_with_dashboard
 from jobs.spec import load_spec
 from jobs.sweep import run_sweep
+from tests.ray_jobs import init_ray_with_dashboard
 
 spec_path, timeout, mode, hold, other = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 import jobs.pool

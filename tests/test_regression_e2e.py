@@ -32,6 +32,7 @@ from watch_fakes import InlineSubmitter, Receiver
 
 REPO = Path(__file__).resolve().parents[1]
 
+
 @pytest.fixture(autouse=True)
 def _cwd(monkeypatch):
     monkeypatch.chdir(REPO)  # the sweep template is relative to the current directory
