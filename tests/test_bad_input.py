@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from audit.datasets import datasets_root
+from audit.datasets.external import data_root
 
 pytestmark = pytest.mark.unit
 
@@ -30,8 +31,8 @@ WILD = "‹*›"
 
 from cli_inputs import ALL, SPEC, TEST, WORDS, run_cli  # noqa: E402
 
-LPBS = Path(__file__).resolve().parents[2] / "shared" / "data" / "bias-framework" / "en" / "LPBS" / "LPBS_1.jsonl"
-CROWS = Path(__file__).resolve().parents[2] / "shared" / "data" / "crows-pairs" / "crows_pairs_anonymized.csv"
+LPBS = data_root() / "bias-framework" / "en" / "LPBS" / "LPBS_1.jsonl"
+CROWS = data_root() / "crows-pairs" / "crows_pairs_anonymized.csv"
 
 
 def _vec_lines(words, rng, dim=5) -> list[str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,13 +17,14 @@ from audit import registry, runner, tiny_models  # noqa: E402
 from audit.backends.hf import load_hf_model  # noqa: E402
 from audit.datasets import load_test  # noqa: E402
 from audit.datasets.bbq import read_bbq, select_items  # noqa: E402
+from audit.datasets.external import data_root  # noqa: E402
 from audit.errors import DataError, ParameterError  # noqa: E402
 from audit.measure import bbq as mbbq  # noqa: E402
 from audit.metrics.bbq import bbq_frames, bbq_metric, predictions  # noqa: E402
 
 import torch
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq"
+DATA = data_root() / "bbq"
 needs = {lang: pytest.mark.skipif(not (DATA / lang).is_dir(), reason=f"BBQ data absent at {DATA / lang}")
          for lang in ("en", "de", "es", "ca")}
 

@@ -36,12 +36,13 @@ import pytest
 from audit import tiny_models  # noqa: E402
 from audit.backends.hf import load_hf_model  # noqa: E402
 from audit.datasets.bbq import read_bbq, select_items  # noqa: E402
+from audit.datasets.external import data_root  # noqa: E402
 from audit.errors import DataError, ParameterError  # noqa: E402
 from audit.measure import bbq as mbbq  # noqa: E402
 from audit.metrics.bbq import bbq_counts, bbq_metric, esbbq_scores, harness_scores  # noqa: E402
 from lm_eval_compat import assert_close_to_harness, harness_lm, without_env_info  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq"
+DATA = data_root() / "bbq"
 needs = pytest.mark.skipif(not all((DATA / x).is_dir() for x in ("en", "es", "ca")),
                            reason=f"BBQ data absent at {DATA}")
 

@@ -18,12 +18,13 @@ import transformers
 
 from audit import registry, tiny_models  # noqa: E402
 from audit.backends.hf import dir_digest, load_hf_model  # noqa: E402
-from audit.outputs import private_folder  # noqa: E402
+from audit.backends.hf_scoring import causal_loglik, continuation_loglik, encode_continuation  # noqa: E402
+from audit.datasets.external import data_root  # noqa: E402
 from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.measure.contextual import embed_sentences, seat_vectors  # noqa: E402
-from audit.backends.hf_scoring import causal_loglik, continuation_loglik, encode_continuation  # noqa: E402
 from audit.measure.lpbs import causal_requests, delete_span, lpbs_scores  # noqa: E402
 from audit.metrics.lpbs import lpbs_metric  # noqa: E402
+from audit.outputs import private_folder  # noqa: E402
 from audit.runner import LoadedModel, analyse, load_model, measure, score  # noqa: E402
 from audit.suites import WordSet, WordTest  # noqa: E402
 
@@ -682,7 +683,7 @@ def test_non_finite_log_probabilities_are_refused_with_the_request():
         embed_sentences(hm, ["he is a doctor."], method="mean")
 
 
-@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq" / "en").is_dir(),
+@pytest.mark.skipif(not (data_root() / "bbq" / "en").is_dir(),
                     reason="needs ../shared/data/bbq")
 def test_shared_contexts_near_the_position_limit_gpt2():
     """Learned positions (GPT-2, 128): BBQ prompts cut on the left to the model's length share their

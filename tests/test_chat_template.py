@@ -21,6 +21,7 @@ from audit.backends.chat import ChatModel, render_user_turns, template_digest  #
 from audit.backends.hf import load_hf_model  # noqa: E402
 from audit.datasets import load_test  # noqa: E402
 from audit.datasets.bbq import select_items  # noqa: E402
+from audit.datasets.external import data_root  # noqa: E402
 from audit.errors import ModelError, ParameterError  # noqa: E402
 from audit.measure.bbq import bbq_option_scores, default_prompt, item_prompts  # noqa: E402
 
@@ -137,7 +138,7 @@ def _harness_docs(rows):
     (``{row: document}``; only those rows mapped)."""
     from lm_eval_compat import bbq_harness_docs_at
 
-    return bbq_harness_docs_at(str(Path(__file__).resolve().parents[2] / "shared" / "data" / "bbq" / "en"), rows)
+    return bbq_harness_docs_at(str(data_root() / "bbq" / "en"), rows)
 
 
 def test_answer_parsing_equals_the_harness_item_by_item():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from audit.datasets.external import data_root
 from jobs import cli as jobs_cli
 from jobs.spec import load_spec
 from jobs.sweep import run_sweep
@@ -16,7 +17,7 @@ from jobs.tracker import Tracker
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "jobs" / "specs" / "chat-template-example.yaml"
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data_root()
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not (DATA / "bbq" / "en").is_dir(), reason="BBQ data absent")]
 
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from audit.datasets.external import data_root
 from jobs.cli import main
 from audit.metrics import weat
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
+SHARED = data_root()
 
 
 def _write_w2v(path: Path, words: list[str], vecs: np.ndarray, header: bool = True) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from audit.backends.base import WordVectors  # noqa: E402
 from audit.backends.hf import load_hf_model  # noqa: E402
+from audit.datasets.external import data_root  # noqa: E402
 from audit.datasets.templates import fill_word as fill_template  # noqa: E402
 from audit.measure.contextual import (METHODS, ContextualWordVectors, embed_sentences,  # noqa: E402
                                       locate_word, seat_sentences, seat_vectors, word_embeddings)
@@ -26,7 +27,7 @@ from audit import tiny_models  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data_root()
 
 SENTENCES = [
     "The caterpillars were eating the leaves in the garden behind the old house.",

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
-from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.datasets.crows_pairs import load_crows_pairs  # noqa: E402
+from audit.datasets.external import data_root  # noqa: E402
+from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.measure.crows_pairs import crows_pairs_scores  # noqa: E402
 from audit.metrics.crows_pairs import crows_pairs_metric  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data_root()
 CROWS = DATA / "crows-pairs" / "crows_pairs_anonymized.csv"
 needs_data = pytest.mark.skipif(not CROWS.is_file(), reason=f"CrowS-Pairs data absent at {CROWS}")
 

@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 
 from audit import catalog, registry, runner
 from audit import datasets as ds
+from audit.datasets.external import data_root
 from audit.errors import DataError, ParameterError
 from audit.suites import WordSet, WordTest
 
 pytestmark = pytest.mark.unit
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = data_root()
 BIAS = SHARED / "bias-framework"
 needs_shared = pytest.mark.skipif(not BIAS.is_dir(), reason=f"reference data not found at {BIAS}")
 

@@ -40,9 +40,10 @@ from pathlib import Path
 import pytest
 
 from cli_inputs import subprocess_env
+from audit.datasets.external import data_root
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("BIASAUDIT_DATA") or ROOT.parent / "shared" / "data")
+SHARED = data_root()
 
 FENCE = re.compile(r"^\s*```\s*([A-Za-z]*)\s*$")
 COMMENT = re.compile(r"(^|\s)#(\s.*)?$")

@@ -12,16 +12,17 @@ import pandas as pd
 import pytest
 
 from audit import registry, runner, tiny_models  # noqa: E402
+from audit.backends.hf_generate import causal_first_words, mlm_topk  # noqa: E402
 from audit.datasets import load_test  # noqa: E402
+from audit.datasets.external import data_root  # noqa: E402
 from audit.datasets.honest import HURTLEX_ENV, hurtlex_path, load_hurtlex, read_honest_templates  # noqa: E402
 from audit.errors import DataError, ParameterError  # noqa: E402
-from audit.backends.hf_generate import causal_first_words, mlm_topk  # noqa: E402
 from audit.measure.honest import distinct_templates, first_word  # noqa: E402
 from audit.metrics.honest import honest_frames, honest_metric, lexicon_index, strip_accents  # noqa: E402
 
 import torch
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data_root()
 HURTLEX = DATA / "hurtlex"
 needs_hurtlex = pytest.mark.skipif(not (HURTLEX / "hurtlex_EN.tsv").is_file(), reason=f"HurtLex absent at {HURTLEX}")
 OFFICIAL = ("en", "it", "fr", "es", "pt", "ro")

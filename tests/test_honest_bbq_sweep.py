@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from audit.datasets.external import data_root  # noqa: E402
 from jobs.plan import expand  # noqa: E402
 from jobs.spec import load_spec  # noqa: E402
 from jobs.sweep import run_sweep  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data_root()
 pytestmark = [pytest.mark.ray, pytest.mark.skipif(not (DATA / "bbq" / "en").is_dir() or not (DATA / "hurtlex").is_dir(),
                                 reason="BBQ or HurtLex data absent")]
 

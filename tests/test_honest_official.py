@@ -8,7 +8,6 @@ token ``t`` of sample ``j`` drawn by inverse CDF with ``u[j, t]``."""
 
 from __future__ import annotations
 
-import os
 import weakref
 from pathlib import Path
 
@@ -19,9 +18,10 @@ import torch
 
 from audit import runner, tiny_models
 from audit.datasets import load_test
+from audit.datasets.external import data_root
 from audit.errors import ParameterError
 
-DATA = Path(os.environ.get("BIASAUDIT_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+DATA = data_root()
 HURTLEX = DATA / "hurtlex"
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not (HURTLEX / "hurtlex_EN.tsv").is_file(), reason=f"HurtLex absent at {HURTLEX}")]

@@ -42,13 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import LoopbackHub, variant_files  # noqa: E402
 from ray_jobs import wait_for_job  # noqa: E402
 
+from audit.datasets.external import data_root  # noqa: E402
 from audit.tiny_models import tiny_model_dir  # noqa: E402
 from jobs.cluster import ray_env  # noqa: E402
 from jobs.tracker import Tracker  # noqa: E402
 from jobs.watch.index import AuditIndex  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = data_root()
 CROWS = SHARED / "crows-pairs" / "crows_pairs_anonymized.csv"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not CROWS.is_file(), reason=f"reference data not found at {SHARED}")]

@@ -17,12 +17,13 @@ import torch
 
 from audit import tiny_models  # noqa: E402
 from audit.backends import hf_scoring as lm_scoring  # noqa: E402
-from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.backends.hf_scoring import (MaskedQuery, causal_loglik, crows_pairs_pll,  # noqa: E402
                               crows_pairs_template, masked_pll, masked_token_logprobs,
                               require_kind, token_spans)
+from audit.datasets.external import data_root  # noqa: E402
+from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data_root()
 CROWS = DATA / "crows-pairs" / "crows_pairs_anonymized.csv"
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from audit.datasets.external import data_root  # noqa: E402
 from audit.errors import DataError, ModelError, ParameterError  # noqa: E402
 from audit.measure.lpbs import DEFAULT_TEMPLATES, lpbs_design, lpbs_scores, lpbs_sentences  # noqa: E402
 from audit.metrics.lpbs import lpbs_attribute_scores, lpbs_metric  # noqa: E402
@@ -18,7 +18,7 @@ from audit.suites import WordSet, WordTest  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data_root()
 LPBS_DIR = DATA / "bias-framework" / "en" / "LPBS"
 needs_data = pytest.mark.skipif(not LPBS_DIR.is_dir(), reason=f"BIAS LPBS data absent at {LPBS_DIR}")
 

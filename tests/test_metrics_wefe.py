@@ -14,6 +14,7 @@ from wefe.metrics import ECT, MAC, RIPA, RND, RNSB, WEAT  # noqa: E402
 from wefe.query import Query  # noqa: E402
 from wefe.word_embedding_model import WordEmbeddingModel  # noqa: E402
 
+from audit.datasets.external import data_root  # noqa: E402
 from audit.errors import DataError, ParameterError  # noqa: E402
 from audit.metrics import ect, mac, ripa, rnd, rnsb, weat, weat_effect_size, weat_scores  # noqa: E402
 from audit.registry import run_metric  # noqa: E402
@@ -21,7 +22,7 @@ from audit.registry import run_metric  # noqa: E402
 pytestmark = pytest.mark.unit
 
 RTOL = 1e-6
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data_root()
 
 
 def _close(ours: float, theirs: float, rtol: float = RTOL) -> None:

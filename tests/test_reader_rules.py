@@ -4,17 +4,16 @@ coverage."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from audit.datasets.crows_pairs import load_crows_pairs
+from audit.datasets.external import data_root
 from audit.errors import DataError
 from audit.runner import load_test
 
-DATA = Path(os.environ.get("BIASAUDIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DATA = data_root()
 FR = DATA / "crows-pairs-multilingual" / "crows_pairs_fr.tsv"
 
 

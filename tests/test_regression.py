@@ -18,6 +18,7 @@ from scipy.stats import false_discovery_control
 
 from audit import cli, regression, registry, runner
 from audit.compare import compare_weat
+from audit.datasets.external import data_root
 from audit.errors import DataError, ParameterError
 from audit.suites import WordSet
 from test_multitest import _holm_by_hand  # the hand-written Holm of the adjustment tests
@@ -243,7 +244,7 @@ def test_default_tests_are_the_languages_shipped_tests(revisions):
                                "weat", {})
 
 
-CROWS = Path(__file__).resolve().parents[2] / "shared" / "data" / "crows-pairs" / "crows_pairs_anonymized.csv"
+CROWS = data_root() / "crows-pairs" / "crows_pairs_anonymized.csv"
 
 
 @pytest.mark.skipif(not CROWS.is_file(), reason="CrowS-Pairs data not in ../shared/data")

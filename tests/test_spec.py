@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from audit.datasets.external import data_root
 from audit.errors import DataError, ParameterError
 from jobs import plan as plan_mod
 from jobs.spec import load_spec, parse_spec, read_yaml
@@ -14,7 +15,7 @@ from jobs.spec import load_spec, parse_spec, read_yaml
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = data_root()
 SPECS = REPO / "jobs" / "specs"
 
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"reference data not found at {SHARED}")

@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 
 
+from audit.datasets.external import data_root  # noqa: E402
 from jobs.cluster import ray_env  # noqa: E402
 from jobs.plan import attach_keys, expand  # noqa: E402
 from jobs.spec import load_spec  # noqa: E402
 from jobs.tracker import Tracker  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = data_root()
 CROWS = SHARED / "crows-pairs" / "crows_pairs_anonymized.csv"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not CROWS.is_file(), reason=f"reference data not found at {SHARED}")]

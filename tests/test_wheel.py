@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from audit.datasets.external import data_root
 from jobs.cluster import short_temp_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
+SHARED = data_root()
 
 
 @pytest.mark.unit
