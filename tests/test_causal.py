@@ -684,7 +684,7 @@ def test_non_finite_log_probabilities_are_refused_with_the_request():
 
 
 @pytest.mark.skipif(not (data_root() / "bbq" / "en").is_dir(),
-                    reason="needs ../shared/data/bbq")
+                    reason=f"needs {data_root() / 'bbq'} ($BIASAUDIT_DATA)")
 def test_shared_contexts_near_the_position_limit_gpt2():
     """Learned positions (GPT-2, 128): BBQ prompts cut on the left to the model's length share their
     context across the answer options; the padding after a short option used to get positions past

@@ -183,7 +183,7 @@ def test_other_metrics_run_from_cli(small_test, capsys):
 def test_bias_framework_txt_as_test(capsys):
     path = SHARED / "bias-framework" / "en" / "WEAT" / "WEAT_1.txt"
     if not path.exists():
-        pytest.skip("../shared/data is not present")
+        pytest.skip(f"reference data not found at {SHARED} ($BIASAUDIT_DATA)")
     rc = main(["score", "--model", "glove-6b-50d", "--test", str(path), "--metric", "weat", "--format", "json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
@@ -317,7 +317,7 @@ def test_table_format_rounds_to_what_the_numbers_support(small_test, capsys):
 
 @pytest.mark.unit
 @pytest.mark.skipif(not (SHARED / "bias-framework" / "en" / "LPBS" / "LPBS_1.jsonl").is_file(),
-                    reason="needs ../shared/data")
+                    reason=f"reference data not found at {SHARED} ($BIASAUDIT_DATA)")
 def test_lpbs_forms_from_the_command_line_and_specs(capsys):
     from audit.tiny_models import tiny_model_dir
     from jobs.spec import parse_spec

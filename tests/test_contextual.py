@@ -270,7 +270,7 @@ def _read_seat_jsonl(path: Path, words: dict[str, tuple[str, ...]] | None = None
 
 def _needs(path: Path) -> Path:
     if not path.exists():
-        pytest.skip(f"reference data {path} absent (expected ../shared/data next to the repo)")
+        pytest.skip(f"reference data {path} absent ($BIASAUDIT_DATA, else ../shared/data beside the checkout)")
     return path
 
 

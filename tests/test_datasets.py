@@ -119,7 +119,7 @@ def test_a_bare_name_with_a_language_is_that_languages_test():
         ds.load_test("weat7", language="de")
 
 
-@pytest.mark.skipif(not (SHARED / "crows-pairs-multilingual").is_dir(), reason="needs ../shared/data")
+@pytest.mark.skipif(not (SHARED / "crows-pairs-multilingual").is_dir(), reason=f"reference data not found at {SHARED} ($BIASAUDIT_DATA)")
 def test_crows_pairs_with_a_language_is_that_languages_set():
     fr, nl = ds.load_test("crows_pairs", language="fr"), ds.load_test("crows_pairs", language="nl")
     assert (fr.language, len(fr.table)) == ("fr", len(ds.load_test("fr/crows_pairs").table))
@@ -871,7 +871,7 @@ def test_tiny_fasttext_on_the_corpus_covers_the_tests(tmp_path):
     assert missing == []
 
 
-@pytest.mark.skipif(not (SHARED / "crows-pairs").is_dir(), reason="needs ../shared/data")
+@pytest.mark.skipif(not (SHARED / "crows-pairs").is_dir(), reason=f"reference data not found at {SHARED} ($BIASAUDIT_DATA)")
 def test_list_tests_reads_a_stubs_data_once_per_version(tmp_path, monkeypatch):
     """A stub's size (``N pairs``) is read once per process and content version of its data: a
     second listing reads nothing, an appended row is counted."""
@@ -895,7 +895,7 @@ def test_list_tests_reads_a_stubs_data_once_per_version(tmp_path, monkeypatch):
     assert len(reads) == 2
 
 
-@pytest.mark.skipif(not (SHARED / "crows-pairs").is_dir(), reason="needs ../shared/data")
+@pytest.mark.skipif(not (SHARED / "crows-pairs").is_dir(), reason=f"reference data not found at {SHARED} ($BIASAUDIT_DATA)")
 def test_list_tests_keeps_a_stubs_size_on_disk_for_the_next_process(tmp_path, monkeypatch):
     """The next process (here: the in-process cache cleared) lists a stub without reading its data
     again (``$BIASAUDIT_CACHE/catalog``; the four BBQ folders took 7 s per process), with the same

@@ -313,7 +313,8 @@ def scratch(tmp_path_factory):
     base = tmp_path_factory.mktemp("docs")
     work = base / "proj"
     work.mkdir()
-    (base / "shared").symlink_to(SHARED.parent)
+    (base / "shared").mkdir()
+    (base / "shared" / "data").symlink_to(SHARED)  # the documented ../shared/data, wherever BIASAUDIT_DATA is
     (work / ".venv").symlink_to(ROOT / ".venv")
     (work / "jobs").symlink_to(ROOT / "jobs")
     shutil.copytree(ROOT / "infra", work / "infra")

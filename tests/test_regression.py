@@ -247,7 +247,7 @@ def test_default_tests_are_the_languages_shipped_tests(revisions):
 CROWS = data_root() / "crows-pairs" / "crows_pairs_anonymized.csv"
 
 
-@pytest.mark.skipif(not CROWS.is_file(), reason="CrowS-Pairs data not in ../shared/data")
+@pytest.mark.skipif(not CROWS.is_file(), reason=f"CrowS-Pairs data not found at {CROWS} ($BIASAUDIT_DATA)")
 def test_masked_lms_crows_pairs_mcnemar_and_lpbs_from_per_item_tables():
     """Two tiny masked LMs: CrowS-Pairs (exact McNemar on the pairs' outcomes) and LPBS (swap of
     the per-attribute scores) from each model's per-item table, as audit score gives them."""

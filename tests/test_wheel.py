@@ -111,7 +111,7 @@ def test_score_from_the_wheel(installed):
 @pytest.mark.wheel
 def test_smoke_sweep_by_its_packaged_name(installed):
     if not SHARED.is_dir():
-        pytest.skip("the smoke sweep reads LPBS and CrowS-Pairs from ../shared/data")
+        pytest.skip(f"the smoke sweep reads LPBS and CrowS-Pairs from {SHARED}, not found ($BIASAUDIT_DATA)")
     out = _audit(installed, "run", "jobs/specs/smoke.yaml", "--no-progress", timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     work = installed[2]
