@@ -75,15 +75,23 @@ class Refused(ValueError):
     name, a rule between fields): its message is the problem, reported as a ParameterError."""
 
 
-@functools.lru_cache(maxsize=None)
 def _integral(v: Any) -> Any:
     """``1e5`` written for a count is the integer 100000 (a float with no fraction, as the command
-    line's ``--param n_bootstrap=1e5`` parses); any other value is left for the strict check."""
+    line's ``--param n_bootstrap=1e5`` parses); any other value is left for the strict check.
+
+    Not cached: a cache keyed on the values took ``True`` and ``1.0`` for one key (they are
+    equal), so after a ``1.0`` had been checked a ``True`` passed as the integer 1, after a
+    ``True`` a ``1.0`` was refused as ``got True``, and a list raised ``TypeError: unhashable``."""
     return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
+@functools.lru_cache(maxsize=None)
 def Int(minimum: int | None = None) -> Any:  # noqa: N802 (a type constructor)
-    """An integer (not a bool; a float with no fraction, ``1e5``, is that integer), at least ``minimum``."""
+    """An integer (not a bool; a float with no fraction, ``1e5``, is that integer), at least ``minimum``.
+
+    Cached like :func:`Num` and :func:`OneOf`: the same ``minimum`` gives the same type, so
+    :func:`check` builds its validator once per type (built per call, each :func:`integer` cost
+    a new ``TypeAdapter``, 0.16 ms, and every one of them stayed in :func:`_adapter`'s cache)."""
     return Annotated[int, BeforeValidator(_integral), Field(strict=True, ge=minimum)]
 
 
