@@ -174,6 +174,11 @@ def test_matrix_validation_names_the_word():
         EmbeddingMatrix(["a", "b"], [[0.0, 1.0], [np.nan, 1.0]], ref="t")
     with pytest.raises(DataError, match="duplicate word 'a'"):
         EmbeddingMatrix(["a", "a"], np.ones((2, 2)), ref="t")
+    with pytest.raises(DataError, match=r"duplicate word 'a' \(row 2\)"):  # the first repeat is named
+        EmbeddingMatrix(["a", "b", "a", "b"], np.ones((4, 2)), ref="t")
+    for bad, shown in (("", "''"), (3, "3"), (None, "None")):
+        with pytest.raises(DataError, match=rf"^model 't': word at row 1 is {shown}; words must be non-empty"):
+            EmbeddingMatrix(["a", bad], np.ones((2, 2)), ref="t")
     with pytest.raises(DataError, match="whitespace"):
         EmbeddingMatrix(["a", "b c"], np.ones((2, 2)), ref="t")
     with pytest.raises(DataError, match="3 words but 2"):
