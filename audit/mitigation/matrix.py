@@ -245,18 +245,15 @@ def content_digest(words: Sequence[str], vectors: np.ndarray) -> str:
 def _check_words(words: tuple[str, ...], ref: str) -> None:
     # the common case in C (every word a str, none empty, none twice; 400k words: the whole check
     # 75 ms instead of 121); the loop below finds the first bad row to name when that fails
-    if set(map(type, words)) <= {str}:
-        distinct = set(words)
-        ok = len(distinct) == len(words) and "" not in distinct
-    else:
-        ok = False
-    seen: set[str] = set()
-    for i, w in enumerate(() if ok else words):
-        if not isinstance(w, str) or not w:
-            raise DataError(f"model {ref!r}: word at row {i} is {w!r}; words must be non-empty strings")
-        if w in seen:
-            raise DataError(f"model {ref!r}: duplicate word {w!r} (row {i})")
-        seen.add(w)
+    distinct = set(words) if set(map(type, words)) <= {str} else None
+    if distinct is None or len(distinct) != len(words) or "" in distinct:
+        seen: set[str] = set()
+        for i, w in enumerate(words):
+            if not isinstance(w, str) or not w:
+                raise DataError(f"model {ref!r}: word at row {i} is {w!r}; words must be non-empty strings")
+            if w in seen:
+                raise DataError(f"model {ref!r}: duplicate word {w!r} (row {i})")
+            seen.add(w)
     # whitespace check is vectorised over the joined vocabulary (fast for 400k words)
     joined = "\x00".join(words)
     if any(c.isspace() for c in set(joined)):
